@@ -1,0 +1,149 @@
+/* libloaderclient — attach a trainer to loaderd.
+ *
+ * Blocking calls with timeouts; no event loop needed. A client is one connection to the
+ * daemon; a stream is one ordered sequence of batches of a dataset; a batch is a lease
+ * on one slot of the stream's shared-memory ring, mapped read-only into this process:
+ * its fields are zero-copy views that stay valid until lc_batch_release().
+ *
+ * Every function returns 0 or a negative LC_E* code; lc_client_error() gives the
+ * message of the client's last failure (the daemon's own message for daemon errors).
+ * A client and its streams are used from one thread at a time.
+ */
+#ifndef LOADERCLIENT_H
+#define LOADERCLIENT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__)
+#define LC_EXPORT __attribute__((visibility("default")))
+#else
+#define LC_EXPORT
+#endif
+
+#define LC_VERSION "0.1.0"
+
+/* Error codes (the same numbers as the daemon's table; see proto/PROTOCOL.md). */
+#define LC_EINVAL (-22)
+#define LC_ENOMEM (-12)
+#define LC_ENOENT (-2)
+#define LC_ETIMEDOUT (-110)
+#define LC_ECONNREFUSED (-111)
+#define LC_ECONNRESET (-104)
+#define LC_EPROTO (-71)
+#define LC_EVERSION (-4001)
+#define LC_EFIELD (-4003)
+#define LC_ENODATASET (-4004)
+#define LC_ENOSTREAM (-4005)
+#define LC_ENOTLEASED (-4006)
+#define LC_ESTALE (-4007)
+#define LC_EEND (-4008)
+#define LC_EBUDGET (-4009)
+#define LC_ESAMPLE (-4010)
+#define LC_ELIMIT (-4012)
+#define LC_ECLOSED (-4015)
+
+/* Field element types (same numbers as the wire's dtypes). */
+#define LC_DTYPE_UINT8 1
+#define LC_DTYPE_UINT16 2
+#define LC_DTYPE_UINT32 3
+#define LC_DTYPE_INT32 4
+#define LC_DTYPE_INT64 5
+#define LC_DTYPE_FLOAT16 6
+#define LC_DTYPE_FLOAT32 7
+
+#define LC_MAX_DIMS 5 /* batch dim + up to 4 */
+
+typedef struct lc_client lc_client;
+typedef struct lc_stream lc_stream;
+typedef struct lc_batch lc_batch;
+
+/* One field of a batch: a view into the mapped ring, valid until the batch is released. */
+typedef struct lc_field {
+    const char *name;
+    int dtype;                    /* LC_DTYPE_* */
+    int ndim;                     /* including the batch dimension (shape[0] = rows) */
+    int64_t shape[LC_MAX_DIMS];
+    const void *data;             /* fixed: rows * row bytes, C order; ragged: the bytes */
+    size_t nbytes;                /* bytes at data */
+    const int64_t *offsets;       /* ragged only: rows + 1 offsets into data; else NULL */
+} lc_field;
+
+typedef struct lc_stream_options {
+    uint32_t batch_size;          /* required, >= 1 */
+    int shuffle;                  /* default 1 */
+    uint64_t seed;                /* default 0 */
+    uint64_t epoch;               /* first epoch, default 0 */
+    int32_t rank;                 /* default 0 */
+    int32_t world_size;           /* default 1 */
+    int drop_last;                /* default 0 */
+    uint64_t start_batch;         /* resume within the first epoch, default 0 */
+    uint32_t prefetch;            /* 0 = the daemon's default */
+    uint64_t epochs;              /* 0 = unbounded; else LC_EEND after that many */
+} lc_stream_options;
+
+LC_EXPORT const char *lc_version(void);
+LC_EXPORT const char *lc_strerror(int code);
+/* The default socket: $LOADERD_SOCKET, else $XDG_RUNTIME_DIR/loaderd.sock, else
+ * /tmp/loaderd-<uid>.sock. */
+LC_EXPORT const char *lc_default_socket(void);
+
+/* Connects (NULL socket_path: lc_default_socket()) and says hello. The socket is
+ * opened close-on-exec. timeout_ms bounds the connect and hello, and is the default
+ * timeout of later requests (<= 0: 30 s). On failure *ret_client is untouched and,
+ * when errbuf is not NULL, a message is written there (errbuf_size bytes). */
+LC_EXPORT int lc_connect(const char *socket_path, int timeout_ms, const char *client_name,
+                         lc_client **ret_client, char *errbuf, size_t errbuf_size);
+/* Closes every stream of the client (releasing their batches) and the connection.
+ * Accepts NULL. Batches and streams of the client must not be used afterwards. */
+LC_EXPORT void lc_client_close(lc_client *c);
+/* Message of the client's last failure ("" when none). */
+LC_EXPORT const char *lc_client_error(const lc_client *c);
+
+/* Sends a raw request (a JSON object without "id"; the library adds it) and returns
+ * the whole reply as a malloc'd JSON string (free with lc_free). Daemon errors are
+ * returned as codes, with the message in lc_client_error(). For status, datasets,
+ * streams. */
+LC_EXPORT int lc_request_json(lc_client *c, const char *request_json, char **ret_reply_json);
+LC_EXPORT void lc_free(void *p);
+
+LC_EXPORT void lc_stream_options_init(lc_stream_options *o);
+/* Opens a stream and maps its ring. */
+LC_EXPORT int lc_stream_open(lc_client *c, const char *dataset, const lc_stream_options *o,
+                             lc_stream **ret_stream);
+LC_EXPORT uint64_t lc_stream_batches_per_epoch(const lc_stream *s);
+LC_EXPORT uint64_t lc_stream_samples_per_epoch(const lc_stream *s);
+LC_EXPORT uint64_t lc_stream_id(const lc_stream *s);
+/* Bytes of the mapped ring: [base, base + size). For zero-copy checks. */
+LC_EXPORT const void *lc_stream_ring(const lc_stream *s, size_t *ret_size);
+/* Waits up to timeout_ms (<= 0: the client's default) for the next batch. LC_EEND
+ * after the last epoch; LC_ESAMPLE (message names the file) when a sample could not be
+ * read; LC_ETIMEDOUT when it did not come in time (the request stays outstanding and
+ * the next call picks its batch up). */
+LC_EXPORT int lc_stream_next(lc_stream *s, int timeout_ms, lc_batch **ret_batch);
+/* Releases held batches, closes the stream on the daemon, unmaps the ring. Accepts NULL. */
+LC_EXPORT int lc_stream_close(lc_stream *s);
+
+LC_EXPORT uint32_t lc_batch_rows(const lc_batch *b);
+LC_EXPORT uint64_t lc_batch_epoch(const lc_batch *b);
+LC_EXPORT uint64_t lc_batch_index(const lc_batch *b);   /* batch number within its epoch */
+LC_EXPORT int lc_batch_slot(const lc_batch *b);
+LC_EXPORT uint64_t lc_batch_generation(const lc_batch *b);
+LC_EXPORT int lc_batch_field_count(const lc_batch *b);
+/* Field i (0 <= i < count) or, by name, lc_batch_field_by_name. LC_EINVAL when absent. */
+LC_EXPORT int lc_batch_field(const lc_batch *b, int i, lc_field *ret_field);
+LC_EXPORT int lc_batch_field_by_name(const lc_batch *b, const char *name, lc_field *ret_field);
+/* 1 while the slot still holds this batch (its generation in shared memory matches). */
+LC_EXPORT int lc_batch_valid(const lc_batch *b);
+/* Gives the slot back to the daemon (without waiting for its reply) and frees b.
+ * Accepts NULL. */
+LC_EXPORT int lc_batch_release(lc_batch *b);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

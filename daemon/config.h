@@ -1,0 +1,55 @@
+/* config — loaderd's YAML configuration, read with libyaml into typed structs.
+ *
+ * Each key is a row of a table (type, bounds, default, target); unknown keys, wrong
+ * types and out-of-range values are errors whose message starts with
+ * "FILE:LINE:COLUMN: ". Aliases are rejected and the file size is capped. */
+#ifndef LD_CONFIG_H
+#define LD_CONFIG_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define CONFIG_MAX_FILE_BYTES (1u << 20)
+#define CONFIG_MAX_DATASETS 256
+
+enum config_dataset_kind {
+    CONFIG_DATASET_FILES = 1,
+    CONFIG_DATASET_TOKEN_WINDOWS = 2,
+};
+
+struct config_dataset {
+    char *name;                     /* the key under `datasets:` */
+    int kind;                       /* enum config_dataset_kind */
+    char *path;                     /* files: directory; token_windows: the token file */
+    int line, column;               /* where the dataset is defined, for later messages */
+    /* files */
+    char *pattern;                  /* fnmatch(3) glob on the path relative to `path`; default "*" */
+    /* token_windows */
+    int token_dtype;                /* LD_DTYPE_UINT16 or LD_DTYPE_UINT32 */
+    uint32_t context;               /* N: a sample is N+1 tokens */
+    uint32_t stride;                /* tokens between window starts; default = context */
+};
+
+struct config {
+    char *file;                     /* the path it was loaded from */
+    char *socket_path;              /* default: $XDG_RUNTIME_DIR/loaderd.sock, else /tmp/loaderd-$UID.sock */
+    uint32_t workers;               /* worker threads; 0 in YAML means one per online core */
+    uint64_t memory_budget;         /* bytes of shared-memory rings across all streams */
+    uint32_t max_clients;
+    uint32_t max_streams;           /* per daemon */
+    uint32_t max_frame;             /* bytes, LD_FRAME_MIN_LIMIT..LD_FRAME_MAX_LIMIT */
+    uint32_t prefetch;              /* default prefetch for streams that do not say */
+    int log_level;                  /* LD_LOG_* */
+    struct config_dataset *datasets;
+    size_t n_datasets;
+};
+
+/* Loads and validates `path`. On failure returns LD_ECONFIG (or -errno when the file
+ * cannot be read) with a message in errbuf (LD_ERRMSG_MAX bytes) that starts with
+ * "path:line:column: " where a position is known. */
+int config_load(const char *path, struct config **ret_config, char *errbuf);
+void config_free(struct config *c);
+/* The default socket path for a user run, into buf (size bytes). */
+void config_default_socket(char *buf, size_t size);
+
+#endif

@@ -1,0 +1,70 @@
+/* dataset — what a sample is, for each kind of source.
+ *
+ * A dataset is opened once at daemon start from its config (the `files` kind scans its
+ * directory, `token_windows` maps its token file) and is then shared, read-only, by
+ * every stream and every worker. Each kind provides an ops table; callers never test
+ * the kind. Kinds live in source_<kind>.c and export only their ops table.
+ *
+ * A sample has up to LD_MAX_FIELDS fields. A fixed field has the same shape for every
+ * sample; a ragged field (e.g. files of varying sizes) has a per-sample byte length
+ * that the stream asks for (item_bytes) when it lays out a batch, so workers can write
+ * every sample straight to its final place in the slot. */
+#ifndef LD_DATASET_H
+#define LD_DATASET_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "proto.h"
+#include "config.h"
+
+struct dataset_field {
+    char name[LD_NAME_MAX];
+    int dtype;                      /* LD_DTYPE_* */
+    int ndim;                       /* dims of one sample (0 for a scalar) */
+    int64_t shape[LD_MAX_DIMS];
+    bool ragged;                    /* then ndim == 0 and dtype is uint8 */
+    uint64_t max_item_bytes;        /* ragged: the largest sample's byte length */
+};
+
+typedef struct dataset dataset;
+
+struct dataset_ops {
+    const char *kind;               /* "files", "token_windows" */
+    /* Opens the source described by cfg (scan, map). Runs at daemon start on the main
+     * thread; may block. On failure errbuf (LD_ERRMSG_MAX) names the dataset, the path
+     * and the reason. */
+    int (*open)(const struct config_dataset *cfg, dataset **ret_dataset, char *errbuf);
+    /* Frees everything open() made. Accepts NULL. */
+    void (*free)(dataset *d);
+    /* Byte length of sample `index` in ragged field `field`. Loop thread; must not block. */
+    uint64_t (*item_bytes)(const dataset *d, uint64_t index, int field);
+    /* Reads sample `index` and writes each field to dst[f] (for a fixed field, one row
+     * of the field's row_bytes; for a ragged field, exactly item_bytes bytes). Called
+     * concurrently from worker threads; may block on I/O. On failure returns LD_ESAMPLE
+     * (or -errno) with errbuf naming the sample and the path. */
+    int (*read)(const dataset *d, uint64_t index, void *const dst[], char *errbuf);
+};
+
+/* The common part every kind embeds first. */
+struct dataset {
+    const struct dataset_ops *ops;
+    char name[LD_NAME_MAX];
+    char source[4096];              /* path shown by `loaderctl datasets` */
+    uint64_t count;                 /* samples */
+    int n_fields;
+    struct dataset_field fields[LD_MAX_FIELDS];
+};
+
+/* Opens a dataset of any kind from its config. */
+int dataset_open(const struct config_dataset *cfg, dataset **ret_dataset, char *errbuf);
+void dataset_free(dataset *d);
+const char *dataset_kind(const dataset *d);
+/* Bytes of one row of a fixed field (product of shape times dtype size). */
+uint64_t dataset_row_bytes(const dataset *d, int field);
+
+extern const struct dataset_ops source_files_ops;
+extern const struct dataset_ops source_tokens_ops;
+
+#endif

@@ -1,0 +1,431 @@
+/* The batch ring: one stream's slots in one POSIX shared-memory object, and the state
+ * of each slot.
+ *
+ * Slots are allocated once per stream and reused for every batch, because a fresh
+ * buffer per batch is what makes per-batch IPC slow. The pages are committed when the
+ * ring opens (posix_fallocate), since on tmpfs ftruncate reserves nothing and a /dev/shm
+ * too small for the ring would otherwise surface as a SIGBUS in the middle of an epoch;
+ * here it is an error that names /dev/shm and the sizes. The name carries the daemon's
+ * pid so that a daemon that starts can sweep what a crashed one left (ring_sweep), and
+ * an unguessable part so that no other process can predict and pre-create it.
+ *
+ * The slot states live in the daemon's own memory, not in the mapping: clients map the
+ * object read-only and see only the generation in each slot's header, which the ring
+ * writes on acquire so a client can tell a recycled slot from the one it was given.
+ * Every call comes from the loop thread, so there is no locking. */
+#include "ring.h"
+
+#include "ld_error.h"
+#include "proto.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#define RING_SHM_DIR "/dev/shm"
+
+struct ring {
+    char name[RING_NAME_MAX];
+    bool unlinked;
+    uint8_t *base;
+    uint64_t total_size;
+    uint64_t slot_size;
+    uint32_t slot_count;
+    uint32_t cursor;          /* where the next acquire starts looking */
+    uint32_t counts[4];       /* slots per state, so ring_count is O(1) */
+    uint8_t *states;          /* enum ring_state per slot */
+    uint64_t *generations;    /* the authoritative copy; the header mirrors it */
+};
+
+static void set_err(char *errbuf, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void set_err(char *errbuf, const char *fmt, ...)
+{
+    if (!errbuf)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(errbuf, LD_ERRMSG_MAX, fmt, ap);
+    va_end(ap);
+}
+
+/* "512.0 MiB": sizes in messages are for people. */
+static void format_size(uint64_t bytes, char *buf, size_t len)
+{
+    static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+    double v = (double)bytes;
+    size_t u = 0;
+    while (v >= 1024.0 && u + 1 < sizeof(units) / sizeof(units[0])) {
+        v /= 1024.0;
+        u++;
+    }
+    if (u == 0)
+        snprintf(buf, len, "%" PRIu64 " B", bytes);
+    else
+        snprintf(buf, len, "%.1f %s", v, units[u]);
+}
+
+/* A prefix becomes part of a file name in /dev/shm and of the pattern ring_sweep
+ * matches, so it must be one plain path component. */
+static bool prefix_ok(const char *prefix)
+{
+    if (!prefix || !prefix[0] || strlen(prefix) > RING_NAME_MAX / 2)
+        return false;
+    return strchr(prefix, '/') == NULL && strcmp(prefix, ".") != 0 && strcmp(prefix, "..") != 0;
+}
+
+static uint64_t shm_free_bytes(void)
+{
+    struct statvfs sv;
+    if (statvfs(RING_SHM_DIR, &sv) < 0)
+        return 0;
+    return (uint64_t)sv.f_bavail * sv.f_frsize;
+}
+
+int ring_open(const char *prefix, uint64_t stream_id, uint32_t slot_count, uint64_t slot_bytes,
+              unsigned mode, ring **ret_ring, char *errbuf)
+{
+    ring *r = NULL;
+    int fd = -1;
+    bool created = false;
+    int ret;
+
+    if (!prefix_ok(prefix) || slot_count == 0 || slot_bytes == 0 || !ret_ring ||
+        (mode & ~0777u) != 0) {
+        set_err(errbuf, "invalid ring parameters (prefix, slot count, slot size or mode)");
+        return LD_EINVAL;
+    }
+    /* Sizes: each slot rounded up to the alignment, the header page in front. */
+    if (slot_bytes > UINT64_MAX - LD_RING_ALIGN) {
+        set_err(errbuf, "slot size %" PRIu64 " is too large", slot_bytes);
+        return LD_ERANGE;
+    }
+    uint64_t slot_size = (slot_bytes + LD_RING_ALIGN - 1) / LD_RING_ALIGN * LD_RING_ALIGN;
+    if (slot_size > ((uint64_t)INT64_MAX - LD_RING_ALIGN) / slot_count ||
+        slot_size > SIZE_MAX / slot_count) {
+        set_err(errbuf, "ring of %" PRIu32 " slots of %" PRIu64 " bytes is too large",
+                slot_count, slot_size);
+        return LD_ERANGE;
+    }
+    uint64_t total = LD_RING_ALIGN + slot_size * slot_count;
+
+    r = calloc(1, sizeof(*r));
+    if (!r) {
+        ret = LD_ENOMEM;
+        set_err(errbuf, "out of memory for the ring");
+        goto fail;
+    }
+    r->states = calloc(slot_count, sizeof(*r->states));
+    r->generations = calloc(slot_count, sizeof(*r->generations));
+    if (!r->states || !r->generations) {
+        ret = LD_ENOMEM;
+        set_err(errbuf, "out of memory for the ring's slot table");
+        goto fail;
+    }
+    r->slot_count = slot_count;
+    r->slot_size = slot_size;
+    r->total_size = total;
+    r->counts[RING_FREE] = slot_count;
+
+    /* O_EXCL: the name is ours alone. A clash of 64 random bits means a name was
+     * planted or the generator is broken; retrying a few times covers neither case
+     * silently but costs nothing when it is a real accident. */
+    for (int attempt = 0; attempt < 4 && fd < 0; attempt++) {
+        uint64_t rnd;
+        if (getrandom(&rnd, sizeof(rnd), 0) != (ssize_t)sizeof(rnd)) {
+            ret = ld_from_errno(errno);
+            set_err(errbuf, "getrandom: %s", strerror(errno));
+            goto fail;
+        }
+        int n = snprintf(r->name, sizeof(r->name), "/%s.%ld.%" PRIu64 ".%016" PRIx64, prefix,
+                         (long)getpid(), stream_id, rnd);
+        if (n < 0 || (size_t)n >= sizeof(r->name)) {
+            ret = LD_ENAMETOOLONG;
+            set_err(errbuf, "shared memory name for prefix '%s' is too long", prefix);
+            goto fail;
+        }
+        fd = shm_open(r->name, O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, mode);
+        if (fd < 0 && errno != EEXIST) {
+            ret = ld_from_errno(errno);
+            set_err(errbuf, "shm_open %s: %s", r->name, strerror(errno));
+            goto fail;
+        }
+    }
+    if (fd < 0) {
+        ret = LD_EEXIST;
+        set_err(errbuf, "shm_open: could not find a free name for stream %" PRIu64, stream_id);
+        goto fail;
+    }
+    created = true;
+    /* The umask must not decide who may map the ring: the configured mode is the
+     * contract (0600, or group-readable for the service group). */
+    if (fchmod(fd, mode) < 0) {
+        ret = ld_from_errno(errno);
+        set_err(errbuf, "fchmod %s: %s", r->name, strerror(errno));
+        goto fail;
+    }
+    if (ftruncate(fd, (off_t)total) < 0) {
+        ret = ld_from_errno(errno);
+        set_err(errbuf, "ftruncate %s to %" PRIu64 " bytes: %s", r->name, total, strerror(errno));
+        goto fail;
+    }
+    int err = posix_fallocate(fd, 0, (off_t)total);
+    if (err == ENOSPC || err == EFBIG) {
+        char want[32], avail[32];
+        format_size(total, want, sizeof(want));
+        format_size(shm_free_bytes(), avail, sizeof(avail));
+        set_err(errbuf,
+                "cannot commit %s of shared memory for stream %" PRIu64 " in " RING_SHM_DIR
+                " (free: %s): " RING_SHM_DIR " is too small; in a container raise it "
+                "(docker run --shm-size=...)",
+                want, stream_id, avail);
+        ret = LD_ENOSPC;
+        goto fail;
+    } else if (err != 0) {
+        ret = ld_from_errno(err);
+        set_err(errbuf, "posix_fallocate %s: %s", r->name, strerror(err));
+        goto fail;
+    }
+    /* MAP_POPULATE: the page tables are filled now rather than on the first batch. */
+    void *base = mmap(NULL, (size_t)total, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE,
+                      fd, 0);
+    if (base == MAP_FAILED) {
+        ret = ld_from_errno(errno);
+        set_err(errbuf, "mmap %s (%" PRIu64 " bytes): %s", r->name, total, strerror(errno));
+        goto fail;
+    }
+    r->base = base;
+    close(fd);
+    fd = -1;
+
+    struct ld_ring_header *h = (struct ld_ring_header *)r->base;
+    h->magic = LD_RING_MAGIC;
+    h->version = LD_RING_VERSION;
+    h->slot_count = slot_count;
+    h->slot_size = slot_size;
+    h->slot_offset = LD_RING_ALIGN;
+    h->total_size = total;
+    h->stream_id = stream_id;
+
+    *ret_ring = r;
+    return 0;
+
+fail:
+    if (fd >= 0)
+        close(fd);
+    if (r && created)
+        shm_unlink(r->name);
+    if (r) {
+        r->unlinked = true;
+        ring_free(r);
+    }
+    return ret;
+}
+
+void ring_free(ring *r)
+{
+    if (!r)
+        return;
+    if (r->base)
+        munmap(r->base, (size_t)r->total_size);
+    if (!r->unlinked && r->name[0])
+        shm_unlink(r->name);
+    free(r->states);
+    free(r->generations);
+    free(r);
+}
+
+int ring_unlink(ring *r)
+{
+    if (r->unlinked)
+        return 0;
+    /* ENOENT means someone removed it already (a sweep by hand): the goal is met. */
+    if (shm_unlink(r->name) < 0 && errno != ENOENT)
+        return ld_from_errno(errno);
+    r->unlinked = true;
+    return 0;
+}
+
+const char *ring_name(const ring *r)
+{
+    return r->name;
+}
+
+uint32_t ring_slot_count(const ring *r)
+{
+    return r->slot_count;
+}
+
+uint64_t ring_slot_size(const ring *r)
+{
+    return r->slot_size;
+}
+
+uint64_t ring_slot_offset(const ring *r)
+{
+    return LD_RING_ALIGN;
+}
+
+uint64_t ring_total_size(const ring *r)
+{
+    return r->total_size;
+}
+
+void *ring_slot(ring *r, uint32_t slot)
+{
+    if (slot >= r->slot_count)
+        return NULL;
+    return r->base + LD_RING_ALIGN + (uint64_t)slot * r->slot_size;
+}
+
+static void set_state(ring *r, uint32_t slot, enum ring_state to)
+{
+    r->counts[r->states[slot]]--;
+    r->counts[to]++;
+    r->states[slot] = (uint8_t)to;
+}
+
+int ring_acquire(ring *r, uint32_t *ret_slot, uint64_t *ret_generation)
+{
+    if (r->counts[RING_FREE] == 0)
+        return LD_EAGAIN;
+    /* Round robin from the last slot handed out, so a slot just released is the last
+     * to be rewritten: a client holding a stale view of it keeps valid data longest. */
+    for (uint32_t i = 0; i < r->slot_count; i++) {
+        uint32_t s = (r->cursor + i) % r->slot_count;
+        if (r->states[s] != RING_FREE)
+            continue;
+        uint64_t gen = r->generations[s] + 1;
+        r->generations[s] = gen;
+        struct ld_slot_header *sh = ring_slot(r, s);
+        /* Clients read the header concurrently from another process. */
+        __atomic_store_n(&sh->generation, gen, __ATOMIC_RELEASE);
+        set_state(r, s, RING_FILLING);
+        r->cursor = (s + 1) % r->slot_count;
+        if (ret_slot)
+            *ret_slot = s;
+        if (ret_generation)
+            *ret_generation = gen;
+        return 0;
+    }
+    abort(); /* counts[RING_FREE] > 0 but no FREE slot: the bookkeeping is corrupt */
+}
+
+/* One checked transition: slot in range, in state `from`, to `to`. */
+static int transition(ring *r, uint32_t slot, enum ring_state from, enum ring_state to)
+{
+    if (slot >= r->slot_count)
+        return LD_EINVAL;
+    if (r->states[slot] != from)
+        return LD_EBUSY;
+    set_state(r, slot, to);
+    return 0;
+}
+
+int ring_ready(ring *r, uint32_t slot)
+{
+    return transition(r, slot, RING_FILLING, RING_READY);
+}
+
+int ring_lease(ring *r, uint32_t slot)
+{
+    return transition(r, slot, RING_READY, RING_LEASED);
+}
+
+int ring_release(ring *r, uint32_t slot, uint64_t generation)
+{
+    if (slot >= r->slot_count)
+        return LD_EINVAL;
+    if (r->states[slot] != RING_LEASED)
+        return LD_ENOTLEASED;
+    if (generation != r->generations[slot])
+        return LD_ESTALE;
+    set_state(r, slot, RING_FREE);
+    return 0;
+}
+
+int ring_discard(ring *r, uint32_t slot)
+{
+    if (slot >= r->slot_count)
+        return LD_EINVAL;
+    if (r->states[slot] != RING_FILLING && r->states[slot] != RING_READY)
+        return LD_EBUSY;
+    set_state(r, slot, RING_FREE);
+    return 0;
+}
+
+enum ring_state ring_state(const ring *r, uint32_t slot)
+{
+    return slot < r->slot_count ? (enum ring_state)r->states[slot] : RING_FREE;
+}
+
+uint64_t ring_generation(const ring *r, uint32_t slot)
+{
+    return slot < r->slot_count ? r->generations[slot] : 0;
+}
+
+uint32_t ring_count(const ring *r, enum ring_state state)
+{
+    if ((unsigned)state > RING_LEASED)
+        return 0;
+    return r->counts[state];
+}
+
+/* Whether `name` is exactly "<prefix>.<pid>.<something>", with pid all decimal digits
+ * without a leading zero; the pid goes to *ret_pid. */
+static bool sweep_match(const char *name, const char *prefix, size_t plen, pid_t *ret_pid)
+{
+    if (strncmp(name, prefix, plen) != 0 || name[plen] != '.')
+        return false;
+    const char *p = name + plen + 1;
+    if (*p < '1' || *p > '9')
+        return false;
+    long long pid = 0;
+    for (; *p >= '0' && *p <= '9'; p++) {
+        pid = pid * 10 + (*p - '0');
+        if (pid > INT32_MAX)
+            return false;
+    }
+    if (*p != '.' || p[1] == '\0')
+        return false;
+    *ret_pid = (pid_t)pid;
+    return true;
+}
+
+int ring_sweep(const char *prefix)
+{
+    if (!prefix_ok(prefix))
+        return LD_EINVAL;
+    DIR *d = opendir(RING_SHM_DIR);
+    if (!d)
+        return ld_from_errno(errno);
+    size_t plen = strlen(prefix);
+    int removed = 0;
+    struct dirent *de;
+    while ((de = readdir(d)) != NULL) {
+        pid_t pid;
+        if (!sweep_match(de->d_name, prefix, plen, &pid))
+            continue;
+        /* Only ESRCH proves the owner is gone; EPERM means it lives under another user. */
+        if (kill(pid, 0) == 0 || errno != ESRCH)
+            continue;
+        char path[NAME_MAX + 2];
+        snprintf(path, sizeof(path), "/%s", de->d_name);
+        if (shm_unlink(path) == 0)
+            removed++;
+    }
+    closedir(d);
+    return removed;
+}

@@ -1,0 +1,59 @@
+/* ring — one stream's batch slots in one POSIX shared-memory object.
+ *
+ * The object is created with a name that carries the daemon's identity and an
+ * unguessable part, its pages are committed at open (posix_fallocate), so a
+ * /dev/shm too small for it fails here with a message naming /dev/shm and the size
+ * instead of a SIGBUS later, and it is mapped read-write by the daemon (clients map
+ * it read-only). Layout: see struct ld_ring_header in proto/proto.h.
+ *
+ * Slot state machine, driven only from the loop thread (no locking here):
+ *   FREE -acquire-> FILLING -ready-> READY -lease-> LEASED -release-> FREE
+ * acquire bumps the slot's generation; release must quote the current generation. */
+#ifndef LD_RING_H
+#define LD_RING_H
+
+#include <stdint.h>
+#include <stddef.h>
+
+enum ring_state { RING_FREE = 0, RING_FILLING = 1, RING_READY = 2, RING_LEASED = 3 };
+#define RING_NAME_MAX 96
+
+typedef struct ring ring;
+
+/* Creates `/<prefix>.<pid>.<stream_id>.<16 random hex>` with `slot_count` slots of
+ * `slot_bytes` (rounded up to LD_RING_ALIGN), mode `mode`. LD_ENOSPC with an errbuf
+ * message naming /dev/shm and the size when the pages cannot be committed. */
+int ring_open(const char *prefix, uint64_t stream_id, uint32_t slot_count, uint64_t slot_bytes,
+              unsigned mode, ring **ret_ring, char *errbuf);
+/* Unmaps and removes the name if still present. Accepts NULL. */
+void ring_free(ring *r);
+/* Removes the name now (once the client has mapped it); idempotent. */
+int ring_unlink(ring *r);
+
+const char *ring_name(const ring *r);
+uint32_t ring_slot_count(const ring *r);
+uint64_t ring_slot_size(const ring *r);
+uint64_t ring_slot_offset(const ring *r);
+uint64_t ring_total_size(const ring *r);
+/* Start of slot s (its struct ld_slot_header). */
+void *ring_slot(ring *r, uint32_t slot);
+
+/* State machine. Each returns 0, or LD_EINVAL for a slot out of range, or
+ * LD_EAGAIN (acquire: no FREE slot), LD_EBUSY (wrong state for the transition),
+ * LD_ENOTLEASED (release of a slot that is not LEASED), LD_ESTALE (release with a
+ * generation that is not current). A failed call changes nothing. */
+int ring_acquire(ring *r, uint32_t *ret_slot, uint64_t *ret_generation);
+int ring_ready(ring *r, uint32_t slot);
+int ring_lease(ring *r, uint32_t slot);
+int ring_release(ring *r, uint32_t slot, uint64_t generation);
+/* FILLING or READY back to FREE (stream teardown, cancelled fill). */
+int ring_discard(ring *r, uint32_t slot);
+enum ring_state ring_state(const ring *r, uint32_t slot);
+uint64_t ring_generation(const ring *r, uint32_t slot);
+uint32_t ring_count(const ring *r, enum ring_state state);
+
+/* Removes /dev/shm objects named `<prefix>.<pid>.*` whose pid is not a live process
+ * (left by a crashed daemon). Returns how many were removed. */
+int ring_sweep(const char *prefix);
+
+#endif

@@ -1,0 +1,962 @@
+/* server — loaderd's control channel.
+ *
+ * One libuv loop thread owns every connection and stream. Bytes from a client go
+ * through a proto_reader; each whole frame is one JSON request, dispatched through the
+ * `ops` table below. Replies leave in request order through the connection's outbox: a
+ * `next` that has to wait for its batch holds its place in the outbox while later
+ * requests (a release, a status) are handled at once and queue behind it.
+ *
+ * Bad input is answered, not crashed on: invalid JSON, a wrong field or an unknown op
+ * get an error reply and the connection stays; only a frame over the limit (the stream
+ * cannot be resynchronised) or a client that stops reading its replies is disconnected.
+ */
+#include "server.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "log.h"
+#include "notify.h"
+#include "proto.h"
+#include "ring.h"
+#include "stream.h"
+
+#define READ_BUF_SIZE (64u * 1024u)
+#define WRITE_BATCH 32
+#define MAX_UNSENT_BYTES (16u << 20) /* a client this far behind on reading is dropped */
+#define RATE_WINDOW 6                /* seconds of history for samples_per_s */
+#define LOADERD_VERSION "0.1.0"
+
+typedef struct conn conn;
+
+struct reply {
+    struct reply *next;
+    int64_t id;
+    char *frame;                    /* NULL while a deferred reply waits */
+    size_t len;
+};
+
+struct conn_stream {
+    struct conn_stream *next;
+    conn *c;
+    stream *s;
+    uint64_t id;
+    uint64_t ring_bytes;
+    struct reply *waiting;          /* the outbox entry of a next that waits */
+};
+
+struct conn {
+    uv_pipe_t pipe;
+    server *srv;
+    conn *prev, *next;
+    uint64_t id;
+    proto_reader *reader;
+    bool hello, closing;
+    bool doomed;                    /* to be closed from the reaper, outside any callback chain */
+    conn *doom_next;
+    char name[LD_NAME_MAX];
+    struct reply *out_head, *out_tail;
+    struct conn_stream *streams;
+    char rbuf[READ_BUF_SIZE];
+};
+
+struct write_req {
+    uv_write_t req;
+    conn *c;
+    int n;
+    char *frames[WRITE_BATCH];
+};
+
+struct server {
+    uv_loop_t *loop;
+    const struct config *cfg;
+    dataset **datasets;
+    size_t n_datasets;
+    pool *workers;
+    stream_hub *hub;
+    uv_pipe_t listener;
+    bool listening, owns_socket_file;
+    uv_timer_t tick;
+    uv_timer_t reaper;              /* closes doomed connections on the next loop turn */
+    conn *doomed;
+    conn *conns;
+    uint32_t n_conns, n_streams;
+    uint64_t next_conn_id, next_stream_id;
+    uint64_t memory_used;
+    uint64_t started_ns;
+    uint64_t batches_served, samples_served, bytes_served;
+    uint64_t closed_wait_ns;        /* client wait of streams already closed */
+    uint64_t rate_samples[RATE_WINDOW];
+    uint64_t rate_ns[RATE_WINDOW];
+    unsigned rate_pos;
+    uint64_t watchdog_ns, last_watchdog_ns;
+    bool stopping;
+    int pending_closes;
+    void (*done)(void *ctx);
+    void *done_ctx;
+    char socket_path[sizeof(((struct sockaddr_un *)0)->sun_path)];
+};
+
+/* ---- outbox --------------------------------------------------------------------- */
+
+static void conn_close(conn *c);
+static void on_reap(uv_timer_t *t);
+
+/* Marks a connection for closing on the next loop turn. Used wherever we are deep in a
+ * call chain (a reply being flushed from inside a stream's delivery): closing there
+ * would free streams that the chain is still using. */
+static void conn_doom(conn *c)
+{
+    if (c->closing || c->doomed)
+        return;
+    c->doomed = true;
+    uv_read_stop((uv_stream_t *)&c->pipe);
+    c->doom_next = c->srv->doomed;
+    c->srv->doomed = c;
+    uv_timer_start(&c->srv->reaper, on_reap, 0, 0);
+}
+
+static void write_done(uv_write_t *req, int status)
+{
+    struct write_req *w = (struct write_req *)req;
+    for (int i = 0; i < w->n; i++)
+        free(w->frames[i]);
+    if (status < 0 && status != UV_ECANCELED && !w->c->closing) {
+        ld_log(LD_LOG_DEBUG, "client %" PRIu64 ": write failed: %s", w->c->id, uv_strerror(status));
+        conn_doom(w->c);
+    }
+    free(w);
+}
+
+/* Sends the replies at the head of the outbox that are ready, in one write. */
+static void flush(conn *c)
+{
+    while (!c->closing && !c->doomed && c->out_head && c->out_head->frame) {
+        struct write_req *w = calloc(1, sizeof *w);
+        uv_buf_t bufs[WRITE_BATCH];
+        if (!w) {
+            conn_doom(c);
+            return;
+        }
+        w->c = c;
+        while (w->n < WRITE_BATCH && c->out_head && c->out_head->frame) {
+            struct reply *r = c->out_head;
+            bufs[w->n] = uv_buf_init(r->frame, (unsigned)r->len);
+            w->frames[w->n++] = r->frame;
+            c->out_head = r->next;
+            if (!c->out_head)
+                c->out_tail = NULL;
+            free(r);
+        }
+        int rc = uv_write(&w->req, (uv_stream_t *)&c->pipe, bufs, (unsigned)w->n, write_done);
+        if (rc < 0) {
+            for (int i = 0; i < w->n; i++)
+                free(w->frames[i]);
+            free(w);
+            conn_doom(c);
+            return;
+        }
+    }
+    if (!c->closing && uv_stream_get_write_queue_size((uv_stream_t *)&c->pipe) > MAX_UNSENT_BYTES) {
+        ld_log(LD_LOG_WARN, "client %" PRIu64 " (%s): more than %u MiB of replies unread; disconnecting",
+               c->id, c->name, MAX_UNSENT_BYTES >> 20);
+        conn_doom(c);
+    }
+}
+
+static struct reply *outbox_add(conn *c, int64_t id)
+{
+    struct reply *r = calloc(1, sizeof *r);
+    if (!r)
+        return NULL;
+    r->id = id;
+    if (c->out_tail)
+        c->out_tail->next = r;
+    else
+        c->out_head = r;
+    c->out_tail = r;
+    return r;
+}
+
+/* Fills an outbox entry with msg (consumed). Out of memory drops the connection: the
+ * client would otherwise wait for a reply that never comes. */
+static void reply_fill(conn *c, struct reply *r, cJSON *msg)
+{
+    int rc = msg ? proto_encode(msg, &r->frame, &r->len) : LD_ENOMEM;
+    cJSON_Delete(msg);
+    if (rc < 0) {
+        ld_log(LD_LOG_ERROR, "client %" PRIu64 ": cannot encode a reply: %s", c->id, ld_strerror(rc));
+        conn_doom(c);
+        return;
+    }
+    flush(c);
+}
+
+static void reply_send(conn *c, cJSON *msg)
+{
+    struct reply *r = outbox_add(c, 0);
+    if (!r) {
+        cJSON_Delete(msg);
+        conn_doom(c);
+        return;
+    }
+    reply_fill(c, r, msg);
+}
+
+static void reply_error(conn *c, int64_t id, int code, const char *message)
+{
+    ld_log(LD_LOG_DEBUG, "client %" PRIu64 " (%s): request %" PRId64 ": %s: %s", c->id, c->name, id,
+           ld_error_name(code), message ? message : ld_strerror(code));
+    reply_send(c, proto_reply_error(id, code, message && *message ? message : ld_strerror(code)));
+}
+
+/* ---- helpers -------------------------------------------------------------------- */
+
+static struct conn_stream *find_stream(conn *c, const cJSON *req, int64_t id)
+{
+    char err[LD_ERRMSG_MAX];
+    int64_t sid;
+    int rc = proto_get_int(req, "stream", 0, LD_JSON_SAFE_INT, &sid, err);
+    if (rc < 0) {
+        reply_error(c, id, rc, err);
+        return NULL;
+    }
+    for (struct conn_stream *cs = c->streams; cs; cs = cs->next)
+        if (cs->id == (uint64_t)sid)
+            return cs;
+    snprintf(err, sizeof err, "stream %" PRId64 " is not open on this connection", sid);
+    reply_error(c, id, LD_ENOSTREAM, err);
+    return NULL;
+}
+
+static void conn_stream_close(conn *c, struct conn_stream *cs)
+{
+    server *srv = c->srv;
+    struct conn_stream **pp = &c->streams;
+    while (*pp && *pp != cs)
+        pp = &(*pp)->next;
+    if (*pp)
+        *pp = cs->next;
+    srv->closed_wait_ns += stream_wait_ns(cs->s);
+    srv->memory_used -= cs->ring_bytes;
+    srv->n_streams--;
+    ld_log(LD_LOG_INFO, "stream %" PRIu64 " closed (client %" PRIu64 ")", cs->id, c->id);
+    stream_close(cs->s); /* a waiting next is answered (or dropped) through on_next */
+    free(cs);
+}
+
+static dataset *find_dataset(server *srv, const char *name)
+{
+    for (size_t i = 0; i < srv->n_datasets; i++)
+        if (strcmp(srv->datasets[i]->name, name) == 0)
+            return srv->datasets[i];
+    return NULL;
+}
+
+/* ---- operations ----------------------------------------------------------------- */
+
+static void op_hello(conn *c, const cJSON *req, int64_t id)
+{
+    char err[LD_ERRMSG_MAX];
+    int64_t version;
+    int rc = proto_get_int(req, "version", 0, INT32_MAX, &version, err);
+    if (rc < 0) {
+        reply_error(c, id, rc, err);
+        return;
+    }
+    if (version != LD_PROTO_VERSION) {
+        snprintf(err, sizeof err, "client speaks protocol version %" PRId64 ", this daemon speaks %d",
+                 version, LD_PROTO_VERSION);
+        reply_error(c, id, LD_EVERSION, err);
+        return;
+    }
+    if (cJSON_GetObjectItemCaseSensitive(req, "client")) {
+        const char *name;
+        rc = proto_get_str(req, "client", LD_NAME_MAX - 1, &name, err);
+        if (rc < 0) {
+            reply_error(c, id, rc, err);
+            return;
+        }
+        snprintf(c->name, sizeof c->name, "%s", name);
+    }
+    c->hello = true;
+    cJSON *r = proto_reply_ok(id);
+    cJSON_AddNumberToObject(r, "version", LD_PROTO_VERSION);
+    cJSON_AddStringToObject(r, "server", "loaderd " LOADERD_VERSION);
+    cJSON_AddNumberToObject(r, "pid", getpid());
+    cJSON_AddNumberToObject(r, "max_frame", c->srv->cfg->max_frame);
+    reply_send(c, r);
+}
+
+static void op_datasets(conn *c, const cJSON *req, int64_t id)
+{
+    server *srv = c->srv;
+    cJSON *r = proto_reply_ok(id);
+    cJSON *list = cJSON_AddArrayToObject(r, "datasets");
+    for (size_t i = 0; i < srv->n_datasets; i++) {
+        const dataset *d = srv->datasets[i];
+        cJSON *jd = cJSON_CreateObject();
+        cJSON_AddStringToObject(jd, "name", d->name);
+        cJSON_AddStringToObject(jd, "kind", dataset_kind(d));
+        cJSON_AddStringToObject(jd, "source", d->source);
+        cJSON_AddNumberToObject(jd, "samples", (double)d->count);
+        cJSON *fields = cJSON_AddArrayToObject(jd, "fields");
+        for (int f = 0; f < d->n_fields; f++) {
+            const struct dataset_field *df = &d->fields[f];
+            cJSON *jf = cJSON_CreateObject();
+            cJSON_AddStringToObject(jf, "name", df->name);
+            cJSON_AddStringToObject(jf, "dtype", proto_dtype_name(df->dtype));
+            cJSON *shape = cJSON_AddArrayToObject(jf, "shape");
+            for (int k = 0; k < df->ndim; k++)
+                cJSON_AddItemToArray(shape, cJSON_CreateNumber((double)df->shape[k]));
+            cJSON_AddBoolToObject(jf, "ragged", df->ragged);
+            if (df->ragged)
+                cJSON_AddNumberToObject(jf, "max_bytes", (double)df->max_item_bytes);
+            cJSON_AddItemToArray(fields, jf);
+        }
+        cJSON_AddItemToArray(list, jd);
+    }
+    reply_send(c, r);
+}
+
+static void op_open(conn *c, const cJSON *req, int64_t id)
+{
+    server *srv = c->srv;
+    char err[LD_ERRMSG_MAX];
+    const char *name;
+    int64_t batch, seed, epoch, rank, world, start, prefetch, epochs;
+    bool shuffle, drop_last;
+    int rc;
+    if ((rc = proto_get_str(req, "dataset", LD_NAME_MAX - 1, &name, err)) < 0 ||
+        (rc = proto_get_int(req, "batch_size", 1, 65536, &batch, err)) < 0 ||
+        (rc = proto_opt_bool(req, "shuffle", true, &shuffle, err)) < 0 ||
+        (rc = proto_opt_int(req, "seed", 0, LD_JSON_SAFE_INT, 0, &seed, err)) < 0 ||
+        (rc = proto_opt_int(req, "epoch", 0, LD_JSON_SAFE_INT, 0, &epoch, err)) < 0 ||
+        (rc = proto_opt_int(req, "world_size", 1, 65536, 1, &world, err)) < 0 ||
+        (rc = proto_opt_int(req, "rank", 0, 65535, 0, &rank, err)) < 0 ||
+        (rc = proto_opt_bool(req, "drop_last", false, &drop_last, err)) < 0 ||
+        (rc = proto_opt_int(req, "start_batch", 0, LD_JSON_SAFE_INT, 0, &start, err)) < 0 ||
+        (rc = proto_opt_int(req, "prefetch", 1, 64, srv->cfg->prefetch, &prefetch, err)) < 0 ||
+        (rc = proto_opt_int(req, "epochs", 0, LD_JSON_SAFE_INT, 0, &epochs, err)) < 0) {
+        reply_error(c, id, rc, err);
+        return;
+    }
+    if (rank >= world) {
+        snprintf(err, sizeof err, "rank %" PRId64 " is not below world_size %" PRId64, rank, world);
+        reply_error(c, id, LD_EINVAL, err);
+        return;
+    }
+    dataset *d = find_dataset(srv, name);
+    if (!d) {
+        snprintf(err, sizeof err, "no dataset named '%s' (see `loaderctl datasets`)", name);
+        reply_error(c, id, LD_ENODATASET, err);
+        return;
+    }
+    if (srv->n_streams >= srv->cfg->max_streams) {
+        snprintf(err, sizeof err, "the daemon already serves %u streams (server.max_streams)", srv->n_streams);
+        reply_error(c, id, LD_ELIMIT, err);
+        return;
+    }
+    struct conn_stream *cs = calloc(1, sizeof *cs);
+    if (!cs) {
+        reply_error(c, id, LD_ENOMEM, NULL);
+        return;
+    }
+    struct stream_params p = {
+        .batch_size = (uint32_t)batch, .shuffle = shuffle, .seed = (uint64_t)seed,
+        .epoch = (uint64_t)epoch, .rank = (uint32_t)rank, .world_size = (uint32_t)world,
+        .drop_last = drop_last, .start_batch = (uint64_t)start, .prefetch = (uint32_t)prefetch,
+        .epochs = (uint64_t)epochs,
+    };
+    uint64_t sid = ++srv->next_stream_id;
+    uint64_t budget_left = srv->cfg->memory_budget - srv->memory_used;
+    err[0] = '\0';
+    rc = stream_open(srv->hub, d, sid, &p, budget_left, &cs->s, err);
+    if (rc < 0) {
+        free(cs);
+        ld_log(LD_LOG_WARN, "client %" PRIu64 " (%s): open '%s' failed: %s", c->id, c->name, name, err);
+        reply_error(c, id, rc, err);
+        return;
+    }
+    cs->c = c;
+    cs->id = sid;
+    cs->ring_bytes = stream_ring_bytes(cs->s);
+    cs->next = c->streams;
+    c->streams = cs;
+    srv->memory_used += cs->ring_bytes;
+    srv->n_streams++;
+    ld_log(LD_LOG_INFO, "stream %" PRIu64 " opened on '%s' by client %" PRIu64 " (%s): batch %u, seed %" PRIu64
+           ", epoch %" PRIu64 ", rank %u/%u, prefetch %u",
+           sid, name, c->id, c->name, p.batch_size, p.seed, p.epoch, p.rank, p.world_size, p.prefetch);
+    cJSON *r = proto_reply_ok(id);
+    stream_describe_layout(cs->s, r);
+    reply_send(c, r);
+}
+
+static void on_next(void *ctx, int rc, const struct stream_batch *b, const char *message)
+{
+    struct conn_stream *cs = ctx;
+    conn *c = cs->c;
+    struct reply *r = cs->waiting;
+    cs->waiting = NULL;
+    if (!r || c->closing)
+        return; /* the connection is going away; its outbox is freed with it */
+    cJSON *msg;
+    if (rc < 0) {
+        msg = proto_reply_error(r->id, rc, message && *message ? message : ld_strerror(rc));
+    } else {
+        server *srv = c->srv;
+        srv->batches_served++;
+        srv->samples_served += b->rows;
+        srv->bytes_served += b->bytes;
+        msg = proto_reply_ok(r->id);
+        cJSON_AddNumberToObject(msg, "slot", b->slot);
+        cJSON_AddNumberToObject(msg, "generation", (double)b->generation);
+        cJSON_AddNumberToObject(msg, "epoch", (double)b->epoch);
+        cJSON_AddNumberToObject(msg, "batch", (double)b->batch);
+        cJSON_AddNumberToObject(msg, "rows", b->rows);
+    }
+    reply_fill(c, r, msg);
+}
+
+static void op_next(conn *c, const cJSON *req, int64_t id)
+{
+    struct conn_stream *cs = find_stream(c, req, id);
+    if (!cs)
+        return;
+    if (cs->waiting) {
+        char err[LD_ERRMSG_MAX];
+        snprintf(err, sizeof err, "a next request is already waiting on stream %" PRIu64, cs->id);
+        reply_error(c, id, LD_EBUSY, err);
+        return;
+    }
+    struct reply *r = outbox_add(c, id);
+    if (!r) {
+        conn_doom(c);
+        return;
+    }
+    cs->waiting = r;
+    int rc = stream_next(cs->s, on_next, cs);
+    if (rc < 0) {
+        cs->waiting = NULL;
+        reply_fill(c, r, proto_reply_error(id, rc, ld_strerror(rc)));
+    }
+}
+
+static void op_release(conn *c, const cJSON *req, int64_t id)
+{
+    char err[LD_ERRMSG_MAX];
+    struct conn_stream *cs = find_stream(c, req, id);
+    if (!cs)
+        return;
+    int64_t slot, gen;
+    int rc;
+    if ((rc = proto_get_int(req, "slot", 0, UINT32_MAX, &slot, err)) < 0 ||
+        (rc = proto_get_int(req, "generation", 0, LD_JSON_SAFE_INT, &gen, err)) < 0) {
+        reply_error(c, id, rc, err);
+        return;
+    }
+    const ring *rg = stream_ring(cs->s);
+    rc = stream_release(cs->s, (uint32_t)slot, (uint64_t)gen);
+    if (rc == 0) {
+        reply_send(c, proto_reply_ok(id));
+        return;
+    }
+    static const char *const state_names[] = {"free", "being filled", "ready", "leased"};
+    if (rc == LD_EINVAL)
+        snprintf(err, sizeof err, "slot %" PRId64 " is out of range (stream %" PRIu64 " has %u slots)", slot,
+                 cs->id, ring_slot_count(rg));
+    else if (rc == LD_ENOTLEASED)
+        snprintf(err, sizeof err, "slot %" PRId64 " of stream %" PRIu64 " is not leased (it is %s)", slot, cs->id,
+                 state_names[ring_state(rg, (uint32_t)slot)]);
+    else if (rc == LD_ESTALE)
+        snprintf(err, sizeof err, "slot %" PRId64 " of stream %" PRIu64 " is at generation %" PRIu64 ", not %" PRId64,
+                 slot, cs->id, ring_generation(rg, (uint32_t)slot), gen);
+    else
+        snprintf(err, sizeof err, "%s", ld_strerror(rc));
+    reply_error(c, id, rc, err);
+}
+
+static void op_close(conn *c, const cJSON *req, int64_t id)
+{
+    struct conn_stream *cs = find_stream(c, req, id);
+    if (!cs)
+        return;
+    conn_stream_close(c, cs);
+    reply_send(c, proto_reply_ok(id));
+}
+
+static void add_slot_counts(cJSON *o, const uint32_t counts[4])
+{
+    cJSON_AddNumberToObject(o, "free", counts[RING_FREE]);
+    cJSON_AddNumberToObject(o, "filling", counts[RING_FILLING]);
+    cJSON_AddNumberToObject(o, "ready", counts[RING_READY]);
+    cJSON_AddNumberToObject(o, "leased", counts[RING_LEASED]);
+}
+
+static double samples_per_s(const server *srv)
+{
+    unsigned oldest = (srv->rate_pos + 1) % RATE_WINDOW;
+    if (!srv->rate_ns[oldest])
+        oldest = 0;
+    uint64_t dt = uv_hrtime() - srv->rate_ns[oldest];
+    if (!srv->rate_ns[oldest] || dt == 0)
+        return 0;
+    return (double)(srv->samples_served - srv->rate_samples[oldest]) * 1e9 / (double)dt;
+}
+
+static void op_status(conn *c, const cJSON *req, int64_t id)
+{
+    server *srv = c->srv;
+    uint32_t counts[4] = {0};
+    uint64_t wait = srv->closed_wait_ns;
+    for (conn *k = srv->conns; k; k = k->next)
+        for (struct conn_stream *cs = k->streams; cs; cs = cs->next) {
+            for (int st = 0; st < 4; st++)
+                counts[st] += ring_count(stream_ring(cs->s), (enum ring_state)st);
+            wait += stream_wait_ns(cs->s);
+        }
+    cJSON *r = proto_reply_ok(id);
+    cJSON_AddStringToObject(r, "server", "loaderd " LOADERD_VERSION);
+    cJSON_AddNumberToObject(r, "pid", getpid());
+    cJSON_AddStringToObject(r, "socket", srv->socket_path);
+    cJSON_AddNumberToObject(r, "uptime_s", (double)(uv_hrtime() - srv->started_ns) / 1e9);
+    cJSON_AddNumberToObject(r, "clients", srv->n_conns);
+    cJSON_AddNumberToObject(r, "streams", srv->n_streams);
+    cJSON_AddNumberToObject(r, "datasets", (double)srv->n_datasets);
+    cJSON_AddNumberToObject(r, "workers", pool_threads(srv->workers));
+    cJSON_AddNumberToObject(r, "batches_served", (double)srv->batches_served);
+    cJSON_AddNumberToObject(r, "samples_served", (double)srv->samples_served);
+    cJSON_AddNumberToObject(r, "bytes_served", (double)srv->bytes_served);
+    cJSON_AddNumberToObject(r, "samples_per_s", samples_per_s(srv));
+    cJSON_AddNumberToObject(r, "worker_busy_s", (double)pool_busy_ns(srv->workers) / 1e9);
+    cJSON_AddNumberToObject(r, "client_wait_s", (double)wait / 1e9);
+    cJSON_AddNumberToObject(r, "memory_budget", (double)srv->cfg->memory_budget);
+    cJSON_AddNumberToObject(r, "memory_used", (double)srv->memory_used);
+    add_slot_counts(cJSON_AddObjectToObject(r, "slots"), counts);
+    reply_send(c, r);
+}
+
+static void op_streams(conn *c, const cJSON *req, int64_t id)
+{
+    cJSON *r = proto_reply_ok(id);
+    cJSON *list = cJSON_AddArrayToObject(r, "streams");
+    for (conn *k = c->srv->conns; k; k = k->next)
+        for (struct conn_stream *cs = k->streams; cs; cs = cs->next) {
+            cJSON *js = cJSON_CreateObject();
+            stream_describe_state(cs->s, js);
+            cJSON_AddNumberToObject(js, "client_id", (double)k->id);
+            cJSON_AddStringToObject(js, "client", k->name);
+            cJSON_AddItemToArray(list, js);
+        }
+    reply_send(c, r);
+}
+
+static const struct {
+    const char *name;
+    void (*run)(conn *c, const cJSON *req, int64_t id);
+} ops[] = {
+    {LD_OP_HELLO, op_hello},     {LD_OP_DATASETS, op_datasets}, {LD_OP_OPEN, op_open},
+    {LD_OP_NEXT, op_next},       {LD_OP_RELEASE, op_release},   {LD_OP_CLOSE, op_close},
+    {LD_OP_STATUS, op_status},   {LD_OP_STREAMS, op_streams},
+};
+
+static void handle_frame(conn *c, const char *payload, size_t len)
+{
+    char err[LD_ERRMSG_MAX];
+    cJSON *req = NULL;
+    int rc = proto_parse(payload, len, &req, err);
+    if (rc < 0) {
+        reply_error(c, -1, rc, err);
+        return;
+    }
+    int64_t id = proto_request_id(req);
+    const char *op;
+    if (id < 0) {
+        reply_error(c, -1, LD_EFIELD, "field 'id': expected an integer in [0, 2^53)");
+    } else if ((rc = proto_get_str(req, "op", 32, &op, err)) < 0) {
+        reply_error(c, id, rc, err);
+    } else if (!c->hello && strcmp(op, LD_OP_HELLO) != 0) {
+        snprintf(err, sizeof err, "the first request must be hello, not '%s'", op);
+        reply_error(c, id, LD_EHELLO, err);
+    } else {
+        size_t i;
+        for (i = 0; i < sizeof ops / sizeof ops[0]; i++)
+            if (strcmp(op, ops[i].name) == 0)
+                break;
+        if (i < sizeof ops / sizeof ops[0]) {
+            ops[i].run(c, req, id);
+        } else {
+            snprintf(err, sizeof err, "unknown op '%s' (expected hello, datasets, open, next, release, "
+                                      "close, status or streams)", op);
+            reply_error(c, id, LD_EUNKNOWNOP, err);
+        }
+    }
+    cJSON_Delete(req);
+}
+
+/* ---- connections ---------------------------------------------------------------- */
+
+static void closed_one(server *srv)
+{
+    srv->pending_closes--;
+    if (srv->pending_closes == 0 && srv->stopping && !srv->hub && srv->done) {
+        void (*done)(void *) = srv->done;
+        srv->done = NULL;
+        done(srv->done_ctx);
+    }
+}
+
+static void conn_closed(uv_handle_t *h)
+{
+    conn *c = h->data;
+    server *srv = c->srv;
+    proto_reader_free(c->reader);
+    free(c);
+    closed_one(srv);
+}
+
+static void maybe_done(server *srv);
+
+static void conn_close(conn *c)
+{
+    if (c->closing)
+        return;
+    c->closing = true;
+    server *srv = c->srv;
+    if (c->doomed) {
+        conn **pp = &srv->doomed;
+        while (*pp && *pp != c)
+            pp = &(*pp)->doom_next;
+        if (*pp)
+            *pp = c->doom_next;
+    }
+    while (c->streams)
+        conn_stream_close(c, c->streams);
+    while (c->out_head) {
+        struct reply *r = c->out_head;
+        c->out_head = r->next;
+        free(r->frame);
+        free(r);
+    }
+    c->out_tail = NULL;
+    if (c->prev)
+        c->prev->next = c->next;
+    else
+        srv->conns = c->next;
+    if (c->next)
+        c->next->prev = c->prev;
+    srv->n_conns--;
+    ld_log(LD_LOG_INFO, "client %" PRIu64 " (%s) disconnected", c->id, c->name);
+    srv->pending_closes++;
+    uv_close((uv_handle_t *)&c->pipe, conn_closed);
+}
+
+static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
+{
+    conn *c = h->data;
+    *buf = uv_buf_init(c->rbuf, sizeof c->rbuf);
+}
+
+static void shutdown_done(uv_shutdown_t *req, int status)
+{
+    conn *c = req->handle->data;
+    free(req);
+    conn_close(c);
+}
+
+/* Sends a last error straight to the socket (ahead of anything waiting in the outbox:
+ * the connection ends), then closes once it is written. */
+static void conn_fatal(conn *c, int code, const char *message)
+{
+    ld_log(LD_LOG_WARN, "client %" PRIu64 " (%s): %s", c->id, c->name, message);
+    uv_read_stop((uv_stream_t *)&c->pipe);
+    c->doomed = true; /* no more requests; not on the reaper list: shutdown_done closes */
+    cJSON *msg = proto_reply_error(-1, code, message);
+    struct write_req *w = calloc(1, sizeof *w);
+    uv_shutdown_t *sh = calloc(1, sizeof *sh);
+    size_t len;
+    if (msg && w && sh && proto_encode(msg, &w->frames[0], &len) == 0) {
+        w->c = c;
+        w->n = 1;
+        uv_buf_t buf = uv_buf_init(w->frames[0], (unsigned)len);
+        if (uv_write(&w->req, (uv_stream_t *)&c->pipe, &buf, 1, write_done) == 0) {
+            w = NULL;
+            if (uv_shutdown(sh, (uv_stream_t *)&c->pipe, shutdown_done) == 0)
+                sh = NULL;
+        }
+    }
+    cJSON_Delete(msg);
+    if (w)
+        free(w->frames[0]);
+    free(w);
+    if (sh) {
+        free(sh);
+        c->doomed = false;
+        conn_doom(c);
+    }
+}
+
+static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
+{
+    conn *c = st->data;
+    if (nread < 0) {
+        conn_close(c);
+        return;
+    }
+    if (nread == 0 || c->closing || c->doomed)
+        return;
+    int rc = proto_reader_feed(c->reader, buf->base, (size_t)nread);
+    for (;;) {
+        const char *payload;
+        size_t len;
+        if (rc >= 0)
+            rc = proto_reader_next(c->reader, &payload, &len);
+        if (rc < 0) {
+            char err[LD_ERRMSG_MAX];
+            if (rc == LD_EMSGSIZE)
+                snprintf(err, sizeof err, "frame larger than the limit of %u bytes (server.max_frame); "
+                                          "closing the connection", c->srv->cfg->max_frame);
+            else
+                snprintf(err, sizeof err, "%s; closing the connection", ld_strerror(rc));
+            conn_fatal(c, rc, err);
+            return;
+        }
+        if (rc == 0)
+            return;
+        handle_frame(c, payload, len);
+        if (c->closing || c->doomed)
+            return;
+    }
+}
+
+static void on_connection(uv_stream_t *listener, int status)
+{
+    server *srv = listener->data;
+    if (status < 0) {
+        ld_log(LD_LOG_WARN, "accept failed: %s", uv_strerror(status));
+        return;
+    }
+    conn *c = calloc(1, sizeof *c);
+    if (!c)
+        return;
+    c->srv = srv;
+    c->id = ++srv->next_conn_id;
+    snprintf(c->name, sizeof c->name, "client-%" PRIu64, c->id);
+    uv_pipe_init(srv->loop, &c->pipe, 0);
+    c->pipe.data = c;
+    if (uv_accept(listener, (uv_stream_t *)&c->pipe) < 0 ||
+        proto_reader_new(srv->cfg->max_frame, &c->reader) < 0) {
+        srv->pending_closes++;
+        uv_close((uv_handle_t *)&c->pipe, conn_closed);
+        return;
+    }
+    c->next = srv->conns;
+    if (srv->conns)
+        srv->conns->prev = c;
+    srv->conns = c;
+    srv->n_conns++;
+    if (srv->n_conns > srv->cfg->max_clients) {
+        char err[LD_ERRMSG_MAX];
+        snprintf(err, sizeof err, "the daemon already serves %u clients (server.max_clients)", srv->cfg->max_clients);
+        conn_fatal(c, LD_ELIMIT, err);
+        return;
+    }
+    ld_log(LD_LOG_DEBUG, "client %" PRIu64 " connected", c->id);
+    uv_read_start((uv_stream_t *)&c->pipe, on_alloc, on_read);
+}
+
+/* ---- listening socket ----------------------------------------------------------- */
+
+static int bind_socket(server *srv, const char *path, char *errbuf)
+{
+    int fd = notify_listen_fd();
+    int rc;
+    if (fd >= 0) {
+        rc = uv_pipe_open(&srv->listener, fd);
+        if (rc < 0) {
+            snprintf(errbuf, LD_ERRMSG_MAX, "cannot use the socket passed by systemd: %s", uv_strerror(rc));
+            return rc;
+        }
+        size_t n = sizeof srv->socket_path;
+        if (uv_pipe_getsockname(&srv->listener, srv->socket_path, &n) < 0)
+            snprintf(srv->socket_path, sizeof srv->socket_path, "(systemd socket)");
+        return 0;
+    }
+    /* libuv 1.44 truncates a long path silently: check it ourselves. */
+    if (strlen(path) >= sizeof srv->socket_path) {
+        snprintf(errbuf, LD_ERRMSG_MAX, "socket path '%s' is %zu bytes; a Unix socket path must be under %zu",
+                 path, strlen(path), sizeof srv->socket_path);
+        return LD_ENAMETOOLONG;
+    }
+    snprintf(srv->socket_path, sizeof srv->socket_path, "%s", path);
+    struct stat st;
+    if (lstat(path, &st) == 0) {
+        if (!S_ISSOCK(st.st_mode)) {
+            snprintf(errbuf, LD_ERRMSG_MAX, "'%s' exists and is not a socket; refusing to replace it", path);
+            return LD_EEXIST;
+        }
+        int probe = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        struct sockaddr_un sa = {.sun_family = AF_UNIX};
+        memcpy(sa.sun_path, path, strlen(path) + 1);
+        int crc = probe >= 0 ? connect(probe, (struct sockaddr *)&sa, sizeof sa) : -1;
+        int e = errno;
+        if (probe >= 0)
+            close(probe);
+        if (crc == 0) {
+            snprintf(errbuf, LD_ERRMSG_MAX, "another loaderd is already serving '%s'", path);
+            return LD_EADDRINUSE;
+        }
+        if (e != ECONNREFUSED) {
+            snprintf(errbuf, LD_ERRMSG_MAX, "cannot probe the existing socket '%s': %s", path, strerror(e));
+            return ld_from_errno(e);
+        }
+        ld_log(LD_LOG_INFO, "removing stale socket %s", path);
+        unlink(path);
+    }
+    rc = uv_pipe_bind(&srv->listener, path);
+    if (rc < 0) {
+        snprintf(errbuf, LD_ERRMSG_MAX, "cannot bind '%s': %s", path, uv_strerror(rc));
+        return rc;
+    }
+    srv->owns_socket_file = true;
+    if (chmod(path, 0660) < 0) {
+        snprintf(errbuf, LD_ERRMSG_MAX, "cannot set mode 0660 on '%s': %s", path, strerror(errno));
+        return ld_from_errno(errno);
+    }
+    return 0;
+}
+
+static void on_reap(uv_timer_t *t)
+{
+    server *srv = t->data;
+    while (srv->doomed)
+        conn_close(srv->doomed); /* conn_close unlinks it from the list */
+}
+
+static void on_tick(uv_timer_t *t)
+{
+    server *srv = t->data;
+    uint64_t now = uv_hrtime();
+    srv->rate_pos = (srv->rate_pos + 1) % RATE_WINDOW;
+    srv->rate_samples[srv->rate_pos] = srv->samples_served;
+    srv->rate_ns[srv->rate_pos] = now;
+    if (srv->watchdog_ns && now - srv->last_watchdog_ns >= srv->watchdog_ns / 2) {
+        notify_send("WATCHDOG=1");
+        srv->last_watchdog_ns = now;
+    }
+    if (srv->stopping)
+        maybe_done(srv);
+}
+
+int server_new(uv_loop_t *loop, const struct config *cfg, dataset **datasets, size_t n_datasets,
+               pool *workers, server **ret_server, char *errbuf)
+{
+    server *srv = calloc(1, sizeof *srv);
+    if (!srv) {
+        snprintf(errbuf, LD_ERRMSG_MAX, "out of memory");
+        return LD_ENOMEM;
+    }
+    srv->loop = loop;
+    srv->cfg = cfg;
+    srv->datasets = datasets;
+    srv->n_datasets = n_datasets;
+    srv->workers = workers;
+    srv->started_ns = uv_hrtime();
+    int rc = stream_hub_new(loop, workers, &srv->hub);
+    if (rc < 0) {
+        snprintf(errbuf, LD_ERRMSG_MAX, "cannot start the worker hub: %s", uv_strerror(rc));
+        free(srv);
+        return rc;
+    }
+    uv_pipe_init(loop, &srv->listener, 0);
+    srv->listener.data = srv;
+    srv->listening = true;
+    uv_timer_init(loop, &srv->tick);
+    srv->tick.data = srv;
+    uv_timer_init(loop, &srv->reaper);
+    srv->reaper.data = srv;
+    rc = bind_socket(srv, cfg->socket_path, errbuf);
+    if (rc == 0) {
+        rc = uv_listen((uv_stream_t *)&srv->listener, 128, on_connection);
+        if (rc < 0)
+            snprintf(errbuf, LD_ERRMSG_MAX, "cannot listen on '%s': %s", srv->socket_path, uv_strerror(rc));
+    }
+    if (rc < 0) {
+        if (srv->owns_socket_file)
+            unlink(srv->socket_path);
+        srv->owns_socket_file = false;
+        uv_close((uv_handle_t *)&srv->listener, NULL);
+        uv_close((uv_handle_t *)&srv->tick, NULL);
+        uv_close((uv_handle_t *)&srv->reaper, NULL);
+        stream_hub_close(srv->hub);
+        uv_run(loop, UV_RUN_NOWAIT); /* let the handles close before srv goes */
+        free(srv);
+        return rc;
+    }
+    srv->watchdog_ns = notify_watchdog_usec() * 1000;
+    uv_timer_start(&srv->tick, on_tick, 1000, 1000);
+    on_tick(&srv->tick);
+    *ret_server = srv;
+    return 0;
+}
+
+static void handle_closed(uv_handle_t *h)
+{
+    closed_one(h->data);
+}
+
+/* Called while stopping: once every stream's running work is back, close the rest. */
+static void maybe_done(server *srv)
+{
+    if (stream_hub_live(srv->hub) > 0 || !uv_is_active((uv_handle_t *)&srv->tick))
+        return;
+    uv_timer_stop(&srv->tick);
+    stream_hub_close(srv->hub);
+    srv->hub = NULL;
+    srv->pending_closes += 2;
+    uv_close((uv_handle_t *)&srv->reaper, handle_closed);
+    uv_close((uv_handle_t *)&srv->tick, handle_closed);
+}
+
+void server_stop(server *srv, void (*done)(void *ctx), void *ctx)
+{
+    if (srv->stopping)
+        return;
+    srv->stopping = true;
+    srv->done = done;
+    srv->done_ctx = ctx;
+    notify_send("STOPPING=1");
+    ld_log(LD_LOG_INFO, "stopping: %u clients, %u streams", srv->n_conns, srv->n_streams);
+    if (srv->listening) {
+        srv->listening = false;
+        srv->pending_closes++;
+        uv_close((uv_handle_t *)&srv->listener, handle_closed);
+    }
+    if (srv->owns_socket_file) {
+        unlink(srv->socket_path);
+        srv->owns_socket_file = false;
+    }
+    while (srv->conns)
+        conn_close(srv->conns);
+    /* Streams with work still running are freed as it comes back; the tick checks. */
+    uv_timer_stop(&srv->tick);
+    uv_timer_start(&srv->tick, on_tick, 10, 10);
+    maybe_done(srv);
+}
+
+void server_free(server *srv)
+{
+    free(srv);
+}
+
+const char *server_socket_path(const server *srv)
+{
+    return srv->socket_path;
+}

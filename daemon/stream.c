@@ -1,0 +1,638 @@
+/* stream — the flow of a batch, from "a slot is free" to "the trainer holds it".
+ *
+ *   schedule()     loop thread: while fewer than `prefetch` batches are FILLING or
+ *                  READY, take a FREE slot, number it with the next sequence, write its
+ *                  header (and, for ragged fields, the offsets) and cut its rows into
+ *                  chunks for the pool.
+ *   chunk_run()    worker thread: for each row, ask the sampler which sample it is and
+ *                  let the dataset write that sample straight into its place in the
+ *                  slot. The last chunk of a slot to finish hands the slot to the hub.
+ *   slot_filled()  loop thread (woken by the hub): the slot becomes READY, or the
+ *                  stream records the failure at that sequence number.
+ *   deliver()      loop thread: the slot holding the next sequence is leased to the
+ *                  waiting `next` request.
+ *
+ * Nothing but sample bytes is touched by workers; every state change happens on the
+ * loop thread, so the ring needs no lock. A closing stream cancels its queued chunks and
+ * is freed when the chunks already running have come back.
+ */
+#include "stream.h"
+
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "log.h"
+#include "sampler.h"
+
+#define CHUNK_MIN_ROWS 16u
+#define SLOTS_BEYOND_PREFETCH 2u /* the batch the trainer holds, and one whose release is in flight */
+
+struct stream_hub {
+    uv_async_t async;
+    uv_loop_t *loop;
+    pool *workers;
+    pthread_mutex_t lock;
+    struct stream_task *done_head;  /* last chunks of filled slots, newest first */
+    uint32_t live;
+};
+
+struct stream_task {
+    struct pool_task base;          /* first: pool hands us this pointer back */
+    stream *s;
+    uint32_t slot;
+    uint32_t row_begin, row_end;
+    struct stream_task *done_next;
+};
+
+struct field_layout {
+    uint64_t offset;                /* from the slot start */
+    uint64_t row_bytes;             /* fixed fields */
+    uint64_t offsets_offset;        /* ragged fields: int64[batch_size + 1] */
+    uint64_t capacity;              /* ragged fields: bytes at offset */
+};
+
+struct stream_slot {
+    uint64_t seq, epoch, batch;
+    uint32_t rows;
+    uint32_t n_chunks;
+    bool busy;                      /* chunks outstanding; loop thread only */
+    atomic_uint chunks_left;
+    atomic_int err;                 /* first failing chunk wins */
+    char errmsg[LD_ERRMSG_MAX];     /* written by the chunk that set err */
+    struct stream_task *tasks;      /* max_chunks, preallocated */
+};
+
+struct stream {
+    stream_hub *hub;
+    dataset *ds;
+    uint64_t id;
+    struct stream_params p;
+    sampler smp;
+    ring *ring;
+    struct field_layout layout[LD_MAX_FIELDS];
+    uint32_t n_slots, max_chunks;
+    struct stream_slot *slots;
+    uint64_t total_seq;             /* UINT64_MAX when unbounded */
+    uint64_t next_fill, next_deliver;
+    uint64_t failed_seq;            /* UINT64_MAX while healthy */
+    int fail_rc;
+    char fail_msg[LD_ERRMSG_MAX];
+    uint32_t busy_slots;
+    bool closing, unlinked;
+    stream_next_cb waiter;
+    void *waiter_ctx;
+    uint64_t wait_start_ns;
+    uint64_t batches_served, samples_served, bytes_served, wait_ns;
+};
+
+static uint64_t now_ns(void)
+{
+    return uv_hrtime();
+}
+
+static uint64_t align_up(uint64_t v, uint64_t a)
+{
+    return (v + a - 1) / a * a;
+}
+
+static void human_bytes(uint64_t b, char *buf, size_t size)
+{
+    const char *unit[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    double v = (double)b;
+    int u = 0;
+    while (v >= 1024 && u < 4) {
+        v /= 1024;
+        u++;
+    }
+    snprintf(buf, size, u ? "%.1f %s" : "%.0f %s", v, unit[u]);
+}
+
+/* ---- hub ------------------------------------------------------------------------- */
+
+static void slot_filled(stream *s, uint32_t slot);
+
+static void hub_async_cb(uv_async_t *a)
+{
+    stream_hub *h = a->data;
+    pthread_mutex_lock(&h->lock);
+    struct stream_task *list = h->done_head;
+    h->done_head = NULL;
+    pthread_mutex_unlock(&h->lock);
+    /* Reverse to completion order so batches become READY in the order they finished. */
+    struct stream_task *ordered = NULL;
+    while (list) {
+        struct stream_task *n = list->done_next;
+        list->done_next = ordered;
+        ordered = list;
+        list = n;
+    }
+    while (ordered) {
+        struct stream_task *n = ordered->done_next;
+        slot_filled(ordered->s, ordered->slot);
+        ordered = n;
+    }
+}
+
+static void hub_push(stream_hub *h, struct stream_task *t)
+{
+    pthread_mutex_lock(&h->lock);
+    t->done_next = h->done_head;
+    h->done_head = t;
+    pthread_mutex_unlock(&h->lock);
+    uv_async_send(&h->async);
+}
+
+int stream_hub_new(uv_loop_t *loop, pool *workers, stream_hub **ret_hub)
+{
+    stream_hub *h = calloc(1, sizeof *h);
+    if (!h)
+        return LD_ENOMEM;
+    h->loop = loop;
+    h->workers = workers;
+    pthread_mutex_init(&h->lock, NULL);
+    int rc = uv_async_init(loop, &h->async, hub_async_cb);
+    if (rc < 0) {
+        pthread_mutex_destroy(&h->lock);
+        free(h);
+        return rc;
+    }
+    h->async.data = h;
+    *ret_hub = h;
+    return 0;
+}
+
+static void hub_closed(uv_handle_t *handle)
+{
+    stream_hub *h = handle->data;
+    pthread_mutex_destroy(&h->lock);
+    free(h);
+}
+
+void stream_hub_close(stream_hub *h)
+{
+    if (h)
+        uv_close((uv_handle_t *)&h->async, hub_closed);
+}
+
+uint32_t stream_hub_live(const stream_hub *h)
+{
+    return h->live;
+}
+
+/* ---- workers --------------------------------------------------------------------- */
+
+static void chunk_run(struct pool_task *t)
+{
+    struct stream_task *k = (struct stream_task *)t;
+    stream *s = k->s;
+    struct stream_slot *sl = &s->slots[k->slot];
+    uint8_t *base = ring_slot(s->ring, k->slot);
+    const dataset *d = s->ds;
+    void *dst[LD_MAX_FIELDS];
+    char err[LD_ERRMSG_MAX];
+
+    for (uint32_t row = k->row_begin; row < k->row_end; row++) {
+        if (atomic_load_explicit(&sl->err, memory_order_relaxed))
+            break; /* another chunk failed: the batch will not be delivered */
+        uint64_t idx = sampler_index(&s->smp, sl->epoch, sl->batch, row);
+        for (int f = 0; f < d->n_fields; f++) {
+            const struct field_layout *l = &s->layout[f];
+            if (d->fields[f].ragged) {
+                const int64_t *offs = (const int64_t *)(base + l->offsets_offset);
+                dst[f] = base + l->offset + (uint64_t)offs[row];
+            } else {
+                dst[f] = base + l->offset + (uint64_t)row * l->row_bytes;
+            }
+        }
+        int rc = d->ops->read(d, idx, dst, err);
+        if (rc < 0) {
+            int expected = 0;
+            if (atomic_compare_exchange_strong(&sl->err, &expected, rc))
+                snprintf(sl->errmsg, sizeof sl->errmsg, "%s", err);
+            break;
+        }
+    }
+    if (atomic_fetch_sub(&sl->chunks_left, 1) == 1)
+        hub_push(s->hub, k);
+}
+
+/* ---- loop thread ----------------------------------------------------------------- */
+
+static void stream_free(stream *s)
+{
+    if (!s)
+        return;
+    if (s->slots) {
+        for (uint32_t i = 0; i < s->n_slots; i++)
+            free(s->slots[i].tasks);
+        free(s->slots);
+    }
+    ring_free(s->ring);
+    if (s->hub)
+        s->hub->live--;
+    free(s);
+}
+
+static void start_fill(stream *s, uint32_t slot, uint64_t seq)
+{
+    struct stream_slot *sl = &s->slots[slot];
+    uint64_t pos = s->p.start_batch + seq;
+    uint64_t bpe = sampler_batches(&s->smp);
+    sl->seq = seq;
+    sl->epoch = s->p.epoch + pos / bpe;
+    sl->batch = pos % bpe;
+    sl->rows = sampler_batch_rows(&s->smp, sl->batch);
+    atomic_store(&sl->err, 0);
+    sl->errmsg[0] = '\0';
+
+    uint8_t *base = ring_slot(s->ring, slot);
+    struct ld_slot_header *hdr = (struct ld_slot_header *)base;
+    hdr->epoch = sl->epoch;
+    hdr->batch = sl->batch;
+    hdr->rows = sl->rows;
+
+    /* Ragged fields: the offsets come from the sizes known since the dataset was
+     * opened, so every worker can write its samples at their final place at once. */
+    for (int f = 0; f < s->ds->n_fields; f++) {
+        if (!s->ds->fields[f].ragged)
+            continue;
+        int64_t *offs = (int64_t *)(base + s->layout[f].offsets_offset);
+        offs[0] = 0;
+        for (uint32_t row = 0; row < sl->rows; row++) {
+            uint64_t idx = sampler_index(&s->smp, sl->epoch, sl->batch, row);
+            offs[row + 1] = offs[row] + (int64_t)s->ds->ops->item_bytes(s->ds, idx, f);
+        }
+    }
+
+    uint32_t n = sl->rows / CHUNK_MIN_ROWS;
+    if (n > s->max_chunks)
+        n = s->max_chunks;
+    if (n == 0)
+        n = 1;
+    sl->n_chunks = n;
+    sl->busy = true;
+    s->busy_slots++;
+    atomic_store(&sl->chunks_left, n);
+    for (uint32_t c = 0; c < n; c++) {
+        struct stream_task *t = &sl->tasks[c];
+        t->base.run = chunk_run;
+        t->base.owner = s;
+        t->base.next = NULL;
+        t->s = s;
+        t->slot = slot;
+        t->row_begin = (uint32_t)((uint64_t)sl->rows * c / n);
+        t->row_end = (uint32_t)((uint64_t)sl->rows * (c + 1) / n);
+        pool_submit(s->hub->workers, &t->base);
+    }
+}
+
+static void schedule(stream *s)
+{
+    if (s->closing)
+        return;
+    while (s->next_fill < s->total_seq && s->next_fill < s->failed_seq) {
+        uint32_t ahead = ring_count(s->ring, RING_FILLING) + ring_count(s->ring, RING_READY);
+        if (ahead >= s->p.prefetch)
+            break;
+        uint32_t slot;
+        uint64_t gen;
+        if (ring_acquire(s->ring, &slot, &gen) < 0)
+            break; /* every slot is leased or busy: the trainer holds them */
+        start_fill(s, slot, s->next_fill++);
+    }
+}
+
+static uint64_t batch_bytes(stream *s, uint32_t slot, uint32_t rows)
+{
+    uint64_t bytes = 0;
+    uint8_t *base = ring_slot(s->ring, slot);
+    for (int f = 0; f < s->ds->n_fields; f++) {
+        if (s->ds->fields[f].ragged)
+            bytes += (uint64_t)((const int64_t *)(base + s->layout[f].offsets_offset))[rows];
+        else
+            bytes += (uint64_t)rows * s->layout[f].row_bytes;
+    }
+    return bytes;
+}
+
+/* Answers the waiting next, if the answer is known. */
+static void deliver(stream *s)
+{
+    if (!s->waiter)
+        return;
+    stream_next_cb cb = s->waiter;
+    void *ctx = s->waiter_ctx;
+    if (s->next_deliver >= s->total_seq) {
+        s->waiter = NULL;
+        cb(ctx, LD_EEND, NULL, "the stream has delivered all its epochs");
+        return;
+    }
+    if (s->next_deliver >= s->failed_seq) {
+        s->waiter = NULL;
+        cb(ctx, s->fail_rc, NULL, s->fail_msg);
+        return;
+    }
+    for (uint32_t i = 0; i < s->n_slots; i++) {
+        struct stream_slot *sl = &s->slots[i];
+        if (ring_state(s->ring, i) != RING_READY || sl->seq != s->next_deliver)
+            continue;
+        int rc = ring_lease(s->ring, i);
+        if (rc < 0)
+            abort(); /* READY was just checked: the ring's bookkeeping is broken */
+        struct stream_batch b = {
+            .slot = i,
+            .generation = ring_generation(s->ring, i),
+            .epoch = sl->epoch,
+            .batch = sl->batch,
+            .rows = sl->rows,
+            .bytes = batch_bytes(s, i, sl->rows),
+        };
+        s->next_deliver++;
+        s->batches_served++;
+        s->samples_served += b.rows;
+        s->bytes_served += b.bytes;
+        if (s->wait_start_ns) {
+            s->wait_ns += now_ns() - s->wait_start_ns;
+            s->wait_start_ns = 0;
+        }
+        s->waiter = NULL;
+        cb(ctx, 0, &b, NULL);
+        return;
+    }
+    if (!s->wait_start_ns)
+        s->wait_start_ns = now_ns();
+}
+
+static void slot_filled(stream *s, uint32_t slot)
+{
+    struct stream_slot *sl = &s->slots[slot];
+    sl->busy = false;
+    s->busy_slots--;
+    if (s->closing) {
+        if (s->busy_slots == 0)
+            stream_free(s);
+        return;
+    }
+    int err = atomic_load(&sl->err);
+    if (err < 0) {
+        if (sl->seq < s->failed_seq) {
+            s->failed_seq = sl->seq;
+            s->fail_rc = err == LD_ENOMEM ? err : LD_ESAMPLE;
+            snprintf(s->fail_msg, sizeof s->fail_msg, "%s", sl->errmsg);
+            ld_log(LD_LOG_WARN, "stream %" PRIu64 " (dataset '%s'): epoch %" PRIu64 " batch %" PRIu64 ": %s",
+                   s->id, s->ds->name, sl->epoch, sl->batch, sl->errmsg);
+        }
+        ring_discard(s->ring, slot);
+    } else if (ring_ready(s->ring, slot) < 0) {
+        abort(); /* a slot we were filling is not FILLING: the ring's bookkeeping is broken */
+    }
+    deliver(s);
+    schedule(s);
+}
+
+static void chunk_cancelled(struct pool_task *t)
+{
+    struct stream_task *k = (struct stream_task *)t;
+    struct stream_slot *sl = &k->s->slots[k->slot];
+    if (atomic_fetch_sub(&sl->chunks_left, 1) == 1) {
+        sl->busy = false;
+        k->s->busy_slots--;
+    }
+}
+
+int stream_open(stream_hub *h, dataset *d, uint64_t id, const struct stream_params *p,
+                uint64_t budget_left, stream **ret_stream, char *errbuf)
+{
+    int rc = 0;
+    stream *s = calloc(1, sizeof *s);
+    if (!s) {
+        snprintf(errbuf, LD_ERRMSG_MAX, "out of memory");
+        return LD_ENOMEM;
+    }
+    s->ds = d;
+    s->id = id;
+    s->p = *p;
+    s->failed_seq = UINT64_MAX;
+
+    struct sampler_params sp = {
+        .n = d->count, .seed = p->seed, .shuffle = p->shuffle, .batch_size = p->batch_size,
+        .rank = p->rank, .world_size = p->world_size, .drop_last = p->drop_last,
+    };
+    rc = sampler_init(&s->smp, &sp);
+    if (rc == LD_ERANGE) {
+        snprintf(errbuf, LD_ERRMSG_MAX,
+                 "dataset '%s' has %" PRIu64 " samples: with batch_size %u, world_size %u and "
+                 "drop_last no batch is left", d->name, d->count, p->batch_size, p->world_size);
+        goto fail;
+    }
+    if (rc < 0) {
+        snprintf(errbuf, LD_ERRMSG_MAX, "invalid sampler settings (rank %u, world_size %u, batch_size %u)",
+                 p->rank, p->world_size, p->batch_size);
+        goto fail;
+    }
+    uint64_t bpe = sampler_batches(&s->smp);
+    if (p->start_batch >= bpe) {
+        snprintf(errbuf, LD_ERRMSG_MAX, "start_batch %" PRIu64 " is past the epoch (%" PRIu64 " batches)",
+                 p->start_batch, bpe);
+        rc = LD_EINVAL;
+        goto fail;
+    }
+    if (p->epochs == 0)
+        s->total_seq = UINT64_MAX;
+    else
+        s->total_seq = p->epochs * bpe - p->start_batch;
+
+    /* Slot layout: header, then each field on a 64-byte boundary. */
+    uint64_t off = sizeof(struct ld_slot_header);
+    for (int f = 0; f < d->n_fields; f++) {
+        struct field_layout *l = &s->layout[f];
+        if (d->fields[f].ragged) {
+            l->offsets_offset = align_up(off, LD_FIELD_ALIGN);
+            off = l->offsets_offset + ((uint64_t)p->batch_size + 1) * sizeof(int64_t);
+            l->offset = align_up(off, LD_FIELD_ALIGN);
+            l->capacity = (uint64_t)p->batch_size * d->fields[f].max_item_bytes;
+            off = l->offset + l->capacity;
+        } else {
+            l->row_bytes = dataset_row_bytes(d, f);
+            l->offset = align_up(off, LD_FIELD_ALIGN);
+            off = l->offset + (uint64_t)p->batch_size * l->row_bytes;
+        }
+    }
+    uint64_t slot_bytes = align_up(off, LD_RING_ALIGN);
+    s->n_slots = p->prefetch + SLOTS_BEYOND_PREFETCH;
+    uint64_t need = LD_RING_ALIGN + (uint64_t)s->n_slots * slot_bytes;
+    if (need > budget_left) {
+        char a[32], b[32], c[32];
+        human_bytes(need, a, sizeof a);
+        human_bytes(slot_bytes, b, sizeof b);
+        human_bytes(budget_left, c, sizeof c);
+        snprintf(errbuf, LD_ERRMSG_MAX,
+                 "the stream needs %s of shared memory (%u slots of %s for batch_size %u) but only %s "
+                 "is left of server.memory_budget: lower batch_size or prefetch, or raise the budget",
+                 a, s->n_slots, b, p->batch_size, c);
+        rc = LD_EBUDGET;
+        goto fail;
+    }
+    rc = ring_open("loaderd", id, s->n_slots, slot_bytes, 0600, &s->ring, errbuf);
+    if (rc < 0)
+        goto fail;
+
+    s->max_chunks = pool_threads(h->workers);
+    s->slots = calloc(s->n_slots, sizeof *s->slots);
+    if (!s->slots) {
+        rc = LD_ENOMEM;
+        snprintf(errbuf, LD_ERRMSG_MAX, "out of memory");
+        goto fail;
+    }
+    for (uint32_t i = 0; i < s->n_slots; i++) {
+        s->slots[i].tasks = calloc(s->max_chunks, sizeof(struct stream_task));
+        if (!s->slots[i].tasks) {
+            rc = LD_ENOMEM;
+            snprintf(errbuf, LD_ERRMSG_MAX, "out of memory");
+            goto fail;
+        }
+    }
+    s->hub = h;
+    h->live++;
+    schedule(s);
+    *ret_stream = s;
+    return 0;
+
+fail:
+    stream_free(s);
+    return rc;
+}
+
+void stream_close(stream *s)
+{
+    if (!s || s->closing)
+        return;
+    s->closing = true;
+    if (s->waiter) {
+        stream_next_cb cb = s->waiter;
+        s->waiter = NULL;
+        cb(s->waiter_ctx, LD_ECLOSED, NULL, "the stream was closed");
+    }
+    pool_cancel(s->hub->workers, s, chunk_cancelled);
+    if (s->busy_slots == 0)
+        stream_free(s);
+    /* else: the last running chunk's slot_filled() frees it */
+}
+
+int stream_next(stream *s, stream_next_cb cb, void *ctx)
+{
+    if (s->closing)
+        return LD_ECLOSED;
+    if (s->waiter)
+        return LD_EBUSY;
+    if (!s->unlinked) {
+        /* The client maps the ring before its first next: from now on the name is not
+         * needed, and removing it means nothing can be left in /dev/shm. */
+        ring_unlink(s->ring);
+        s->unlinked = true;
+    }
+    s->waiter = cb;
+    s->waiter_ctx = ctx;
+    deliver(s);
+    return 0;
+}
+
+int stream_release(stream *s, uint32_t slot, uint64_t generation)
+{
+    int rc = ring_release(s->ring, slot, generation);
+    if (rc == 0)
+        schedule(s);
+    return rc;
+}
+
+static const char *state_name(const stream *s)
+{
+    if (s->closing)
+        return "closing";
+    if (s->next_deliver >= s->failed_seq)
+        return "failed";
+    if (s->next_deliver >= s->total_seq)
+        return "ended";
+    return "running";
+}
+
+void stream_describe_layout(const stream *s, cJSON *o)
+{
+    cJSON_AddNumberToObject(o, "stream", (double)s->id);
+    cJSON_AddStringToObject(o, "shm", ring_name(s->ring));
+    cJSON_AddNumberToObject(o, "shm_size", (double)ring_total_size(s->ring));
+    cJSON_AddNumberToObject(o, "slot_count", ring_slot_count(s->ring));
+    cJSON_AddNumberToObject(o, "slot_size", (double)ring_slot_size(s->ring));
+    cJSON_AddNumberToObject(o, "slot_offset", (double)ring_slot_offset(s->ring));
+    cJSON_AddNumberToObject(o, "batch_size", s->p.batch_size);
+    cJSON_AddNumberToObject(o, "batches_per_epoch", (double)sampler_batches(&s->smp));
+    cJSON_AddNumberToObject(o, "samples_per_epoch", (double)sampler_samples(&s->smp));
+    cJSON *fields = cJSON_AddArrayToObject(o, "fields");
+    for (int f = 0; f < s->ds->n_fields; f++) {
+        const struct dataset_field *df = &s->ds->fields[f];
+        cJSON *jf = cJSON_CreateObject();
+        cJSON_AddStringToObject(jf, "name", df->name);
+        cJSON_AddStringToObject(jf, "dtype", proto_dtype_name(df->dtype));
+        cJSON *shape = cJSON_AddArrayToObject(jf, "shape");
+        for (int i = 0; i < df->ndim; i++)
+            cJSON_AddItemToArray(shape, cJSON_CreateNumber((double)df->shape[i]));
+        cJSON_AddBoolToObject(jf, "ragged", df->ragged);
+        cJSON_AddNumberToObject(jf, "offset", (double)s->layout[f].offset);
+        if (df->ragged) {
+            cJSON_AddNumberToObject(jf, "offsets_offset", (double)s->layout[f].offsets_offset);
+            cJSON_AddNumberToObject(jf, "capacity", (double)s->layout[f].capacity);
+        } else {
+            cJSON_AddNumberToObject(jf, "row_bytes", (double)s->layout[f].row_bytes);
+        }
+        cJSON_AddItemToArray(fields, jf);
+    }
+}
+
+void stream_describe_state(const stream *s, cJSON *o)
+{
+    uint64_t bpe = sampler_batches(&s->smp);
+    uint64_t pos = s->p.start_batch + s->next_deliver;
+    cJSON_AddNumberToObject(o, "id", (double)s->id);
+    cJSON_AddStringToObject(o, "dataset", s->ds->name);
+    cJSON_AddStringToObject(o, "state", state_name(s));
+    cJSON_AddNumberToObject(o, "batch_size", s->p.batch_size);
+    cJSON_AddNumberToObject(o, "epoch", (double)(s->p.epoch + pos / bpe));
+    cJSON_AddNumberToObject(o, "batch", (double)(pos % bpe));
+    cJSON_AddNumberToObject(o, "batches_per_epoch", (double)bpe);
+    cJSON_AddNumberToObject(o, "rank", s->p.rank);
+    cJSON_AddNumberToObject(o, "world_size", s->p.world_size);
+    cJSON_AddNumberToObject(o, "prefetch", s->p.prefetch);
+    cJSON_AddNumberToObject(o, "slots", s->n_slots);
+    cJSON_AddNumberToObject(o, "free", ring_count(s->ring, RING_FREE));
+    cJSON_AddNumberToObject(o, "filling", ring_count(s->ring, RING_FILLING));
+    cJSON_AddNumberToObject(o, "ready", ring_count(s->ring, RING_READY));
+    cJSON_AddNumberToObject(o, "leased", ring_count(s->ring, RING_LEASED));
+    cJSON_AddNumberToObject(o, "batches_served", (double)s->batches_served);
+    cJSON_AddNumberToObject(o, "samples_served", (double)s->samples_served);
+    cJSON_AddNumberToObject(o, "bytes_served", (double)s->bytes_served);
+    cJSON_AddNumberToObject(o, "client_wait_s", (double)stream_wait_ns(s) / 1e9);
+}
+
+uint64_t stream_id(const stream *s)
+{
+    return s->id;
+}
+
+uint64_t stream_ring_bytes(const stream *s)
+{
+    return ring_total_size(s->ring);
+}
+
+const ring *stream_ring(const stream *s)
+{
+    return s->ring;
+}
+
+uint64_t stream_wait_ns(const stream *s)
+{
+    return s->wait_ns + (s->waiter && s->wait_start_ns ? now_ns() - s->wait_start_ns : 0);
+}

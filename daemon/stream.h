@@ -1,0 +1,88 @@
+/* stream — one trainer's ordered sequence of batches of one dataset.
+ *
+ * A stream ties together a dataset, a sampler, a ring of shared-memory slots and the
+ * worker pool. It keeps up to `prefetch` batches FILLING or READY ahead of the trainer,
+ * crossing epochs without a pause, and hands them out in order. All of its state is
+ * owned by the loop thread; workers only write sample bytes into a slot they were given
+ * and report the chunk done through the hub, which wakes the loop.
+ *
+ * Batches are numbered by a sequence `seq` from 0 across epochs:
+ *   epoch = start_epoch + (start_batch + seq) / batches_per_epoch
+ *   batch = (start_batch + seq) % batches_per_epoch
+ */
+#ifndef LD_STREAM_H
+#define LD_STREAM_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <uv.h>
+
+#include "dataset.h"
+#include "pool.h"
+#include "ring.h"
+
+/* The hub carries finished work from worker threads to the loop thread (one per daemon). */
+typedef struct stream_hub stream_hub;
+
+int stream_hub_new(uv_loop_t *loop, pool *workers, stream_hub **ret_hub);
+/* Closes the hub's async handle; call after every stream is gone. Frees on close. */
+void stream_hub_close(stream_hub *h);
+/* Streams opened on the hub and not yet freed (a closed stream lives on until the
+ * work already running for it finishes). */
+uint32_t stream_hub_live(const stream_hub *h);
+
+struct stream_params {
+    uint32_t batch_size;
+    bool shuffle;
+    uint64_t seed;
+    uint64_t epoch;             /* first epoch */
+    uint32_t rank, world_size;
+    bool drop_last;
+    uint64_t start_batch;
+    uint32_t prefetch;
+    uint64_t epochs;            /* 0: unbounded */
+};
+
+/* What `next` delivers. */
+struct stream_batch {
+    uint32_t slot;
+    uint64_t generation;
+    uint64_t epoch;
+    uint64_t batch;
+    uint32_t rows;
+    uint64_t bytes;             /* payload bytes of the batch, for statistics */
+};
+
+/* Called once per stream_next, on the loop thread: rc 0 with a leased batch, or an
+ * error (LD_EEND, LD_ESAMPLE with message, LD_ECLOSED when the stream closed while the
+ * request waited). */
+typedef void (*stream_next_cb)(void *ctx, int rc, const struct stream_batch *b, const char *message);
+
+typedef struct stream stream;
+
+/* Lays out the slot, creates and commits the ring. errbuf gets the reason on failure
+ * (LD_ERANGE: no batch with these settings; LD_ENOSPC: /dev/shm too small; LD_EINVAL:
+ * start_batch past the epoch; LD_EBUDGET: the ring needs more than budget_left bytes). */
+int stream_open(stream_hub *h, dataset *d, uint64_t id, const struct stream_params *p,
+                uint64_t budget_left, stream **ret_stream, char *errbuf);
+/* Ends the stream: waiting next gets LD_ECLOSED, queued work is cancelled, slots are
+ * dropped; the memory is freed once work already running finishes. */
+void stream_close(stream *s);
+
+/* Asks for the next batch; cb runs now or when it is ready. LD_EBUSY when a next is
+ * already waiting on this stream (cb is not called then). */
+int stream_next(stream *s, stream_next_cb cb, void *ctx);
+/* Gives a leased slot back (LD_ENOTLEASED / LD_ESTALE / LD_EINVAL change nothing). */
+int stream_release(stream *s, uint32_t slot, uint64_t generation);
+
+/* Adds the open reply's layout fields (stream, shm, sizes, fields[]) to obj. */
+void stream_describe_layout(const stream *s, cJSON *obj);
+/* Adds the `streams` entry fields (progress, occupancy, counters) to obj. */
+void stream_describe_state(const stream *s, cJSON *obj);
+
+uint64_t stream_id(const stream *s);
+uint64_t stream_ring_bytes(const stream *s);
+const ring *stream_ring(const stream *s);
+uint64_t stream_wait_ns(const stream *s);
+
+#endif

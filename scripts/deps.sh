@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Checks that the build's libraries and tools are present. Missing ones are installed
+# with apt-get when we run as root; otherwise the apt line is printed and we fail.
+# Usage: scripts/deps.sh [build|test|bench]
+set -euo pipefail
+what=${1:-build}
+
+pkgs=()
+need_pc() { pkg-config --exists "$1" 2>/dev/null || pkgs+=("$2"); }
+need_bin() { command -v "$1" >/dev/null 2>&1 || pkgs+=("$2"); }
+
+need_bin cc gcc
+need_bin make make
+need_bin pkg-config pkg-config
+if command -v pkg-config >/dev/null 2>&1; then
+  need_pc libuv libuv1-dev
+  need_pc libcjson libcjson-dev
+  need_pc yaml-0.1 libyaml-dev
+  need_pc libsystemd libsystemd-dev
+  if [ "$what" != build ]; then need_pc cmocka libcmocka-dev; fi
+else
+  pkgs+=(libuv1-dev libcjson-dev libyaml-dev libsystemd-dev libcmocka-dev)
+fi
+if [ "$what" = bench ] || [ "$what" = test ]; then
+  /usr/bin/python3 -c 'import numpy' 2>/dev/null || pkgs+=(python3-numpy)
+  /usr/bin/python3 -c 'import pytest' 2>/dev/null || pkgs+=(python3-pytest)
+fi
+if [ "$what" = bench ]; then
+  /usr/bin/python3 -c 'import torch' 2>/dev/null || pkgs+=(python3-torch)
+fi
+
+if [ ${#pkgs[@]} -eq 0 ]; then exit 0; fi
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  echo "deps: installing ${pkgs[*]}" >&2
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq >/dev/null
+  apt-get install -y -qq --no-install-recommends "${pkgs[@]}" >/dev/null
+else
+  echo "deps: missing packages; install them with:" >&2
+  echo "  sudo apt-get install ${pkgs[*]}" >&2
+  exit 1
+fi

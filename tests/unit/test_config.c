@@ -1,0 +1,637 @@
+/* Unit tests for daemon/config.c: a full config parses into the right values, defaults
+ * and relative paths resolve, and every kind of bad file is refused with LD_ECONFIG and
+ * a message that starts with the exact "file:line:column: " of the culprit. Each case
+ * writes its YAML to a temporary file (in $TMPDIR or /tmp) and removes it. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "config.h"
+#include "ld_error.h"
+#include "log.h"
+#include "proto.h"
+
+/* A value that config_load must leave in *ret_config when it fails. */
+static struct config *const untouched = (struct config *)(uintptr_t)0x5a5a5a50;
+
+static const char *tmp_dir(void)
+{
+    const char *t = getenv("TMPDIR");
+    return t && t[0] == '/' ? t : "/tmp";
+}
+
+/* Writes `len` bytes of `text` to a fresh temporary .yaml file; its path into `path`. */
+static void write_file(char *path, size_t size, const char *text, size_t len)
+{
+    int n = snprintf(path, size, "%s/ld-test-config-XXXXXX.yaml", tmp_dir());
+    assert_true(n > 0 && (size_t)n < size);
+    int fd = mkstemps(path, 5);
+    assert_true(fd >= 0);
+    size_t off = 0;
+    while (off < len) {
+        ssize_t w = write(fd, text + off, len - off);
+        assert_true(w > 0);
+        off += (size_t)w;
+    }
+    assert_int_equal(close(fd), 0);
+}
+
+static void write_yaml(char *path, size_t size, const char *text)
+{
+    write_file(path, size, text, strlen(text));
+}
+
+static int load_text(const char *text, char *path, size_t size, struct config **ret,
+                     char *errbuf)
+{
+    write_yaml(path, size, text);
+    int rc = config_load(path, ret, errbuf);
+    unlink(path);
+    return rc;
+}
+
+/* Loads `text` and checks that it fails with LD_ECONFIG, a message that starts with
+ * "PATH:line:column: " and contains each of the NULL-terminated `wants`. */
+static void expect_error_at(const char *text, int line, int column, ...)
+{
+    char path[PATH_MAX], errbuf[LD_ERRMSG_MAX], prefix[PATH_MAX + 32];
+    struct config *c = untouched;
+    int rc = load_text(text, path, sizeof path, &c, errbuf);
+    if (rc != LD_ECONFIG)
+        fail_msg("expected LD_ECONFIG, got %d (%s) for:\n%s", rc, errbuf, text);
+    assert_ptr_equal(c, untouched);
+    snprintf(prefix, sizeof prefix, "%s:%d:%d: ", path, line, column);
+    if (strncmp(errbuf, prefix, strlen(prefix)) != 0)
+        fail_msg("message '%s' does not start with '%s'", errbuf, prefix);
+    va_list ap;
+    va_start(ap, column);
+    for (const char *want; (want = va_arg(ap, const char *));)
+        if (!strstr(errbuf, want))
+            fail_msg("message '%s' lacks '%s'", errbuf, want);
+    va_end(ap);
+}
+
+static struct config *load_ok(const char *text, char *path, size_t size)
+{
+    char errbuf[LD_ERRMSG_MAX] = "";
+    struct config *c = NULL;
+    int rc = load_text(text, path, size, &c, errbuf);
+    if (rc != 0)
+        fail_msg("config_load failed with %d: %s\nfor:\n%s", rc, errbuf, text);
+    assert_non_null(c);
+    return c;
+}
+
+#define ONE_DATASET "datasets:\n  a: {kind: files, path: x}\n"
+
+/* ---- valid configs --------------------------------------------------------------- */
+
+static void test_full_config(void **state)
+{
+    char path[PATH_MAX];
+    struct config *c = load_ok("# a full config\n"
+                               "server:\n"
+                               "  socket: /tmp/ld-test.sock\n"
+                               "  workers: 3\n"
+                               "  memory_budget: 2GiB\n"
+                               "  max_clients: 10\n"
+                               "  max_streams: 20\n"
+                               "  max_frame: \"64 KiB\"\n"
+                               "  prefetch: 8\n"
+                               "  log_level: debug\n"
+                               "datasets:\n"
+                               "  records:\n"
+                               "    kind: files\n"
+                               "    path: data/records\n"
+                               "    pattern: \"*.bin\"\n"
+                               "  tok.v2-x_y:\n"
+                               "    kind: token_windows\n"
+                               "    path: /srv/tokens.bin\n"
+                               "    dtype: uint32\n"
+                               "    context: 128\n"
+                               "    stride: 64\n"
+                               "  plain: {kind: token_windows, path: t.bin, context: 1048576}\n",
+                               path, sizeof path);
+    assert_string_equal(c->file, path);
+    assert_string_equal(c->socket_path, "/tmp/ld-test.sock");
+    assert_int_equal(c->workers, 3);
+    assert_true(c->memory_budget == (UINT64_C(2) << 30));
+    assert_int_equal(c->max_clients, 10);
+    assert_int_equal(c->max_streams, 20);
+    assert_int_equal(c->max_frame, 64 * 1024);
+    assert_int_equal(c->prefetch, 8);
+    assert_int_equal(c->log_level, LD_LOG_DEBUG);
+    assert_int_equal(c->n_datasets, 3);
+
+    /* Relative paths are resolved against the config file's directory. */
+    char dir[PATH_MAX], want[PATH_MAX + 32];
+    snprintf(dir, sizeof dir, "%s", path);
+    *strrchr(dir, '/') = '\0';
+    const struct config_dataset *d = &c->datasets[0];
+    assert_string_equal(d->name, "records");
+    assert_int_equal(d->kind, CONFIG_DATASET_FILES);
+    snprintf(want, sizeof want, "%s/data/records", dir);
+    assert_string_equal(d->path, want);
+    assert_string_equal(d->pattern, "*.bin");
+    assert_int_equal(d->line, 12);
+    assert_int_equal(d->column, 3);
+
+    d = &c->datasets[1];
+    assert_string_equal(d->name, "tok.v2-x_y");
+    assert_int_equal(d->kind, CONFIG_DATASET_TOKEN_WINDOWS);
+    assert_string_equal(d->path, "/srv/tokens.bin");
+    assert_null(d->pattern);
+    assert_int_equal(d->token_dtype, LD_DTYPE_UINT32);
+    assert_int_equal(d->context, 128);
+    assert_int_equal(d->stride, 64);
+    assert_int_equal(d->line, 16);
+    assert_int_equal(d->column, 3);
+
+    /* Defaults of a token dataset: uint16, stride = context. */
+    d = &c->datasets[2];
+    assert_string_equal(d->name, "plain");
+    snprintf(want, sizeof want, "%s/t.bin", dir);
+    assert_string_equal(d->path, want);
+    assert_int_equal(d->token_dtype, LD_DTYPE_UINT16);
+    assert_int_equal(d->context, 1 << 20);
+    assert_int_equal(d->stride, 1 << 20);
+    assert_int_equal(d->line, 22);
+    config_free(c);
+}
+
+static void test_defaults(void **state)
+{
+    char path[PATH_MAX], want[128];
+    const char *old = getenv("XDG_RUNTIME_DIR");
+    char *saved = old ? strdup(old) : NULL;
+
+    setenv("XDG_RUNTIME_DIR", "/run/user/4242", 1);
+    struct config *c = load_ok(ONE_DATASET, path, sizeof path);
+    assert_string_equal(c->socket_path, "/run/user/4242/loaderd.sock");
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    assert_int_equal(c->workers, cores < 1 ? 1 : cores);
+    assert_true(c->memory_budget == (UINT64_C(1) << 30));
+    assert_int_equal(c->max_clients, 64);
+    assert_int_equal(c->max_streams, 64);
+    assert_int_equal(c->max_frame, LD_FRAME_DEFAULT_LIMIT);
+    assert_int_equal(c->prefetch, 4);
+    assert_int_equal(c->log_level, LD_LOG_INFO);
+    assert_int_equal(c->n_datasets, 1);
+    assert_string_equal(c->datasets[0].pattern, "*");
+    config_free(c);
+
+    /* workers: 0 means one per core too; an empty server section is all defaults. */
+    unsetenv("XDG_RUNTIME_DIR");
+    c = load_ok("server:\n" ONE_DATASET, path, sizeof path);
+    snprintf(want, sizeof want, "/tmp/loaderd-%u.sock", (unsigned)getuid());
+    assert_string_equal(c->socket_path, want);
+    config_free(c);
+    c = load_ok("server:\n  workers: 0\n" ONE_DATASET, path, sizeof path);
+    assert_int_equal(c->workers, cores < 1 ? 1 : cores);
+    config_free(c);
+
+    /* A relative XDG_RUNTIME_DIR is ignored, as the XDG spec asks. */
+    setenv("XDG_RUNTIME_DIR", "run/user", 1);
+    config_default_socket(want, sizeof want);
+    char want2[64];
+    snprintf(want2, sizeof want2, "/tmp/loaderd-%u.sock", (unsigned)getuid());
+    assert_string_equal(want, want2);
+
+    if (saved)
+        setenv("XDG_RUNTIME_DIR", saved, 1);
+    else
+        unsetenv("XDG_RUNTIME_DIR");
+    free(saved);
+}
+
+static void test_sizes(void **state)
+{
+    static const struct {
+        const char *text;
+        uint64_t bytes;
+    } cases[] = {
+        {"1048576", UINT64_C(1) << 20}, {"1M", UINT64_C(1) << 20},
+        {"1 MiB", UINT64_C(1) << 20},   {"1536K", UINT64_C(1536) << 10},
+        {"3G", UINT64_C(3) << 30},      {"1T", UINT64_C(1) << 40},
+        {"1TiB", UINT64_C(1) << 40},    {"'1024 MiB'", UINT64_C(1) << 30},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char path[PATH_MAX], text[256];
+        snprintf(text, sizeof text, "server:\n  memory_budget: %s\n" ONE_DATASET, cases[i].text);
+        struct config *c = load_ok(text, path, sizeof path);
+        if (c->memory_budget != cases[i].bytes)
+            fail_msg("'%s' gave %llu", cases[i].text, (unsigned long long)c->memory_budget);
+        config_free(c);
+    }
+    /* max_frame's bounds are the protocol's. */
+    char path[PATH_MAX];
+    struct config *c = load_ok("server:\n  max_frame: 1K\n" ONE_DATASET, path, sizeof path);
+    assert_int_equal(c->max_frame, LD_FRAME_MIN_LIMIT);
+    config_free(c);
+    c = load_ok("server:\n  max_frame: 64M\n" ONE_DATASET, path, sizeof path);
+    assert_int_equal(c->max_frame, LD_FRAME_MAX_LIMIT);
+    config_free(c);
+}
+
+/* A config named without a directory resolves dataset paths against the working
+ * directory, made absolute so that a later chdir does not change them. */
+static void test_relative_config_path(void **state)
+{
+    char path[PATH_MAX], cwd[PATH_MAX], errbuf[LD_ERRMSG_MAX], want[PATH_MAX + 16];
+    assert_non_null(getcwd(cwd, sizeof cwd));
+    write_yaml(path, sizeof path, "datasets:\n  a: {kind: files, path: sub/dir}\n");
+    char *slash = strrchr(path, '/');
+    *slash = '\0';
+    assert_int_equal(chdir(path), 0);
+    struct config *c = NULL;
+    int rc = config_load(slash + 1, &c, errbuf);
+    snprintf(want, sizeof want, "%s/sub/dir", path);
+    unlink(slash + 1);
+    assert_int_equal(chdir(cwd), 0);
+    assert_int_equal(rc, 0);
+    char real[PATH_MAX];
+    assert_non_null(realpath(path, real));
+    /* getcwd gives the real path of the directory, which $TMPDIR may not be. */
+    if (strcmp(c->datasets[0].path, want) != 0) {
+        snprintf(want, sizeof want, "%s/sub/dir", real);
+        assert_string_equal(c->datasets[0].path, want);
+    }
+    assert_string_equal(c->file, slash + 1);
+    config_free(c);
+}
+
+/* A file of exactly CONFIG_MAX_FILE_BYTES is read; one byte more is refused. */
+static void test_file_size_limit(void **state)
+{
+    char path[PATH_MAX], errbuf[LD_ERRMSG_MAX];
+    size_t len = CONFIG_MAX_FILE_BYTES;
+    char *text = malloc(len + 2);
+    assert_non_null(text);
+    memset(text, '#', len + 1);
+    const char *body = "\n" ONE_DATASET;
+    memcpy(text + len - strlen(body), body, strlen(body));
+
+    write_file(path, sizeof path, text, len);
+    struct config *c = NULL;
+    int rc = config_load(path, &c, errbuf);
+    unlink(path);
+    if (rc != 0)
+        fail_msg("a file at the limit failed: %s", errbuf);
+    assert_int_equal(c->n_datasets, 1);
+    config_free(c);
+
+    /* One more comment byte at the front. */
+    memmove(text + 1, text, len);
+    text[0] = '#';
+    write_file(path, sizeof path, text, len + 1);
+    c = untouched;
+    rc = config_load(path, &c, errbuf);
+    unlink(path);
+    assert_int_equal(rc, LD_ECONFIG);
+    assert_ptr_equal(c, untouched);
+    assert_true(strncmp(errbuf, path, strlen(path)) == 0);
+    assert_non_null(strstr(errbuf, "larger than the 1048576 bytes"));
+    free(text);
+}
+
+static void test_missing_file(void **state)
+{
+    char path[PATH_MAX], errbuf[LD_ERRMSG_MAX];
+    snprintf(path, sizeof path, "%s/ld-test-config-does-not-exist-%d.yaml", tmp_dir(),
+             (int)getpid());
+    struct config *c = untouched;
+    assert_int_equal(config_load(path, &c, errbuf), -ENOENT);
+    assert_ptr_equal(c, untouched);
+    assert_true(strncmp(errbuf, path, strlen(path)) == 0);
+    assert_non_null(strstr(errbuf, "cannot open"));
+
+    /* A directory is not a config either. */
+    assert_int_equal(config_load(tmp_dir(), &c, errbuf), LD_EISDIR);
+    assert_ptr_equal(c, untouched);
+    assert_non_null(strstr(errbuf, "is a directory"));
+}
+
+static void test_example_config(void **state)
+{
+    const char *src = getenv("LD_SOURCE_DIR");
+    char path[PATH_MAX], errbuf[LD_ERRMSG_MAX];
+    snprintf(path, sizeof path, "%s/config/loaderd.yaml", src ? src : ".");
+    struct config *c = NULL;
+    int rc = config_load(path, &c, errbuf);
+    if (rc != 0)
+        fail_msg("%s (run from the repository root or set LD_SOURCE_DIR): %s", path, errbuf);
+    assert_int_equal(c->n_datasets, 2);
+    assert_string_equal(c->datasets[0].name, "records");
+    assert_int_equal(c->datasets[0].kind, CONFIG_DATASET_FILES);
+    assert_string_equal(c->datasets[0].pattern, "*.bin");
+    assert_int_equal(c->datasets[0].path[0], '/');
+    const char *tail = "/config/../bench/data/records";
+    size_t pl = strlen(c->datasets[0].path);
+    assert_true(pl > strlen(tail));
+    assert_string_equal(c->datasets[0].path + pl - strlen(tail), tail);
+    assert_string_equal(c->datasets[1].name, "tokens");
+    assert_int_equal(c->datasets[1].kind, CONFIG_DATASET_TOKEN_WINDOWS);
+    assert_int_equal(c->datasets[1].token_dtype, LD_DTYPE_UINT16);
+    assert_int_equal(c->datasets[1].context, 1024);
+    assert_int_equal(c->datasets[1].stride, 1024);
+    assert_true(c->memory_budget == (UINT64_C(1) << 30));
+    assert_int_equal(c->log_level, LD_LOG_INFO);
+    config_free(c);
+
+    /* Every key is documented in the example. */
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    static char text[1 << 16];
+    size_t n = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    text[n] = '\0';
+    static const char *const keys[] = {"socket:",    "workers:",   "memory_budget:",
+                                       "max_clients:", "max_streams:", "max_frame:",
+                                       "prefetch:",  "log_level:", "kind:",
+                                       "path:",      "pattern:",   "dtype:",
+                                       "context:",   "stride:"};
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
+        if (!strstr(text, keys[i]))
+            fail_msg("config/loaderd.yaml does not mention '%s'", keys[i]);
+}
+
+static void test_free_null(void **state)
+{
+    config_free(NULL);
+}
+
+/* ---- errors: each at its exact position ------------------------------------------ */
+
+static void test_unknown_keys(void **state)
+{
+    expect_error_at("server:\n  workerz: 4\n" ONE_DATASET, 2, 3,
+                    "unknown key 'workerz' in 'server' (expected one of: socket, workers, "
+                    "memory_budget, max_clients, max_streams, max_frame, prefetch, log_level)",
+                    NULL);
+    expect_error_at("datasets:\n"
+                    "  a:\n"
+                    "    kind: files\n"
+                    "    path: x\n"
+                    "    patern: \"*.bin\"\n",
+                    5, 5, "unknown key 'patern' in 'datasets.a' (expected one of: kind, path, pattern)",
+                    NULL);
+    expect_error_at(ONE_DATASET "servers:\n  workers: 1\n", 3, 1,
+                    "unknown top-level key 'servers' (expected one of: server, datasets)", NULL);
+}
+
+static void test_wrong_types(void **state)
+{
+    expect_error_at("server:\n  - workers\n" ONE_DATASET, 2, 3,
+                    "server: expected a mapping, got a sequence", NULL);
+    expect_error_at("server:\n  workers: [1, 2]\n" ONE_DATASET, 2, 12,
+                    "server.workers: expected an integer in [0, 1024], got a sequence", NULL);
+    expect_error_at("server:\n  socket: {a: 1}\n" ONE_DATASET, 2, 11,
+                    "server.socket: expected a non-empty string, got a mapping", NULL);
+    expect_error_at("server:\n  socket:\n" ONE_DATASET, 2, 10, "server.socket",
+                    "non-empty string", "null", NULL);
+    expect_error_at("datasets:\n  - a\n", 2, 3, "datasets: expected a mapping", "got a sequence",
+                    NULL);
+    expect_error_at("datasets:\n  a: files\n", 2, 6, "datasets.a: expected a mapping",
+                    "got 'files'", NULL);
+    expect_error_at("- server\n- datasets\n", 1, 1, "the top level must be a mapping",
+                    "got a sequence", NULL);
+    expect_error_at("just a string\n", 1, 1, "the top level must be a mapping", NULL);
+    expect_error_at("datasets:\n  [a, b]: {kind: files, path: x}\n", 2, 3,
+                    "datasets: expected a key name, got a sequence", NULL);
+    expect_error_at("datasets:\n  a: {kind: files, path: \"x\\0y\"}\n", 2, 26, "datasets.a.path",
+                    "NUL", NULL);
+}
+
+static void test_bad_values(void **state)
+{
+    expect_error_at("server:\n  workers: two\n" ONE_DATASET, 2, 12,
+                    "server.workers: expected an integer in [0, 1024], got 'two'", NULL);
+    expect_error_at("server:\n  prefetch: -1\n" ONE_DATASET, 2, 13,
+                    "server.prefetch: expected an integer in [1, 64], got '-1'", NULL);
+    expect_error_at("server:\n  max_clients: 4097\n" ONE_DATASET, 2, 16,
+                    "server.max_clients: expected an integer in [1, 4096], got '4097'", NULL);
+    expect_error_at("server:\n  workers: 99999999999999999999999\n" ONE_DATASET, 2, 12,
+                    "server.workers: expected an integer", NULL);
+    expect_error_at("server:\n  workers: 4.0\n" ONE_DATASET, 2, 12, "got '4.0'", NULL);
+    expect_error_at("server:\n  memory_budget: 2TiB\n" ONE_DATASET, 2, 18,
+                    "server.memory_budget: expected a size in [1 MiB, 1 TiB]", "got '2TiB'", NULL);
+    expect_error_at("server:\n  memory_budget: -5M\n" ONE_DATASET, 2, 18,
+                    "server.memory_budget: expected a size", "got '-5M'", NULL);
+    expect_error_at("server:\n  max_frame: 1MB\n" ONE_DATASET, 2, 14,
+                    "server.max_frame: expected a size in [1 KiB, 64 MiB]", "got '1MB'", NULL);
+    expect_error_at("server:\n  max_frame: 1000\n" ONE_DATASET, 2, 14,
+                    "server.max_frame: expected a size in [1 KiB, 64 MiB]", "got '1000'", NULL);
+    expect_error_at("server:\n  memory_budget: 99999999999T\n" ONE_DATASET, 2, 18,
+                    "server.memory_budget", NULL);
+    expect_error_at("server:\n  log_level: loud\n" ONE_DATASET, 2, 14,
+                    "server.log_level: expected one of error, warn, info, debug, got 'loud'", NULL);
+    expect_error_at("datasets:\n"
+                    "  tokens:\n"
+                    "    kind: token_windows\n"
+                    "    path: t.bin\n"
+                    "    dtype: int8\n"
+                    "    context: 8\n",
+                    5, 12, "datasets.tokens.dtype: expected one of uint16, uint32, got 'int8'",
+                    NULL);
+    expect_error_at("datasets:\n  a: {kind: folder, path: x}\n", 2, 13,
+                    "datasets.a.kind: expected one of files, token_windows, got 'folder'", NULL);
+    expect_error_at("datasets:\n  t: {kind: token_windows, path: x, context: 0}\n", 2, 46,
+                    "datasets.t.context: expected an integer in [1, 1048576], got '0'", NULL);
+    expect_error_at("datasets:\n  t: {kind: token_windows, path: x, context: 8, stride: 1073741825}\n",
+                    2, 57, "datasets.t.stride: expected an integer in [1, 1073741824]", NULL);
+    expect_error_at("datasets:\n  a: {kind: files, path: ''}\n", 2, 26,
+                    "datasets.a.path: expected a non-empty string, got ''", NULL);
+}
+
+static void test_socket_length(void **state)
+{
+    char path[PATH_MAX], text[512], sock[128];
+    /* 107 bytes fit in sun_path with its NUL; 108 do not. */
+    memset(sock, 'a', sizeof sock);
+    memcpy(sock, "/tmp/", 5);
+    sock[107] = '\0';
+    snprintf(text, sizeof text, "server:\n  socket: %s\n" ONE_DATASET, sock);
+    struct config *c = load_ok(text, path, sizeof path);
+    assert_int_equal(strlen(c->socket_path), 107);
+    config_free(c);
+
+    sock[107] = 'a';
+    sock[108] = '\0';
+    snprintf(text, sizeof text, "server:\n  socket: %s\n" ONE_DATASET, sock);
+    expect_error_at(text, 2, 11, "server.socket: the path is 108 bytes long",
+                    "at most 107", NULL);
+}
+
+static void test_aliases_rejected(void **state)
+{
+    expect_error_at("datasets:\n"
+                    "  a: &base\n"
+                    "    kind: files\n"
+                    "    path: x\n"
+                    "  b: *base\n",
+                    2, 6, "anchors and aliases are not allowed", "'&base'", NULL);
+    expect_error_at("server:\n  workers: &n 4\n" ONE_DATASET, 2, 12, "anchor '&n'", NULL);
+    /* An alias alone (its anchor never defined) is caught at the alias. */
+    expect_error_at("datasets:\n"
+                    "  a: {kind: files, path: x}\n"
+                    "  b: *base\n",
+                    3, 6, "anchors and aliases are not allowed", "'*base'", NULL);
+    /* A merge key is an alias too. */
+    expect_error_at("datasets:\n"
+                    "  a: {kind: files, path: x}\n"
+                    "  b:\n"
+                    "    <<: *a\n",
+                    4, 9, "alias '*a'", NULL);
+}
+
+static void test_duplicates(void **state)
+{
+    expect_error_at("datasets:\n"
+                    "  a: {kind: files, path: x}\n"
+                    "  b: {kind: files, path: y}\n"
+                    "  a: {kind: files, path: z}\n",
+                    4, 3, "datasets: duplicate dataset 'a' (first at line 2, column 3)", NULL);
+    expect_error_at("server:\n  workers: 1\n  prefetch: 2\n  workers: 2\n" ONE_DATASET, 4, 3,
+                    "server: duplicate key 'workers' (first at line 2, column 3)", NULL);
+    expect_error_at("datasets:\n  a: {kind: files, path: x, path: y}\n", 2, 29,
+                    "datasets.a: duplicate key 'path' (first at line 2, column 20)", NULL);
+    expect_error_at(ONE_DATASET "datasets:\n  b: {kind: files, path: x}\n", 3, 1,
+                    "duplicate top-level key 'datasets' (first at line 1, column 1)", NULL);
+}
+
+static void test_missing_keys(void **state)
+{
+    expect_error_at("datasets:\n  a:\n    kind: files\n", 2, 3,
+                    "datasets.a: missing required key 'path'", NULL);
+    expect_error_at("datasets:\n  a:\n    path: x\n", 2, 3,
+                    "datasets.a: missing required key 'kind' (one of files, token_windows)", NULL);
+    expect_error_at("datasets:\n  ok: {kind: files, path: x}\n  t:\n    kind: token_windows\n"
+                    "    path: t.bin\n",
+                    3, 3, "datasets.t: missing required key 'context'", NULL);
+    expect_error_at("server:\n  workers: 1\n", 1, 1, "missing required top-level key 'datasets'",
+                    NULL);
+    expect_error_at("server:\n  workers: 1\ndatasets:\n", 3, 1,
+                    "datasets: at least one dataset is required", NULL);
+    expect_error_at("datasets: {}\n", 1, 11, "datasets: at least one dataset is required", NULL);
+}
+
+static void test_kind_specific_keys(void **state)
+{
+    expect_error_at("datasets:\n"
+                    "  records:\n"
+                    "    kind: files\n"
+                    "    path: x\n"
+                    "    context: 8\n",
+                    5, 5, "datasets.records: key 'context' is not valid for kind 'files'",
+                    "(expected one of: kind, path, pattern)", NULL);
+    /* The kind is read first even when it comes last. */
+    expect_error_at("datasets:\n"
+                    "  t:\n"
+                    "    pattern: \"*\"\n"
+                    "    context: 8\n"
+                    "    path: x\n"
+                    "    kind: token_windows\n",
+                    3, 5, "key 'pattern' is not valid for kind 'token_windows'",
+                    "kind, path, dtype, context, stride", NULL);
+}
+
+static void test_dataset_names(void **state)
+{
+    expect_error_at("datasets:\n  a: {kind: files, path: x}\n  \"b c\": {kind: files, path: x}\n",
+                    3, 3, "datasets: invalid dataset name 'b c'", NULL);
+    char text[256], name[80];
+    memset(name, 'n', 64);
+    name[64] = '\0';
+    snprintf(text, sizeof text, "datasets:\n  %s: {kind: files, path: x}\n", name);
+    expect_error_at(text, 2, 3, "invalid dataset name", NULL);
+    name[63] = '\0'; /* 63 characters are fine */
+    snprintf(text, sizeof text, "datasets:\n  %s: {kind: files, path: x}\n", name);
+    char path[PATH_MAX];
+    struct config *c = load_ok(text, path, sizeof path);
+    assert_string_equal(c->datasets[0].name, name);
+    config_free(c);
+}
+
+static void test_too_many_datasets(void **state)
+{
+    size_t size = (CONFIG_MAX_DATASETS + 1) * 48 + 32;
+    char *text = malloc(size);
+    assert_non_null(text);
+    size_t off = (size_t)snprintf(text, size, "datasets:\n");
+    for (int i = 0; i <= CONFIG_MAX_DATASETS; i++)
+        off += (size_t)snprintf(text + off, size - off, "  d%d: {kind: files, path: x}\n", i);
+    expect_error_at(text, CONFIG_MAX_DATASETS + 2, 3, "more than 256 datasets", NULL);
+
+    /* Exactly the maximum is accepted. */
+    *strstr(text, "  d256:") = '\0';
+    char path[PATH_MAX];
+    struct config *c = load_ok(text, path, sizeof path);
+    assert_int_equal(c->n_datasets, CONFIG_MAX_DATASETS);
+    assert_string_equal(c->datasets[255].name, "d255");
+    config_free(c);
+    free(text);
+}
+
+static void test_syntax_errors(void **state)
+{
+    /* An unclosed flow mapping: libyaml notices at the end of the input. */
+    expect_error_at("datasets:\n  a: {kind: files, path: x\n", 3, 1, "YAML syntax error",
+                    "while parsing a flow mapping at line 2, column 6", NULL);
+    /* A key indented less than its siblings. */
+    expect_error_at("server:\n  workers: 1\n prefetch: 2\n" ONE_DATASET, 3, 2,
+                    "YAML syntax error", NULL);
+    /* A tab for indentation. */
+    expect_error_at("server:\n\tworkers: 1\n" ONE_DATASET, 2, 1, "YAML syntax error", NULL);
+    /* Invalid UTF-8 is a reader error: its position is counted from the byte offset. */
+    expect_error_at("server:\n  log_level: x\xff\n", 2, 15, "YAML syntax error",
+                    "invalid", NULL);
+    /* A second document. */
+    expect_error_at(ONE_DATASET "---\n" ONE_DATASET, 3, 1, "second YAML document", NULL);
+    /* Nesting deeper than any config needs. */
+    expect_error_at("datasets:\n  a: [[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]]\n", 2, 20,
+                    "nested deeper than 16 levels", NULL);
+}
+
+static void test_empty_file(void **state)
+{
+    expect_error_at("", 1, 1, "the file is empty", NULL);
+    expect_error_at("# only a comment\n\n", 1, 1, "the file is empty", NULL);
+    /* A document with no content: libyaml places its empty root after the "---". */
+    expect_error_at("---\n", 2, 1, "the top level must be a mapping", "null", NULL);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_full_config),
+        cmocka_unit_test(test_defaults),
+        cmocka_unit_test(test_sizes),
+        cmocka_unit_test(test_relative_config_path),
+        cmocka_unit_test(test_file_size_limit),
+        cmocka_unit_test(test_missing_file),
+        cmocka_unit_test(test_example_config),
+        cmocka_unit_test(test_free_null),
+        cmocka_unit_test(test_unknown_keys),
+        cmocka_unit_test(test_wrong_types),
+        cmocka_unit_test(test_bad_values),
+        cmocka_unit_test(test_socket_length),
+        cmocka_unit_test(test_aliases_rejected),
+        cmocka_unit_test(test_duplicates),
+        cmocka_unit_test(test_missing_keys),
+        cmocka_unit_test(test_kind_specific_keys),
+        cmocka_unit_test(test_dataset_names),
+        cmocka_unit_test(test_too_many_datasets),
+        cmocka_unit_test(test_syntax_errors),
+        cmocka_unit_test(test_empty_file),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

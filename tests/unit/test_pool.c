@@ -1,0 +1,412 @@
+/* Unit tests for the worker pool: every submitted task runs exactly once, on the pool's
+ * threads; pool_cancel takes back only the given owner's queued tasks; busy time grows
+ * with the work; pool_free drops queued tasks without running them. Built also under
+ * ThreadSanitizer, so every shared datum here is an atomic or under a lock. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "ld_error.h"
+#include "pool.h"
+
+/* A gate the workers wait at, to keep tasks queued while the test looks at them. */
+struct gate {
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    bool open;
+    unsigned waiting; /* workers blocked at the gate */
+};
+
+static void gate_init(struct gate *g)
+{
+    pthread_mutex_init(&g->lock, NULL);
+    pthread_cond_init(&g->cond, NULL);
+    g->open = false;
+    g->waiting = 0;
+}
+
+static void gate_destroy(struct gate *g)
+{
+    pthread_cond_destroy(&g->cond);
+    pthread_mutex_destroy(&g->lock);
+}
+
+static void gate_pass(struct gate *g)
+{
+    pthread_mutex_lock(&g->lock);
+    g->waiting++;
+    pthread_cond_broadcast(&g->cond);
+    while (!g->open)
+        pthread_cond_wait(&g->cond, &g->lock);
+    g->waiting--;
+    pthread_mutex_unlock(&g->lock);
+}
+
+/* Waits until `n` workers are blocked at the gate: then every worker is busy and any
+ * further task stays queued. */
+static void gate_wait_for(struct gate *g, unsigned n)
+{
+    pthread_mutex_lock(&g->lock);
+    while (g->waiting < n)
+        pthread_cond_wait(&g->cond, &g->lock);
+    pthread_mutex_unlock(&g->lock);
+}
+
+static void gate_open(struct gate *g)
+{
+    pthread_mutex_lock(&g->lock);
+    g->open = true;
+    pthread_cond_broadcast(&g->cond);
+    pthread_mutex_unlock(&g->lock);
+}
+
+struct job {
+    struct pool_task task;    /* first: the task pointer is the job pointer */
+    atomic_int runs;
+    atomic_int cancels;
+    atomic_ulong thread;      /* pthread_self() of the worker that ran it */
+    struct gate *gate;        /* when set, the job waits at it */
+    long spin_ns;             /* busy work, for the busy-time test */
+    atomic_int *order;        /* when set, records the run order */
+    atomic_int my_turn;
+};
+
+static atomic_int total_runs;
+
+static void spin(long ns)
+{
+    struct timespec t0, t;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    do
+        clock_gettime(CLOCK_MONOTONIC, &t);
+    while ((t.tv_sec - t0.tv_sec) * 1000000000L + (t.tv_nsec - t0.tv_nsec) < ns);
+}
+
+static void job_run(struct pool_task *t)
+{
+    struct job *j = (struct job *)t;
+    if (j->gate)
+        gate_pass(j->gate);
+    if (j->spin_ns)
+        spin(j->spin_ns);
+    atomic_store(&j->thread, (unsigned long)pthread_self());
+    if (j->order)
+        atomic_store(&j->my_turn, atomic_fetch_add(j->order, 1));
+    atomic_fetch_add(&j->runs, 1);
+    atomic_fetch_add(&total_runs, 1);
+}
+
+static void job_cancelled(struct pool_task *t)
+{
+    struct job *j = (struct job *)t;
+    atomic_fetch_add(&j->cancels, 1);
+}
+
+static void job_init(struct job *j, void *owner, struct gate *g)
+{
+    memset(j, 0, sizeof(*j));
+    j->task.run = job_run;
+    j->task.owner = owner;
+    j->gate = g;
+    atomic_init(&j->runs, 0);
+    atomic_init(&j->cancels, 0);
+    atomic_init(&j->thread, 0);
+    atomic_init(&j->my_turn, -1);
+}
+
+/* Waits (bounded) until `n` jobs in total have run. */
+static void wait_runs(int n)
+{
+    for (int i = 0; i < 20000 && atomic_load(&total_runs) < n; i++) {
+        struct timespec ts = {0, 500000};
+        nanosleep(&ts, NULL);
+    }
+    assert_int_equal(atomic_load(&total_runs), n);
+}
+
+static void test_new_bad_params(void **state)
+{
+    (void)state;
+    pool *p = (pool *)0x1;
+    assert_int_equal(pool_new(0, &p), LD_EINVAL);
+    assert_int_equal(pool_new(1u << 20, &p), LD_EINVAL);
+    assert_int_equal(pool_new(2, NULL), LD_EINVAL);
+    assert_ptr_equal(p, (pool *)0x1);
+    pool_free(NULL);
+
+    assert_int_equal(pool_new(3, &p), 0);
+    assert_int_equal(pool_threads(p), 3);
+    assert_int_equal(pool_busy_ns(p), 0);
+    pool_free(p);
+}
+
+static void test_all_run_once(void **state)
+{
+    (void)state;
+    enum { N = 2000, THREADS = 4 };
+    atomic_store(&total_runs, 0);
+    struct job *jobs = calloc(N, sizeof(*jobs));
+    assert_non_null(jobs);
+    pool *p = NULL;
+    assert_int_equal(pool_new(THREADS, &p), 0);
+    for (int i = 0; i < N; i++) {
+        job_init(&jobs[i], NULL, NULL);
+        pool_submit(p, &jobs[i].task);
+    }
+    wait_runs(N);
+    unsigned long me = (unsigned long)pthread_self();
+    for (int i = 0; i < N; i++) {
+        assert_int_equal(atomic_load(&jobs[i].runs), 1);
+        assert_true(atomic_load(&jobs[i].thread) != me);
+    }
+    pool_free(p);
+    /* Nothing runs twice after the pool is gone. */
+    assert_int_equal(atomic_load(&total_runs), N);
+    free(jobs);
+}
+
+/* Submitters on several threads at once, against the workers. */
+struct submitter {
+    pool *p;
+    struct job *jobs;
+    int n;
+};
+
+static void *submit_main(void *arg)
+{
+    struct submitter *s = arg;
+    for (int i = 0; i < s->n; i++)
+        pool_submit(s->p, &s->jobs[i].task);
+    return NULL;
+}
+
+static void test_concurrent_submit(void **state)
+{
+    (void)state;
+    enum { PER = 500, SUBMITTERS = 3 };
+    atomic_store(&total_runs, 0);
+    struct job *jobs = calloc(PER * SUBMITTERS, sizeof(*jobs));
+    assert_non_null(jobs);
+    for (int i = 0; i < PER * SUBMITTERS; i++)
+        job_init(&jobs[i], NULL, NULL);
+    pool *p = NULL;
+    assert_int_equal(pool_new(3, &p), 0);
+    pthread_t th[SUBMITTERS];
+    struct submitter sub[SUBMITTERS];
+    for (int i = 0; i < SUBMITTERS; i++) {
+        sub[i] = (struct submitter){p, jobs + i * PER, PER};
+        assert_int_equal(pthread_create(&th[i], NULL, submit_main, &sub[i]), 0);
+    }
+    for (int i = 0; i < SUBMITTERS; i++)
+        pthread_join(th[i], NULL);
+    wait_runs(PER * SUBMITTERS);
+    for (int i = 0; i < PER * SUBMITTERS; i++)
+        assert_int_equal(atomic_load(&jobs[i].runs), 1);
+    pool_free(p);
+    free(jobs);
+}
+
+/* With one worker, tasks run in submission order. */
+static void test_fifo(void **state)
+{
+    (void)state;
+    enum { N = 50 };
+    atomic_store(&total_runs, 0);
+    struct gate g;
+    gate_init(&g);
+    struct job blocker, jobs[N];
+    atomic_int order;
+    atomic_init(&order, 0);
+    pool *p = NULL;
+    assert_int_equal(pool_new(1, &p), 0);
+    job_init(&blocker, NULL, &g);
+    pool_submit(p, &blocker.task);
+    gate_wait_for(&g, 1);
+    for (int i = 0; i < N; i++) {
+        job_init(&jobs[i], NULL, NULL);
+        jobs[i].order = &order;
+        pool_submit(p, &jobs[i].task);
+    }
+    gate_open(&g);
+    wait_runs(N + 1);
+    for (int i = 0; i < N; i++)
+        assert_int_equal(atomic_load(&jobs[i].my_turn), i);
+    pool_free(p);
+    gate_destroy(&g);
+}
+
+static void test_cancel(void **state)
+{
+    (void)state;
+    enum { THREADS = 2, PER_OWNER = 30 };
+    atomic_store(&total_runs, 0);
+    int owner_a, owner_b; /* their addresses are the owners */
+    struct gate g;
+    gate_init(&g);
+    pool *p = NULL;
+    assert_int_equal(pool_new(THREADS, &p), 0);
+
+    /* Occupy every worker at the gate (these belong to owner A and are running,
+     * so cancel must not touch them). */
+    struct job blockers[THREADS];
+    for (int i = 0; i < THREADS; i++) {
+        job_init(&blockers[i], &owner_a, &g);
+        pool_submit(p, &blockers[i].task);
+    }
+    gate_wait_for(&g, THREADS);
+
+    /* Interleave queued tasks of A and B; A's at the head and at the tail too, so
+     * the unlinking of the first and the last element is exercised. */
+    struct job a[PER_OWNER], b[PER_OWNER];
+    for (int i = 0; i < PER_OWNER; i++) {
+        job_init(&a[i], &owner_a, NULL);
+        job_init(&b[i], &owner_b, NULL);
+    }
+    for (int i = 0; i < PER_OWNER; i++) {
+        pool_submit(p, &a[i].task);
+        pool_submit(p, &b[i].task);
+    }
+    struct job late_a;
+    job_init(&late_a, &owner_a, NULL);
+    pool_submit(p, &late_a.task);
+
+    assert_int_equal(pool_cancel(p, &owner_a, job_cancelled), PER_OWNER + 1);
+    /* Nothing of A left to cancel; an unknown owner has nothing either. */
+    assert_int_equal(pool_cancel(p, &owner_a, job_cancelled), 0);
+    assert_int_equal(pool_cancel(p, &g, job_cancelled), 0);
+
+    /* The queue still works after the tail was removed: a task submitted now runs. */
+    struct job after;
+    job_init(&after, &owner_b, NULL);
+    pool_submit(p, &after.task);
+
+    gate_open(&g);
+    wait_runs(THREADS + PER_OWNER + 1);
+    for (int i = 0; i < PER_OWNER; i++) {
+        assert_int_equal(atomic_load(&a[i].runs), 0);
+        assert_int_equal(atomic_load(&a[i].cancels), 1);
+        assert_int_equal(atomic_load(&b[i].runs), 1);
+        assert_int_equal(atomic_load(&b[i].cancels), 0);
+    }
+    assert_int_equal(atomic_load(&late_a.runs), 0);
+    assert_int_equal(atomic_load(&late_a.cancels), 1);
+    assert_int_equal(atomic_load(&after.runs), 1);
+    for (int i = 0; i < THREADS; i++) {
+        assert_int_equal(atomic_load(&blockers[i].runs), 1);
+        assert_int_equal(atomic_load(&blockers[i].cancels), 0);
+    }
+    /* Cancel without a callback, of tasks that are queued again. */
+    gate_destroy(&g);
+    gate_init(&g);
+    for (int i = 0; i < THREADS; i++) {
+        job_init(&blockers[i], &owner_b, &g);
+        pool_submit(p, &blockers[i].task);
+    }
+    gate_wait_for(&g, THREADS);
+    job_init(&a[0], &owner_a, NULL);
+    pool_submit(p, &a[0].task);
+    assert_int_equal(pool_cancel(p, &owner_a, NULL), 1);
+    gate_open(&g);
+    wait_runs(THREADS + PER_OWNER + 1 + THREADS);
+    assert_int_equal(atomic_load(&a[0].runs), 0);
+
+    pool_free(p);
+    gate_destroy(&g);
+}
+
+static void test_busy_ns(void **state)
+{
+    (void)state;
+    enum { N = 8 };
+    const long spin_ns = 5 * 1000 * 1000; /* 5 ms each, 40 ms in all */
+    atomic_store(&total_runs, 0);
+    pool *p = NULL;
+    assert_int_equal(pool_new(2, &p), 0);
+    assert_int_equal(pool_busy_ns(p), 0);
+    struct job jobs[N];
+    for (int i = 0; i < N; i++) {
+        job_init(&jobs[i], NULL, NULL);
+        jobs[i].spin_ns = spin_ns;
+        pool_submit(p, &jobs[i].task);
+    }
+    wait_runs(N);
+    /* The counter is added after the task returns, just after it counted itself. */
+    uint64_t busy = 0;
+    for (int i = 0; i < 2000 && (busy = pool_busy_ns(p)) < (uint64_t)(N * spin_ns); i++) {
+        struct timespec ts = {0, 1000000};
+        nanosleep(&ts, NULL);
+    }
+    assert_true(busy >= (uint64_t)(N * spin_ns));
+    /* And not wildly more than the work (generous for a loaded machine). */
+    assert_true(busy < (uint64_t)(N * spin_ns) * 50);
+    pool_free(p);
+}
+
+/* Opens the gate after 100 ms: the test thread is in pool_free by then. Were it not
+ * (a machine stalled for that long), the queued tasks would run and the test would
+ * fail; it cannot pass wrongly. */
+static void *open_later(void *arg)
+{
+    struct timespec ts = {0, 100 * 1000 * 1000};
+    nanosleep(&ts, NULL);
+    gate_open(arg);
+    return NULL;
+}
+
+static void test_free_drops_queued(void **state)
+{
+    (void)state;
+    enum { THREADS = 2, QUEUED = 100 };
+    atomic_store(&total_runs, 0);
+    struct gate g;
+    gate_init(&g);
+    pool *p = NULL;
+    assert_int_equal(pool_new(THREADS, &p), 0);
+    struct job blockers[THREADS], queued[QUEUED];
+    for (int i = 0; i < THREADS; i++) {
+        job_init(&blockers[i], NULL, &g);
+        pool_submit(p, &blockers[i].task);
+    }
+    gate_wait_for(&g, THREADS);
+    for (int i = 0; i < QUEUED; i++) {
+        job_init(&queued[i], NULL, NULL);
+        pool_submit(p, &queued[i].task);
+    }
+    /* pool_free waits for the running tasks, so the gate is opened from another thread
+     * once pool_free has (long since) marked the pool as stopping. */
+    pthread_t opener;
+    assert_int_equal(pthread_create(&opener, NULL, open_later, &g), 0);
+    pool_free(p);
+    pthread_join(opener, NULL);
+    for (int i = 0; i < THREADS; i++)
+        assert_int_equal(atomic_load(&blockers[i].runs), 1);
+    for (int i = 0; i < QUEUED; i++) {
+        assert_int_equal(atomic_load(&queued[i].runs), 0);
+        assert_int_equal(atomic_load(&queued[i].cancels), 0);
+    }
+    assert_int_equal(atomic_load(&total_runs), THREADS);
+    gate_destroy(&g);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_new_bad_params),
+        cmocka_unit_test(test_all_run_once),
+        cmocka_unit_test(test_concurrent_submit),
+        cmocka_unit_test(test_fifo),
+        cmocka_unit_test(test_cancel),
+        cmocka_unit_test(test_busy_ns),
+        cmocka_unit_test(test_free_drops_queued),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,398 @@
+/* Unit tests for the sampler: the permutation is a bijection and depends on (seed,
+ * epoch) only, ranks cover the epoch exactly (with the documented padding), every rank
+ * gets the same number of batches, and bad parameters are refused. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "ld_error.h"
+#include "sampler.h"
+
+static struct sampler_params params(uint64_t n, uint32_t b, uint32_t rank, uint32_t w, bool drop)
+{
+    struct sampler_params p = {
+        .n = n, .seed = 1234, .shuffle = true, .batch_size = b,
+        .rank = rank, .world_size = w, .drop_last = drop,
+    };
+    return p;
+}
+
+/* Asserts that sampler_permute(n, seed, epoch, .) hits every index of [0, n) once. */
+static void check_bijection(uint64_t n, uint64_t seed, uint64_t epoch)
+{
+    uint8_t *seen = calloc(n, 1);
+    assert_non_null(seen);
+    for (uint64_t pos = 0; pos < n; pos++) {
+        uint64_t v = sampler_permute(n, seed, epoch, pos);
+        assert_true(v < n);
+        assert_int_equal(seen[v], 0);
+        seen[v] = 1;
+    }
+    free(seen);
+}
+
+static void test_bijection_small(void **state)
+{
+    (void)state;
+    for (uint64_t n = 1; n <= 300; n++)
+        for (uint64_t seed = 0; seed < 3; seed++)
+            check_bijection(n, seed, n * 7 + seed);
+    static const uint64_t odd[] = {1, 2, 3, 5, 7, 1000, 1023, 1024, 1025, 4095, 4096, 4097,
+                                   65535, 65536, 65537, 100003};
+    for (size_t i = 0; i < sizeof(odd) / sizeof(odd[0]); i++)
+        for (uint64_t epoch = 0; epoch < 4; epoch++)
+            check_bijection(odd[i], 42, epoch);
+}
+
+/* Positions of a huge n stay in range and do not collide on a sample of positions. */
+static void test_large_n(void **state)
+{
+    (void)state;
+    static const uint64_t ns[] = {UINT64_C(1) << 40, (UINT64_C(1) << 40) + 3, UINT64_MAX,
+                                  (UINT64_C(1) << 63) + 1};
+    for (size_t i = 0; i < sizeof(ns) / sizeof(ns[0]); i++) {
+        uint64_t out[256];
+        for (uint64_t pos = 0; pos < 256; pos++) {
+            out[pos] = sampler_permute(ns[i], 9, 1, pos);
+            assert_true(out[pos] < ns[i]);
+            for (uint64_t j = 0; j < pos; j++)
+                assert_true(out[j] != out[pos]);
+        }
+    }
+}
+
+/* Distribution sanity. Over many epochs, index i lands at position p about equally
+ * often for every (i, p); a permutation that is "almost the identity" or biased
+ * toward a few orders fails this. */
+static void test_distribution(void **state)
+{
+    (void)state;
+    enum { N = 10, EPOCHS = 20000 };
+    static uint32_t counts[N][N];
+    memset(counts, 0, sizeof(counts));
+    uint64_t fixed = 0;
+    for (uint64_t e = 0; e < EPOCHS; e++)
+        for (uint64_t pos = 0; pos < N; pos++) {
+            uint64_t v = sampler_permute(N, 77, e, pos);
+            counts[pos][v]++;
+            fixed += v == pos;
+        }
+    /* Expected EPOCHS / N = 2000 per cell; sd ~ 42. Allow a wide band. */
+    for (int i = 0; i < N; i++)
+        for (int j = 0; j < N; j++) {
+            assert_in_range(counts[i][j], 1750, 2250);
+        }
+    /* A random permutation has one fixed point on average. */
+    assert_in_range(fixed, EPOCHS * 9 / 10, EPOCHS * 11 / 10);
+
+    /* Tiny n: every permutation of 2 and of 3 elements shows up, roughly evenly. */
+    uint32_t two[2] = {0}, three[6] = {0};
+    for (uint64_t e = 0; e < 6000; e++) {
+        two[sampler_permute(2, 5, e, 0)]++;
+        uint64_t a = sampler_permute(3, 5, e, 0), b = sampler_permute(3, 5, e, 1);
+        three[a * 2 + (b > a ? b - 1 : b)]++;
+    }
+    assert_in_range(two[0], 2700, 3300);
+    for (int i = 0; i < 6; i++)
+        assert_in_range(three[i], 800, 1200);
+
+    /* A large n: the first positions are spread over the whole range (mean near n/2). */
+    uint64_t n = 1000003;
+    double sum = 0;
+    for (uint64_t pos = 0; pos < 10000; pos++)
+        sum += (double)sampler_permute(n, 3, 0, pos);
+    double mean = sum / 10000 / (double)n;
+    assert_true(mean > 0.47 && mean < 0.53);
+}
+
+static void test_determinism_and_keys(void **state)
+{
+    (void)state;
+    uint64_t n = 1000;
+    uint64_t diff_epoch = 0, diff_seed = 0;
+    for (uint64_t pos = 0; pos < n; pos++) {
+        uint64_t a = sampler_permute(n, 11, 3, pos);
+        assert_int_equal(a, sampler_permute(n, 11, 3, pos));
+        diff_epoch += a != sampler_permute(n, 11, 4, pos);
+        diff_seed += a != sampler_permute(n, 12, 3, pos);
+    }
+    /* Two independent random orders of 1000 agree on about one position. */
+    assert_true(diff_epoch > n - 10);
+    assert_true(diff_seed > n - 10);
+    /* (seed, epoch) pairs with the same sum are different orders. */
+    uint64_t same = 0;
+    for (uint64_t pos = 0; pos < n; pos++)
+        same += sampler_permute(n, 10, 5, pos) == sampler_permute(n, 11, 4, pos);
+    assert_true(same < 10);
+
+    /* Through sampler_index: two samplers with the same parameters agree. */
+    sampler s1, s2;
+    struct sampler_params p = params(n, 32, 1, 3, false);
+    assert_int_equal(sampler_init(&s1, &p), 0);
+    assert_int_equal(sampler_init(&s2, &p), 0);
+    for (uint64_t b = 0; b < sampler_batches(&s1); b++)
+        for (uint32_t r = 0; r < sampler_batch_rows(&s1, b); r++)
+            assert_int_equal(sampler_index(&s1, 2, b, r), sampler_index(&s2, 2, b, r));
+}
+
+static void test_no_shuffle_is_identity(void **state)
+{
+    (void)state;
+    sampler s;
+    struct sampler_params p = params(103, 10, 0, 1, false);
+    p.shuffle = false;
+    assert_int_equal(sampler_init(&s, &p), 0);
+    uint64_t expect = 0;
+    for (uint64_t b = 0; b < sampler_batches(&s); b++)
+        for (uint32_t r = 0; r < sampler_batch_rows(&s, b); r++)
+            assert_int_equal(sampler_index(&s, 5, b, r), expect++);
+    assert_int_equal(expect, 103);
+
+    /* Two ranks without shuffle interleave: rank 1 gets 1, 3, 5, ... */
+    p.world_size = 2;
+    p.rank = 1;
+    assert_int_equal(sampler_init(&s, &p), 0);
+    assert_int_equal(sampler_index(&s, 0, 0, 0), 1);
+    assert_int_equal(sampler_index(&s, 0, 0, 1), 3);
+    assert_int_equal(sampler_index(&s, 0, 1, 0), 21);
+    /* Its last sample is padding: position 103 wraps to 0. */
+    assert_int_equal(sampler_samples(&s), 52);
+    assert_int_equal(sampler_index(&s, 0, 5, 1), 0);
+
+    /* n = 10, W = 4: positions 10 and 11 are padding and wrap to 0 and 1. */
+    p = params(10, 2, 3, 4, false);
+    p.shuffle = false;
+    assert_int_equal(sampler_init(&s, &p), 0);
+    assert_int_equal(sampler_samples(&s), 3);
+    assert_int_equal(sampler_batches(&s), 2);
+    assert_int_equal(sampler_batch_rows(&s, 1), 1);
+    assert_int_equal(sampler_index(&s, 0, 0, 0), 3);
+    assert_int_equal(sampler_index(&s, 0, 0, 1), 7);
+    assert_int_equal(sampler_index(&s, 0, 1, 0), 1);
+    p.rank = 2;
+    assert_int_equal(sampler_init(&s, &p), 0);
+    assert_int_equal(sampler_index(&s, 0, 1, 0), 0);
+}
+
+/* Counts, over all ranks, how often each index is delivered in one epoch; checks the
+ * batch counts agree and the rows sum to per_rank. Returns the total deliveries. */
+static uint64_t deliver_all(uint64_t n, uint32_t b, uint32_t w, bool drop, uint64_t epoch,
+                            uint32_t *count)
+{
+    uint64_t total = 0, batches = 0, per_rank = 0;
+    memset(count, 0, n * sizeof(*count));
+    for (uint32_t r = 0; r < w; r++) {
+        sampler s;
+        struct sampler_params p = params(n, b, r, w, drop);
+        assert_int_equal(sampler_init(&s, &p), 0);
+        if (r == 0) {
+            batches = sampler_batches(&s);
+            per_rank = sampler_samples(&s);
+        }
+        assert_int_equal(sampler_batches(&s), batches);
+        assert_int_equal(sampler_samples(&s), per_rank);
+        uint64_t rows_sum = 0;
+        for (uint64_t bi = 0; bi < sampler_batches(&s); bi++) {
+            uint32_t rows = sampler_batch_rows(&s, bi);
+            assert_in_range(rows, 1, b);
+            if (drop || bi + 1 < sampler_batches(&s))
+                assert_int_equal(rows, b);
+            rows_sum += rows;
+            for (uint32_t row = 0; row < rows; row++) {
+                uint64_t idx = sampler_index(&s, epoch, bi, row);
+                assert_true(idx < n);
+                count[idx]++;
+                total++;
+            }
+        }
+        assert_int_equal(sampler_batch_rows(&s, sampler_batches(&s)), 0);
+        if (drop)
+            assert_int_equal(rows_sum, sampler_batches(&s) * b);
+        else
+            assert_int_equal(rows_sum, per_rank);
+    }
+    return total;
+}
+
+static void test_rank_cover(void **state)
+{
+    (void)state;
+    static uint32_t count[5000];
+    static const uint64_t ns[] = {1, 2, 3, 7, 64, 100, 999, 1000, 1001, 4999};
+    static const uint32_t ws[] = {1, 2, 3, 4, 7, 8, 16};
+    static const uint32_t bs[] = {1, 3, 16, 64};
+    for (size_t i = 0; i < sizeof(ns) / sizeof(ns[0]); i++)
+        for (size_t j = 0; j < sizeof(ws) / sizeof(ws[0]); j++)
+            for (size_t k = 0; k < sizeof(bs) / sizeof(bs[0]); k++) {
+                uint64_t n = ns[i];
+                uint32_t w = ws[j], b = bs[k];
+                uint64_t per_rank = (n + w - 1) / w;
+                /* Without drop_last: every index at least once, and exactly
+                 * W*per_rank - n extra deliveries (all zero when W divides n). */
+                uint64_t total = deliver_all(n, b, w, false, i + j, count);
+                assert_int_equal(total, (uint64_t)w * per_rank);
+                uint64_t dups = 0;
+                for (uint64_t x = 0; x < n; x++) {
+                    assert_true(count[x] >= 1);
+                    dups += count[x] - 1;
+                }
+                assert_int_equal(dups, (uint64_t)w * per_rank - n);
+                if (n % w == 0)
+                    assert_int_equal(dups, 0);
+
+                /* drop_last: disjoint, each rank exactly (n/W)/B full batches. */
+                sampler s;
+                struct sampler_params p = params(n, b, 0, w, true);
+                int rc = sampler_init(&s, &p);
+                if ((n / w) / b == 0) {
+                    assert_int_equal(rc, LD_ERANGE);
+                    continue;
+                }
+                assert_int_equal(rc, 0);
+                total = deliver_all(n, b, w, true, i + j, count);
+                assert_int_equal(total, (uint64_t)w * ((n / w) / b) * b);
+                for (uint64_t x = 0; x < n; x++)
+                    assert_true(count[x] <= 1);
+            }
+}
+
+/* Many (n, W, B): all ranks agree on batches, and the numbers follow the formulas. */
+static void test_batch_counts(void **state)
+{
+    (void)state;
+    for (uint64_t n = 1; n <= 200; n += 3)
+        for (uint32_t w = 1; w <= 9; w++)
+            for (uint32_t b = 1; b <= 70; b += 7)
+                for (int drop = 0; drop <= 1; drop++) {
+                    uint64_t per_rank = drop ? n / w : (n + w - 1) / w;
+                    uint64_t batches = drop ? per_rank / b : (per_rank + b - 1) / b;
+                    for (uint32_t r = 0; r < w; r++) {
+                        sampler s;
+                        struct sampler_params p = params(n, b, r, w, drop);
+                        int rc = sampler_init(&s, &p);
+                        if (batches == 0) {
+                            assert_int_equal(rc, LD_ERANGE);
+                            continue;
+                        }
+                        assert_int_equal(rc, 0);
+                        assert_int_equal(sampler_batches(&s), batches);
+                        assert_int_equal(sampler_samples(&s), per_rank);
+                        uint64_t sum = 0;
+                        for (uint64_t k = 0; k < batches; k++)
+                            sum += sampler_batch_rows(&s, k);
+                        assert_int_equal(sum, drop ? batches * b : per_rank);
+                    }
+                }
+}
+
+/* Resuming at batch k gives what a full run gives from k on, whatever was computed
+ * before (nothing here: a fresh sampler per resume point). */
+static void test_resume(void **state)
+{
+    (void)state;
+    struct sampler_params p = params(1237, 16, 2, 3, false);
+    sampler full;
+    assert_int_equal(sampler_init(&full, &p), 0);
+    uint64_t nb = sampler_batches(&full);
+    uint64_t *seq = calloc(sampler_samples(&full), sizeof(*seq));
+    assert_non_null(seq);
+    uint64_t at = 0;
+    for (uint64_t b = 0; b < nb; b++)
+        for (uint32_t r = 0; r < sampler_batch_rows(&full, b); r++)
+            seq[at++] = sampler_index(&full, 7, b, r);
+    assert_int_equal(at, sampler_samples(&full));
+
+    for (uint64_t k = 0; k < nb; k += 5) {
+        sampler resumed;
+        assert_int_equal(sampler_init(&resumed, &p), 0);
+        /* Rows in reverse order inside each batch, batches from the last one down:
+         * the answer cannot depend on the order of the calls. */
+        for (uint64_t b = nb; b-- > k;)
+            for (uint32_t r = sampler_batch_rows(&resumed, b); r-- > 0;)
+                assert_int_equal(sampler_index(&resumed, 7, b, r), seq[b * p.batch_size + r]);
+    }
+    free(seq);
+}
+
+static void test_bad_params(void **state)
+{
+    (void)state;
+    sampler s;
+    memset(&s, 0xab, sizeof(s));
+    sampler before = s;
+    struct sampler_params p;
+
+    p = params(0, 4, 0, 1, false);
+    assert_int_equal(sampler_init(&s, &p), LD_EINVAL);
+    p = params(10, 0, 0, 1, false);
+    assert_int_equal(sampler_init(&s, &p), LD_EINVAL);
+    p = params(10, 4, 0, 0, false);
+    assert_int_equal(sampler_init(&s, &p), LD_EINVAL);
+    p = params(10, 4, 2, 2, false);
+    assert_int_equal(sampler_init(&s, &p), LD_EINVAL);
+    p = params(10, 4, 5, 2, false);
+    assert_int_equal(sampler_init(&s, &p), LD_EINVAL);
+    /* drop_last with fewer samples per rank than a batch: no batch at all. */
+    p = params(10, 6, 0, 2, true);
+    assert_int_equal(sampler_init(&s, &p), LD_ERANGE);
+    p = params(3, 1, 0, 4, true);
+    assert_int_equal(sampler_init(&s, &p), LD_ERANGE);
+    assert_int_equal(sampler_init(&s, NULL), LD_EINVAL);
+    assert_memory_equal(&s, &before, sizeof(s));
+
+    /* The edge that still works: exactly one batch per rank. */
+    p = params(10, 5, 1, 2, true);
+    assert_int_equal(sampler_init(&s, &p), 0);
+    assert_int_equal(sampler_batches(&s), 1);
+    /* More ranks than samples without drop_last: every rank gets one (padded) sample. */
+    p = params(3, 8, 5, 8, false);
+    assert_int_equal(sampler_init(&s, &p), 0);
+    assert_int_equal(sampler_samples(&s), 1);
+    assert_int_equal(sampler_batch_rows(&s, 0), 1);
+    assert_true(sampler_index(&s, 0, 0, 0) < 3);
+}
+
+/* Not a benchmark, a guard: the hot path must not be grossly slow (budget 300 ns per
+ * sample; sanitized builds are several times slower, so the bound is loose). */
+static void test_speed(void **state)
+{
+    (void)state;
+    sampler s;
+    struct sampler_params p = params(1281167, 256, 3, 8, false);
+    assert_int_equal(sampler_init(&s, &p), 0);
+    struct timespec t0, t1;
+    uint64_t acc = 0, calls = 0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (uint64_t b = 0; b < 200; b++)
+        for (uint32_t r = 0; r < 256; r++, calls++)
+            acc += sampler_index(&s, 1, b, r);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double ns = ((double)(t1.tv_sec - t0.tv_sec) * 1e9 + (double)(t1.tv_nsec - t0.tv_nsec)) /
+                (double)calls;
+    print_message("sampler_index: %.1f ns per call (checksum %llu)\n", ns,
+                  (unsigned long long)acc);
+    assert_true(ns < 3000);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_bijection_small),
+        cmocka_unit_test(test_large_n),
+        cmocka_unit_test(test_distribution),
+        cmocka_unit_test(test_determinism_and_keys),
+        cmocka_unit_test(test_no_shuffle_is_identity),
+        cmocka_unit_test(test_rank_cover),
+        cmocka_unit_test(test_batch_counts),
+        cmocka_unit_test(test_resume),
+        cmocka_unit_test(test_bad_params),
+        cmocka_unit_test(test_speed),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
