@@ -888,6 +888,12 @@ out:
 
 void config_default_socket(char *buf, size_t size)
 {
+    /* The same order as the client's lc_default_socket(), so both meet by default. */
+    const char *env = getenv("LOADERD_SOCKET");
+    if (env && env[0]) {
+        snprintf(buf, size, "%s", env);
+        return;
+    }
     const char *xdg = getenv("XDG_RUNTIME_DIR");
     /* The XDG spec says a relative XDG_RUNTIME_DIR is to be ignored. */
     if (xdg && xdg[0] == '/')

@@ -502,13 +502,16 @@ static void add_slot_counts(cJSON *o, const uint32_t counts[4])
 
 static double samples_per_s(const server *srv)
 {
-    unsigned oldest = (srv->rate_pos + 1) % RATE_WINDOW;
-    if (!srv->rate_ns[oldest])
-        oldest = 0;
-    uint64_t dt = uv_hrtime() - srv->rate_ns[oldest];
-    if (!srv->rate_ns[oldest] || dt == 0)
-        return 0;
-    return (double)(srv->samples_served - srv->rate_samples[oldest]) * 1e9 / (double)dt;
+    /* The oldest sample in the window that has been taken (the window fills up during
+     * the first seconds), against the counter now. */
+    for (unsigned k = 1; k <= RATE_WINDOW; k++) {
+        unsigned i = (srv->rate_pos + k) % RATE_WINDOW;
+        if (!srv->rate_ns[i])
+            continue;
+        uint64_t dt = uv_hrtime() - srv->rate_ns[i];
+        return dt ? (double)(srv->samples_served - srv->rate_samples[i]) * 1e9 / (double)dt : 0;
+    }
+    return 0;
 }
 
 static void op_status(conn *c, const cJSON *req, int64_t id)

@@ -173,6 +173,9 @@ static void test_defaults(void **state)
     char path[PATH_MAX], want[128];
     const char *old = getenv("XDG_RUNTIME_DIR");
     char *saved = old ? strdup(old) : NULL;
+    const char *old_ld = getenv("LOADERD_SOCKET");
+    char *saved_ld = old_ld ? strdup(old_ld) : NULL;
+    unsetenv("LOADERD_SOCKET");
 
     setenv("XDG_RUNTIME_DIR", "/run/user/4242", 1);
     struct config *c = load_ok(ONE_DATASET, path, sizeof path);
@@ -205,6 +208,16 @@ static void test_defaults(void **state)
     char want2[64];
     snprintf(want2, sizeof want2, "/tmp/loaderd-%u.sock", (unsigned)getuid());
     assert_string_equal(want, want2);
+
+    /* LOADERD_SOCKET wins over both, as it does for the client library. */
+    setenv("LOADERD_SOCKET", "/srv/ld.sock", 1);
+    config_default_socket(want, sizeof want);
+    assert_string_equal(want, "/srv/ld.sock");
+    if (saved_ld)
+        setenv("LOADERD_SOCKET", saved_ld, 1);
+    else
+        unsetenv("LOADERD_SOCKET");
+    free(saved_ld);
 
     if (saved)
         setenv("XDG_RUNTIME_DIR", saved, 1);

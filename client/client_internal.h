@@ -1,0 +1,98 @@
+/* This file is private to libloaderclient: the layouts behind the opaque handles of
+ * client/loaderclient.h. Nothing outside client/ may include it; the Python binding and
+ * trainers see only the public header. */
+#ifndef LC_CLIENT_INTERNAL_H
+#define LC_CLIENT_INTERNAL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "loaderclient.h"
+#include "proto.h"
+
+#define CLIENT_ERRMSG_MAX (2 * LD_ERRMSG_MAX) /* room for our prefix + the daemon's message */
+#define CLIENT_REPLY_LIMIT LD_FRAME_MAX_LIMIT /* largest reply frame we accept: 64 MiB */
+#define CLIENT_DEFAULT_TIMEOUT_MS 30000
+
+/* What to do with a reply when it arrives. Replies come in request order, so the
+ * requests still waiting for one form a FIFO. */
+enum client_pending_kind {
+    CLIENT_PENDING_CALL = 1,    /* someone is waiting for it right now */
+    CLIENT_PENDING_RELEASE,     /* pipelined release: an error is recorded, not returned */
+    CLIENT_PENDING_NEXT,        /* a next that timed out: its reply is kept for the stream */
+    CLIENT_PENDING_IGNORE,      /* its caller gave up (timeout): the reply is dropped */
+};
+
+struct client_pending {
+    int64_t id;
+    int kind;                   /* enum client_pending_kind */
+    char op[16];                /* for messages */
+    lc_stream *stream;          /* NEXT: the stream to give the reply to */
+    uint64_t stream_id;         /* RELEASE: for the error message */
+    int slot;                   /* RELEASE */
+    uint64_t generation;        /* RELEASE */
+};
+
+/* One field of the stream's batch layout, as the open reply gave it (validated). */
+struct client_field {
+    char name[LD_NAME_MAX];
+    int dtype;                  /* LD_DTYPE_* */
+    int ndim;                   /* dims of one sample (0 for a scalar; 0 for ragged) */
+    int64_t shape[LD_MAX_DIMS];
+    bool ragged;
+    uint64_t offset;            /* from the slot's start */
+    uint64_t row_bytes;         /* fixed: bytes of one sample */
+    uint64_t offsets_offset;    /* ragged: int64[batch_size + 1] */
+    uint64_t capacity;          /* ragged: bytes available at offset */
+};
+
+struct lc_batch {
+    lc_stream *stream;
+    lc_batch *prev, *next;      /* the stream's list of held batches */
+    int slot;
+    uint64_t generation;
+    uint64_t epoch;
+    uint64_t index;
+    uint32_t rows;
+    const uint8_t *base;        /* the slot's first byte (its struct ld_slot_header) */
+    lc_field fields[LD_MAX_FIELDS];
+};
+
+struct lc_stream {
+    lc_client *client;
+    lc_stream *prev, *next;     /* the client's list of streams */
+    uint64_t id;
+    uint32_t batch_size;
+    uint64_t batches_per_epoch;
+    uint64_t samples_per_epoch;
+    uint32_t slot_count;
+    uint64_t slot_size;
+    uint64_t slot_offset;
+    const uint8_t *map;         /* PROT_READ mapping of the whole ring */
+    size_t map_size;
+    int n_fields;
+    struct client_field fields[LD_MAX_FIELDS];
+    lc_batch *batches;          /* held (not yet released) batches */
+    bool next_outstanding;      /* a next was sent and its reply not yet taken */
+    int64_t next_id;            /* its id */
+    cJSON *next_reply;          /* its reply, when it arrived while waiting for another */
+};
+
+struct lc_client {
+    int fd;                     /* non-blocking, close-on-exec; -1 once broken */
+    int timeout_ms;             /* default for every call */
+    int64_t next_id;
+    uint32_t max_frame;         /* the daemon's frame limit, from hello */
+    int64_t server_pid;
+    proto_reader *reader;
+    int broken;                 /* 0, or the code that broke the connection */
+    struct client_pending *pending;
+    size_t pending_head, pending_len, pending_cap; /* live entries: [head, len) */
+    lc_stream *streams;
+    uint64_t release_errors;    /* failed pipelined releases (see client.c) */
+    char error[CLIENT_ERRMSG_MAX];
+    char broken_msg[CLIENT_ERRMSG_MAX];
+};
+
+#endif

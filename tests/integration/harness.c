@@ -1,0 +1,445 @@
+/* harness — a real loaderd as a child process, in a private temporary directory, for
+ * the integration tests; see harness.h for how a test uses it.
+ *
+ * Failures that are the machine's, not loaderd's (mkdtemp, fork, write), fail the
+ * running cmocka test at once; what loaderd does (its exit status, its /dev/shm objects,
+ * its log) is returned for the test to judge. */
+#include "harness.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <inttypes.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <setjmp.h>
+#include <cmocka.h>
+
+#define HARNESS_WAIT_MS 10000
+
+static void harness_sleep_ms(int ms)
+{
+    struct timespec ts = { ms / 1000, (long)(ms % 1000) * 1000000L };
+    nanosleep(&ts, NULL);
+}
+
+static int64_t harness_now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* Formats a path; a path that does not fit fails the test instead of being cut. */
+static void harness_pathf(char *buf, size_t size, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void harness_pathf(char *buf, size_t size, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(buf, size, fmt, ap);
+    va_end(ap);
+    if (n < 0 || (size_t)n >= size)
+        fail_msg("harness: path too long: %s...", buf);
+}
+
+static void harness_path(const struct harness *h, const char *rel, char *buf, size_t size)
+{
+    harness_pathf(buf, size, "%s/%s", h->dir, rel);
+}
+
+static void harness_write_all(int fd, const void *data, size_t len, const char *path)
+{
+    const char *p = data;
+    while (len > 0) {
+        ssize_t n = write(fd, p, len);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0)
+            fail_msg("harness: write %s: %s", path, strerror(errno));
+        p += n;
+        len -= (size_t)n;
+    }
+}
+
+struct harness *harness_new(void)
+{
+    struct harness *h = calloc(1, sizeof *h);
+    if (!h)
+        fail_msg("harness: out of memory");
+    /* A short base keeps <dir>/s.sock under the 107 bytes of sun_path. */
+    const char *tmp = getenv("TMPDIR");
+    if (!tmp || !*tmp || strlen(tmp) > 60)
+        tmp = "/tmp";
+    snprintf(h->dir, sizeof h->dir, "%s/ldtest.XXXXXX", tmp);
+    if (!mkdtemp(h->dir))
+        fail_msg("harness: mkdtemp %s: %s", h->dir, strerror(errno));
+    snprintf(h->socket, sizeof h->socket, "%s/s.sock", h->dir);
+    harness_path(h, "loaderd.yaml", h->config, sizeof h->config);
+    harness_path(h, "loaderd.log", h->log, sizeof h->log);
+    return h;
+}
+
+static int harness_rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
+{
+    (void)st;
+    (void)flag;
+    (void)ftw;
+    remove(path);
+    return 0;
+}
+
+void harness_free(struct harness *h)
+{
+    if (!h)
+        return;
+    if (h->pid > 0) {
+        kill(h->pid, SIGKILL);
+        waitpid(h->pid, NULL, 0);
+        h->pid = 0;
+    }
+    if (h->dir[0])
+        nftw(h->dir, harness_rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+    free(h);
+}
+
+void harness_write_file(struct harness *h, const char *relpath, const void *data, size_t len)
+{
+    char path[PATH_MAX];
+    harness_path(h, relpath, path, sizeof path);
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0)
+        fail_msg("harness: create %s: %s", path, strerror(errno));
+    harness_write_all(fd, data, len, path);
+    close(fd);
+}
+
+void harness_write_config(struct harness *h, const char *server_extra, const char *datasets)
+{
+    char *text = NULL;
+    int n = asprintf(&text, "server:\n  socket: %s\n%sdatasets:\n%s", h->socket, server_extra ? server_extra : "",
+                     datasets ? datasets : "");
+    if (n < 0)
+        fail_msg("harness: out of memory");
+    harness_write_file(h, "loaderd.yaml", text, (size_t)n);
+    free(text);
+}
+
+char *harness_log(const struct harness *h)
+{
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = fopen(h->log, "re");
+    if (f) {
+        char chunk[4096];
+        size_t n;
+        while ((n = fread(chunk, 1, sizeof chunk, f)) > 0) {
+            char *nb = realloc(buf, len + n + 1);
+            if (!nb)
+                break;
+            buf = nb;
+            memcpy(buf + len, chunk, n);
+            len += n;
+        }
+        fclose(f);
+    }
+    if (!buf)
+        buf = calloc(1, 1);
+    if (!buf)
+        fail_msg("harness: out of memory");
+    buf[len] = '\0';
+    return buf;
+}
+
+static const char *harness_bin(void)
+{
+    const char *b = getenv("LOADERD_BIN");
+    return b && *b ? b : "build/bin/loaderd";
+}
+
+static pid_t harness_spawn(struct harness *h, const char *const *extra_args)
+{
+    const char *argv[32];
+    int argc = 0;
+    argv[argc++] = harness_bin();
+    argv[argc++] = "--config";
+    argv[argc++] = h->config;
+    for (int i = 0; extra_args && extra_args[i] && argc < 31; i++)
+        argv[argc++] = extra_args[i];
+    argv[argc] = NULL;
+    int logfd = open(h->log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if (logfd < 0)
+        fail_msg("harness: create %s: %s", h->log, strerror(errno));
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid < 0)
+        fail_msg("harness: fork: %s", strerror(errno));
+    if (pid == 0) {
+        /* The child: only async-signal-safe calls until exec. */
+        int devnull = open("/dev/null", O_RDONLY);
+        if (devnull >= 0)
+            dup2(devnull, 0);
+        dup2(logfd, 1);
+        dup2(logfd, 2);
+        execv(argv[0], (char *const *)argv);
+        dprintf(2, "harness: cannot run %s: %s (set LOADERD_BIN)\n", argv[0], strerror(errno));
+        _exit(127);
+    }
+    close(logfd);
+    return pid;
+}
+
+/* Exit status as harness_stop reports it, or -2 while the child still runs. */
+static int harness_reap(pid_t pid, bool block)
+{
+    int st = 0;
+    pid_t r;
+    do
+        r = waitpid(pid, &st, block ? 0 : WNOHANG);
+    while (r < 0 && errno == EINTR);
+    if (r == 0)
+        return -2;
+    if (r < 0)
+        return -1;
+    if (WIFEXITED(st))
+        return WEXITSTATUS(st);
+    if (WIFSIGNALED(st))
+        return 128 + WTERMSIG(st);
+    return -1;
+}
+
+static bool harness_socket_answers(const char *path)
+{
+    struct sockaddr_un sa = { .sun_family = AF_UNIX };
+    snprintf(sa.sun_path, sizeof sa.sun_path, "%s", path);
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return false;
+    bool ok = connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0;
+    close(fd);
+    return ok;
+}
+
+void harness_start(struct harness *h)
+{
+    if (h->pid > 0)
+        fail_msg("harness: loaderd already runs (pid %d)", (int)h->pid);
+    h->pid = harness_spawn(h, NULL);
+    int64_t deadline = harness_now_ms() + HARNESS_WAIT_MS;
+    for (;;) {
+        int st = harness_reap(h->pid, false);
+        if (st != -2) {
+            char *log = harness_log(h);
+            h->pid = 0;
+            print_error("loaderd log:\n%s\n", log);
+            free(log);
+            fail_msg("harness: loaderd exited with status %d before it listened on %s", st, h->socket);
+        }
+        if (harness_socket_answers(h->socket))
+            return;
+        if (harness_now_ms() > deadline) {
+            char *log = harness_log(h);
+            print_error("loaderd log:\n%s\n", log);
+            free(log);
+            fail_msg("harness: loaderd did not accept connections on %s within %d ms", h->socket,
+                     HARNESS_WAIT_MS);
+        }
+        harness_sleep_ms(10);
+    }
+}
+
+static int harness_wait_exit(struct harness *h)
+{
+    int64_t deadline = harness_now_ms() + HARNESS_WAIT_MS;
+    for (;;) {
+        int st = harness_reap(h->pid, false);
+        if (st != -2) {
+            h->pid = 0;
+            return st;
+        }
+        if (harness_now_ms() > deadline) {
+            kill(h->pid, SIGKILL);
+            harness_reap(h->pid, true);
+            h->pid = 0;
+            return -1;
+        }
+        harness_sleep_ms(5);
+    }
+}
+
+int harness_run_to_exit(struct harness *h, const char *const *extra_args)
+{
+    if (h->pid > 0)
+        fail_msg("harness: loaderd already runs (pid %d)", (int)h->pid);
+    h->pid = harness_spawn(h, extra_args);
+    return harness_wait_exit(h);
+}
+
+int harness_stop(struct harness *h)
+{
+    if (h->pid <= 0)
+        return -1;
+    kill(h->pid, SIGTERM);
+    return harness_wait_exit(h);
+}
+
+int harness_shm_count(pid_t pid, char *buf, size_t size)
+{
+    char prefix[64];
+    int n = 0;
+    size_t used = 0;
+    snprintf(prefix, sizeof prefix, "loaderd.%d.", (int)pid);
+    if (buf && size)
+        buf[0] = '\0';
+    DIR *d = opendir("/dev/shm");
+    if (!d)
+        return 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        if (strncmp(e->d_name, prefix, strlen(prefix)) != 0)
+            continue;
+        n++;
+        if (buf && used < size) {
+            int w = snprintf(buf + used, size - used, "%s%s", used ? " " : "", e->d_name);
+            if (w > 0)
+                used += (size_t)w;
+        }
+    }
+    closedir(d);
+    return n;
+}
+
+int harness_fd_count(void)
+{
+    int n = 0;
+    DIR *d = opendir("/proc/self/fd");
+    if (!d)
+        return -1;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL)
+        if (e->d_name[0] != '.')
+            n++;
+    closedir(d);
+    return n - 1; /* the directory's own descriptor */
+}
+
+/* ---- datasets ---------------------------------------------------------------------- */
+
+uint64_t harness_splitmix64(uint64_t x)
+{
+    uint64_t z = x + 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+uint64_t harness_file_size(uint64_t i, uint64_t size, bool vary)
+{
+    if (!vary)
+        return size;
+    return size / 2 + harness_splitmix64(i ^ 0x5A5A5A5A5A5A5A5Aull) % (size + 1);
+}
+
+uint8_t harness_file_byte(uint64_t i, uint64_t j)
+{
+    return (uint8_t)(harness_splitmix64(i * 1000003 + j / 8) >> (8 * (j % 8)));
+}
+
+bool harness_file_matches(uint64_t i, const uint8_t *buf, uint64_t len, uint64_t size, bool vary)
+{
+    if (len != harness_file_size(i, size, vary))
+        return false;
+    for (uint64_t j = 0; j < len; j++)
+        if (buf[j] != harness_file_byte(i, j))
+            return false;
+    return true;
+}
+
+static int harness_digits(uint64_t v)
+{
+    int n = 1;
+    while (v >= 10) {
+        v /= 10;
+        n++;
+    }
+    return n;
+}
+
+void harness_gen_files(struct harness *h, const char *reldir, uint64_t n, uint64_t size, uint64_t classes,
+                       bool vary)
+{
+    char root[PATH_MAX], path[PATH_MAX];
+    int fw = harness_digits(n ? n - 1 : 0) > 7 ? harness_digits(n - 1) : 7;
+    int cw = classes && harness_digits(classes - 1) > 3 ? harness_digits(classes - 1) : 3;
+    harness_path(h, reldir, root, sizeof root);
+    if (mkdir(root, 0755) < 0 && errno != EEXIST)
+        fail_msg("harness: mkdir %s: %s", root, strerror(errno));
+    for (uint64_t c = 0; c < classes && c < n; c++) {
+        harness_pathf(path, sizeof path, "%s/class_%0*" PRIu64, root, cw, c);
+        if (mkdir(path, 0755) < 0 && errno != EEXIST)
+            fail_msg("harness: mkdir %s: %s", path, strerror(errno));
+    }
+    uint8_t *buf = malloc(vary ? size / 2 + size + 1 : size + 1);
+    if (!buf)
+        fail_msg("harness: out of memory");
+    for (uint64_t i = 0; i < n; i++) {
+        if (classes)
+            harness_pathf(path, sizeof path, "%s/class_%0*" PRIu64 "/%0*" PRIu64 ".bin", root, cw, i % classes, fw, i);
+        else
+            harness_pathf(path, sizeof path, "%s/%0*" PRIu64 ".bin", root, fw, i);
+        uint64_t len = harness_file_size(i, size, vary);
+        for (uint64_t j = 0; j < len; j++)
+            buf[j] = harness_file_byte(i, j);
+        int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+        if (fd < 0)
+            fail_msg("harness: create %s: %s", path, strerror(errno));
+        harness_write_all(fd, buf, len, path);
+        close(fd);
+    }
+    free(buf);
+}
+
+uint64_t harness_token(uint64_t k, uint64_t vocab)
+{
+    return harness_splitmix64(k) % vocab;
+}
+
+void harness_gen_tokens(struct harness *h, const char *relpath, uint64_t n, int token_bytes, uint64_t vocab)
+{
+    char path[PATH_MAX];
+    uint8_t buf[65536];
+    size_t used = 0;
+    if (token_bytes != 2 && token_bytes != 4)
+        fail_msg("harness: token_bytes must be 2 or 4, got %d", token_bytes);
+    harness_path(h, relpath, path, sizeof path);
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0)
+        fail_msg("harness: create %s: %s", path, strerror(errno));
+    for (uint64_t k = 0; k < n; k++) {
+        uint64_t t = harness_token(k, vocab);
+        if (token_bytes == 2) {
+            uint16_t v = (uint16_t)t;
+            memcpy(buf + used, &v, 2);
+        } else {
+            uint32_t v = (uint32_t)t;
+            memcpy(buf + used, &v, 4);
+        }
+        used += (size_t)token_bytes;
+        if (used == sizeof buf) {
+            harness_write_all(fd, buf, used, path);
+            used = 0;
+        }
+    }
+    harness_write_all(fd, buf, used, path);
+    close(fd);
+}

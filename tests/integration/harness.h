@@ -1,0 +1,96 @@
+/* harness — what every integration test (tests/integration/itest_*.c) needs to drive a
+ * real loaderd: a private temporary directory, a config written into it, the daemon as
+ * a child process on a socket in that directory, a clean stop that must exit 0, a look
+ * at /dev/shm for what the daemon left, and datasets whose every byte is known.
+ *
+ * The daemon binary is $LOADERD_BIN (set by scripts/run-tests.sh), else
+ * "build/bin/loaderd" relative to the working directory (the repository root).
+ *
+ * Typical use, with cmocka fixtures so that a failing test still cleans up:
+ *
+ *     static int setup(void **state) {
+ *         struct harness *h = harness_new();          // mkdtemp
+ *         harness_gen_files(h, "rec", 1000, 256, 10, false);
+ *         harness_write_config(h, "  workers: 2\n",
+ *                              "  records:\n    kind: files\n    path: rec\n");
+ *         harness_start(h);                           // fails the test if loaderd dies
+ *         *state = h; return 0;
+ *     }
+ *     static int teardown(void **state) { harness_free(*state); return 0; }
+ *     ... assert_int_equal(harness_stop(h), 0);       // clean exit, status 0
+ *
+ * Functions that can only fail because the machine is broken (mkdtemp, fork, write)
+ * fail the running cmocka test themselves, with the reason, instead of returning codes
+ * every test would have to check. */
+#ifndef LD_HARNESS_H
+#define LD_HARNESS_H
+
+#include <limits.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+struct harness {
+    char dir[80];                /* the temporary directory (short: sockets live in it); removed by harness_free */
+    char socket[108];            /* <dir>/s.sock: short, a Unix socket path holds 107 bytes */
+    char config[PATH_MAX];       /* <dir>/loaderd.yaml */
+    char log[PATH_MAX];          /* <dir>/loaderd.log: the daemon's stdout and stderr */
+    pid_t pid;                   /* the running daemon, or 0 */
+};
+
+/* Creates the temporary directory (under $TMPDIR, else /tmp). */
+struct harness *harness_new(void);
+/* Stops the daemon if it still runs (SIGKILL: a test that wanted a clean stop called
+ * harness_stop), removes the directory recursively, frees h. Accepts NULL. */
+void harness_free(struct harness *h);
+
+/* Writes <dir>/loaderd.yaml:
+ *     server:
+ *       socket: <dir>/s.sock
+ *     <server_extra>           (more server keys, each line indented by two spaces; may be NULL)
+ *     datasets:
+ *     <datasets>               (the caller's dataset entries, indented by two spaces)
+ * Relative dataset paths are resolved by loaderd against <dir>. */
+void harness_write_config(struct harness *h, const char *server_extra, const char *datasets);
+/* Writes any file under the directory (e.g. a deliberately bad config). */
+void harness_write_file(struct harness *h, const char *relpath, const void *data, size_t len);
+
+/* Starts `loaderd --config <dir>/loaderd.yaml` with its output in h->log and waits up
+ * to 10 s until the socket accepts a connection. The test fails (showing the log) if
+ * the daemon exits first or the socket never answers. */
+void harness_start(struct harness *h);
+/* Starts loaderd with extra arguments and does not wait: for tests of bad configs.
+ * Returns the exit status as harness_stop does, after waiting up to 10 s for it. */
+int harness_run_to_exit(struct harness *h, const char *const *extra_args);
+/* SIGTERM, then waits up to 10 s. Returns the exit status (0 for a clean stop),
+ * 128 + signal when it died of a signal, -1 when it had to be killed after 10 s. */
+int harness_stop(struct harness *h);
+/* The daemon's log so far, as a malloc'd NUL-terminated string (never NULL). */
+char *harness_log(const struct harness *h);
+
+/* Counts /dev/shm entries "loaderd.<pid>.*" (the rings of daemon `pid`) and, when buf is
+ * not NULL, writes their names there separated by spaces, for failure messages. */
+int harness_shm_count(pid_t pid, char *buf, size_t size);
+/* Open file descriptors of this process (from /proc/self/fd), to prove none leaks. */
+int harness_fd_count(void);
+
+/* ---- datasets with known content (the rules of tools/gendata.c, GENDATA_VERSION 1) ----
+ * files:  file i of n is <reldir>/class_CCC/IIIIIII.bin (CCC = i % classes) or
+ *         <reldir>/IIIIIII.bin when classes is 0, zero-padded to 3 and 7 digits (more when
+ *         needed) so that bytewise order is numeric order; its size is
+ *         harness_file_size(i, size, vary) and byte j is harness_file_byte(i, j).
+ *         loaderd's label of file i is i % classes (class folders in sorted order), or
+ *         -1 when classes is 0.
+ * tokens: token k is splitmix64(k) % vocab, stored as uint16 or uint32 (host order). */
+uint64_t harness_splitmix64(uint64_t x);
+uint64_t harness_file_size(uint64_t i, uint64_t size, bool vary);
+uint8_t harness_file_byte(uint64_t i, uint64_t j);
+/* True when buf holds exactly file i's content. */
+bool harness_file_matches(uint64_t i, const uint8_t *buf, uint64_t len, uint64_t size, bool vary);
+void harness_gen_files(struct harness *h, const char *reldir, uint64_t n, uint64_t size, uint64_t classes,
+                       bool vary);
+uint64_t harness_token(uint64_t k, uint64_t vocab);
+void harness_gen_tokens(struct harness *h, const char *relpath, uint64_t n, int token_bytes, uint64_t vocab);
+
+#endif

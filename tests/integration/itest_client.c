@@ -1,0 +1,849 @@
+/* itest_client — libloaderclient against a real loaderd, and against a scripted fake
+ * daemon for the failures a healthy loaderd never produces (a reply out of order, a ring
+ * header that does not match, a hang-up, a reply that comes late).
+ *
+ * Against loaderd: connecting and hello, the datasets list, open errors, one epoch that
+ * delivers every sample exactly once with the right bytes and labels (fixed and ragged
+ * fields), release semantics, next timing out while the trainer holds every slot and
+ * picking its batch up afterwards, and that closing streams and clients leaves no
+ * shared-memory object and no descriptor behind. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <cJSON.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "harness.h"
+#include "loaderclient.h"
+#include "proto.h"
+
+#define N_FILES 1000
+#define FILE_SIZE 256
+#define N_CLASSES 10
+#define N_VARIED 300
+#define VARIED_SIZE 200
+
+static const char datasets_yaml[] = "  records:\n"
+                                    "    kind: files\n"
+                                    "    path: rec\n"
+                                    "  varied:\n"
+                                    "    kind: files\n"
+                                    "    path: var\n";
+
+static int64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static int setup_daemon(void **state)
+{
+    struct harness *h = harness_new();
+    harness_gen_files(h, "rec", N_FILES, FILE_SIZE, N_CLASSES, false);
+    harness_gen_files(h, "var", N_VARIED, VARIED_SIZE, 0, true);
+    harness_write_config(h, "  workers: 2\n  memory_budget: 64MiB\n", datasets_yaml);
+    harness_start(h);
+    *state = h;
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    harness_free(*state);
+    return 0;
+}
+
+/* A directory only, for the tests that need no loaderd (the fake daemon's socket). */
+static int setup_dir(void **state)
+{
+    *state = harness_new();
+    return 0;
+}
+
+static lc_client *connect_ok(struct harness *h, int timeout_ms)
+{
+    char err[512];
+    lc_client *c = NULL;
+    int r = lc_connect(h->socket, timeout_ms, "itest_client", &c, err, sizeof err);
+    if (r < 0)
+        fail_msg("lc_connect: %s (%s)", lc_strerror(r), err);
+    return c;
+}
+
+/* Stops the daemon and proves it left nothing in /dev/shm and exited 0. */
+static void stop_clean(struct harness *h)
+{
+    char names[512];
+    pid_t pid = h->pid;
+    int st = harness_stop(h);
+    if (st != 0) {
+        char *log = harness_log(h);
+        print_error("loaderd log:\n%s\n", log);
+        free(log);
+    }
+    assert_int_equal(st, 0);
+    int n = harness_shm_count(pid, names, sizeof names);
+    if (n != 0)
+        fail_msg("loaderd %d left shared memory behind: %s", (int)pid, names);
+}
+
+/* ---- without a daemon ------------------------------------------------------------------ */
+
+static void test_connect_missing_socket(void **state)
+{
+    struct harness *h = *state;
+    char err[512], path[200];
+    lc_client *c = (lc_client *)(uintptr_t)0x1; /* must stay untouched */
+    snprintf(path, sizeof path, "%s/nobody.sock", h->dir);
+    int r = lc_connect(path, 1000, "t", &c, err, sizeof err);
+    assert_int_equal(r, LC_ENOENT);
+    assert_ptr_equal(c, (lc_client *)(uintptr_t)0x1);
+    assert_non_null(strstr(err, path));
+    assert_non_null(strstr(err, "No such file or directory"));
+    assert_non_null(strstr(err, "is loaderd running?"));
+
+    char longpath[300];
+    memset(longpath, 'x', sizeof longpath - 1);
+    longpath[0] = '/';
+    longpath[sizeof longpath - 1] = '\0';
+    r = lc_connect(longpath, 1000, "t", &c, err, sizeof err);
+    assert_int_equal(r, LC_EINVAL);
+    assert_non_null(strstr(err, "socket path too long (299 bytes, max 107)"));
+
+    /* A NULL errbuf is allowed. */
+    assert_int_equal(lc_connect(path, 1000, "t", &c, NULL, 0), LC_ENOENT);
+}
+
+static void test_default_socket(void **state)
+{
+    (void)state;
+    char *saved_sock = getenv("LOADERD_SOCKET") ? strdup(getenv("LOADERD_SOCKET")) : NULL;
+    char *saved_xdg = getenv("XDG_RUNTIME_DIR") ? strdup(getenv("XDG_RUNTIME_DIR")) : NULL;
+    setenv("LOADERD_SOCKET", "/x/y.sock", 1);
+    assert_string_equal(lc_default_socket(), "/x/y.sock");
+    unsetenv("LOADERD_SOCKET");
+    setenv("XDG_RUNTIME_DIR", "/run/user/7", 1);
+    assert_string_equal(lc_default_socket(), "/run/user/7/loaderd.sock");
+    unsetenv("XDG_RUNTIME_DIR");
+    char want[64];
+    snprintf(want, sizeof want, "/tmp/loaderd-%u.sock", (unsigned)getuid());
+    assert_string_equal(lc_default_socket(), want);
+    if (saved_sock)
+        setenv("LOADERD_SOCKET", saved_sock, 1);
+    if (saved_xdg)
+        setenv("XDG_RUNTIME_DIR", saved_xdg, 1);
+    free(saved_sock);
+    free(saved_xdg);
+    assert_string_equal(lc_strerror(LC_ENODATASET), "no such dataset");
+    assert_string_equal(lc_version(), LC_VERSION);
+}
+
+/* ---- against loaderd ------------------------------------------------------------------- */
+
+static void test_hello_and_datasets(void **state)
+{
+    struct harness *h = *state;
+    lc_client *c = connect_ok(h, 5000);
+    assert_string_equal(lc_client_error(c), "");
+    char *reply = NULL;
+    assert_int_equal(lc_request_json(c, "{\"op\":\"datasets\"}", &reply), 0);
+    cJSON *j = cJSON_Parse(reply);
+    lc_free(reply);
+    assert_non_null(j);
+    assert_true(cJSON_IsTrue(cJSON_GetObjectItem(j, "ok")));
+    const cJSON *ds = cJSON_GetObjectItem(j, "datasets");
+    assert_int_equal(cJSON_GetArraySize(ds), 2);
+    const cJSON *rec = NULL, *d;
+    cJSON_ArrayForEach(d, ds)
+        if (strcmp(cJSON_GetObjectItem(d, "name")->valuestring, "records") == 0)
+            rec = d;
+    assert_non_null(rec);
+    assert_string_equal(cJSON_GetObjectItem(rec, "kind")->valuestring, "files");
+    assert_int_equal((int)cJSON_GetObjectItem(rec, "samples")->valuedouble, N_FILES);
+    const cJSON *fields = cJSON_GetObjectItem(rec, "fields");
+    assert_int_equal(cJSON_GetArraySize(fields), 2);
+    const cJSON *f0 = cJSON_GetArrayItem(fields, 0), *f1 = cJSON_GetArrayItem(fields, 1);
+    assert_string_equal(cJSON_GetObjectItem(f0, "name")->valuestring, "data");
+    assert_string_equal(cJSON_GetObjectItem(f0, "dtype")->valuestring, "uint8");
+    assert_int_equal((int)cJSON_GetArrayItem(cJSON_GetObjectItem(f0, "shape"), 0)->valuedouble, FILE_SIZE);
+    assert_string_equal(cJSON_GetObjectItem(f1, "name")->valuestring, "label");
+    assert_string_equal(cJSON_GetObjectItem(f1, "dtype")->valuestring, "int64");
+    cJSON_Delete(j);
+
+    /* Bad raw requests are answered, and the connection stays usable. */
+    reply = (char *)(uintptr_t)0x1;
+    assert_int_equal(lc_request_json(c, "[1,2]", &reply), LC_EINVAL);
+    assert_int_equal(lc_request_json(c, "{\"op\":", &reply), LC_EINVAL);
+    assert_int_equal(lc_request_json(c, "{\"op\":\"fly\"}", &reply), -4002 /* unknown_op */);
+    assert_non_null(strstr(lc_client_error(c), "fly"));
+    assert_ptr_equal(reply, (char *)(uintptr_t)0x1);
+    /* A caller's own id is replaced by the library's. */
+    assert_int_equal(lc_request_json(c, "{\"op\":\"status\",\"id\":123456}", &reply), 0);
+    j = cJSON_Parse(reply);
+    lc_free(reply);
+    assert_non_null(j);
+    assert_true(cJSON_GetObjectItem(j, "id")->valuedouble != 123456);
+    assert_int_equal((int)cJSON_GetObjectItem(j, "clients")->valuedouble, 1);
+    cJSON_Delete(j);
+    lc_client_close(c);
+    lc_client_close(NULL);
+    stop_clean(h);
+}
+
+static void test_open_errors(void **state)
+{
+    struct harness *h = *state;
+    lc_client *c = connect_ok(h, 5000);
+    lc_stream_options o;
+    lc_stream *s = (lc_stream *)(uintptr_t)0x1;
+    lc_stream_options_init(&o);
+    o.batch_size = 8;
+    assert_int_equal(lc_stream_open(c, "nope", &o, &s), LC_ENODATASET);
+    assert_non_null(strstr(lc_client_error(c), "nope"));
+    o.batch_size = 0;
+    assert_int_equal(lc_stream_open(c, "records", &o, &s), LC_EFIELD);
+    assert_non_null(strstr(lc_client_error(c), "batch_size"));
+    o.batch_size = 8;
+    o.rank = 2;
+    o.world_size = 2;
+    assert_int_equal(lc_stream_open(c, "records", &o, &s), LC_EINVAL);
+    o.rank = 0;
+    o.world_size = 1;
+    o.seed = UINT64_MAX; /* cannot travel as a JSON number: refused before sending */
+    assert_int_equal(lc_stream_open(c, "records", &o, &s), LC_EFIELD);
+    assert_non_null(strstr(lc_client_error(c), "seed"));
+    assert_int_equal(lc_stream_open(c, "records", NULL, &s), LC_EINVAL);
+    assert_ptr_equal(s, (lc_stream *)(uintptr_t)0x1);
+    /* After all that, the connection still works. */
+    o.seed = 0;
+    assert_int_equal(lc_stream_open(c, "records", &o, &s), 0);
+    assert_int_equal(lc_stream_close(s), 0);
+    lc_client_close(c);
+    stop_clean(h);
+}
+
+/* Index of the file whose content starts with `first8`, by search over every file. */
+static int64_t file_by_first_word(const uint64_t *first, uint64_t n, const uint8_t *data)
+{
+    uint64_t w;
+    memcpy(&w, data, 8);
+    for (uint64_t i = 0; i < n; i++)
+        if (first[i] == w)
+            return (int64_t)i;
+    return -1;
+}
+
+static void test_one_epoch_fixed(void **state)
+{
+    struct harness *h = *state;
+    lc_client *c = connect_ok(h, 5000);
+    lc_stream_options o;
+    lc_stream *s = NULL;
+    lc_stream_options_init(&o);
+    o.batch_size = 64;
+    o.epochs = 1;
+    o.seed = 42;
+    o.prefetch = 3;
+    assert_int_equal(lc_stream_open(c, "records", &o, &s), 0);
+    assert_int_equal(lc_stream_batches_per_epoch(s), (N_FILES + 63) / 64);
+    assert_int_equal(lc_stream_samples_per_epoch(s), N_FILES);
+    size_t ring_size = 0;
+    const uint8_t *ring = lc_stream_ring(s, &ring_size);
+    assert_non_null(ring);
+    assert_true(ring_size > 0);
+
+    uint64_t first[N_FILES];
+    int seen[N_FILES] = { 0 };
+    for (uint64_t i = 0; i < N_FILES; i++)
+        first[i] = harness_splitmix64(i * 1000003);
+    uint64_t samples = 0, in_order = 0, batch_no = 0;
+    int64_t prev_file = -1;
+    for (;;) {
+        lc_batch *b = NULL;
+        int r = lc_stream_next(s, 0, &b);
+        if (r == LC_EEND)
+            break;
+        if (r < 0)
+            fail_msg("next: %s: %s", lc_strerror(r), lc_client_error(c));
+        assert_int_equal(lc_batch_epoch(b), 0);
+        assert_int_equal(lc_batch_index(b), batch_no);
+        assert_true(lc_batch_valid(b));
+        assert_int_equal(lc_batch_field_count(b), 2);
+        uint32_t rows = lc_batch_rows(b);
+        assert_int_equal(rows, batch_no + 1 < lc_stream_batches_per_epoch(s) ? 64 : N_FILES % 64);
+        lc_field data, label, by_name;
+        assert_int_equal(lc_batch_field(b, 0, &data), 0);
+        assert_int_equal(lc_batch_field(b, 1, &label), 0);
+        assert_int_equal(lc_batch_field(b, 2, &by_name), LC_EINVAL);
+        assert_int_equal(lc_batch_field_by_name(b, "label", &by_name), 0);
+        assert_ptr_equal(by_name.data, label.data);
+        assert_int_equal(lc_batch_field_by_name(b, "nope", &by_name), LC_EINVAL);
+        assert_string_equal(data.name, "data");
+        assert_int_equal(data.dtype, LC_DTYPE_UINT8);
+        assert_int_equal(data.ndim, 2);
+        assert_int_equal(data.shape[0], rows);
+        assert_int_equal(data.shape[1], FILE_SIZE);
+        assert_int_equal(data.nbytes, (size_t)rows * FILE_SIZE);
+        assert_null(data.offsets);
+        assert_int_equal(label.dtype, LC_DTYPE_INT64);
+        assert_int_equal(label.ndim, 1);
+        assert_int_equal(label.nbytes, (size_t)rows * 8);
+        /* Zero copy: the views point into the mapped ring. */
+        assert_true((const uint8_t *)data.data >= ring && (const uint8_t *)data.data + data.nbytes <= ring + ring_size);
+        const int64_t *labels = label.data;
+        for (uint32_t r2 = 0; r2 < rows; r2++) {
+            const uint8_t *row = (const uint8_t *)data.data + (size_t)r2 * FILE_SIZE;
+            int64_t f = file_by_first_word(first, N_FILES, row);
+            if (f < 0)
+                fail_msg("batch %llu row %u holds no file's bytes", (unsigned long long)batch_no, r2);
+            assert_true(harness_file_matches((uint64_t)f, row, FILE_SIZE, FILE_SIZE, false));
+            assert_int_equal(labels[r2], f % N_CLASSES);
+            seen[f]++;
+            if (f > prev_file)
+                in_order++;
+            prev_file = f;
+        }
+        samples += rows;
+        batch_no++;
+        assert_int_equal(lc_batch_release(b), 0);
+    }
+    assert_int_equal(samples, N_FILES);
+    for (int i = 0; i < N_FILES; i++)
+        if (seen[i] != 1)
+            fail_msg("file %d delivered %d times", i, seen[i]);
+    assert_true(in_order < N_FILES - 10); /* shuffled, not in file order */
+    lc_batch *b = NULL;
+    assert_int_equal(lc_stream_next(s, 0, &b), LC_EEND); /* and stays ended */
+    assert_null(b);
+    assert_int_equal(lc_stream_close(s), 0);
+    lc_client_close(c);
+    stop_clean(h);
+}
+
+static void test_one_epoch_ragged(void **state)
+{
+    struct harness *h = *state;
+    lc_client *c = connect_ok(h, 5000);
+    lc_stream_options o;
+    lc_stream *s = NULL;
+    lc_stream_options_init(&o);
+    o.batch_size = 32;
+    o.epochs = 1;
+    o.shuffle = 0;
+    assert_int_equal(lc_stream_open(c, "varied", &o, &s), 0);
+    uint64_t next_file = 0;
+    for (;;) {
+        lc_batch *b = NULL;
+        int r = lc_stream_next(s, 0, &b);
+        if (r == LC_EEND)
+            break;
+        if (r < 0)
+            fail_msg("next: %s: %s", lc_strerror(r), lc_client_error(c));
+        uint32_t rows = lc_batch_rows(b);
+        lc_field data, label;
+        assert_int_equal(lc_batch_field_by_name(b, "data", &data), 0);
+        assert_int_equal(lc_batch_field_by_name(b, "label", &label), 0);
+        assert_non_null(data.offsets);
+        assert_int_equal(data.ndim, 1);
+        assert_int_equal(data.shape[0], rows);
+        assert_int_equal(data.nbytes, (size_t)data.offsets[rows]);
+        for (uint32_t i = 0; i < rows; i++, next_file++) {
+            /* No shuffle: dataset order, which is file order. */
+            const uint8_t *p = (const uint8_t *)data.data + data.offsets[i];
+            uint64_t len = (uint64_t)(data.offsets[i + 1] - data.offsets[i]);
+            if (!harness_file_matches(next_file, p, len, VARIED_SIZE, true))
+                fail_msg("sample %llu: %llu bytes that are not file %llu's", (unsigned long long)next_file,
+                         (unsigned long long)len, (unsigned long long)next_file);
+            assert_int_equal(((const int64_t *)label.data)[i], -1); /* no class folders */
+        }
+        assert_int_equal(lc_batch_release(b), 0);
+    }
+    assert_int_equal(next_file, N_VARIED);
+    assert_int_equal(lc_stream_close(s), 0);
+    lc_client_close(c);
+    stop_clean(h);
+}
+
+static void test_release_semantics(void **state)
+{
+    struct harness *h = *state;
+    lc_client *c = connect_ok(h, 5000);
+    lc_stream_options o;
+    lc_stream *s = NULL;
+    lc_batch *b = NULL, *b2 = NULL;
+    char req[256], *reply = NULL;
+    lc_stream_options_init(&o);
+    o.batch_size = 16;
+    assert_int_equal(lc_stream_open(c, "records", &o, &s), 0);
+    assert_int_equal(lc_stream_next(s, 0, &b), 0);
+    int slot = lc_batch_slot(b);
+    uint64_t gen = lc_batch_generation(b);
+
+    /* A stale generation is refused and changes nothing. */
+    snprintf(req, sizeof req, "{\"op\":\"release\",\"stream\":%llu,\"slot\":%d,\"generation\":%llu}",
+             (unsigned long long)lc_stream_id(s), slot, (unsigned long long)gen + 1);
+    assert_int_equal(lc_request_json(c, req, &reply), LC_ESTALE);
+    assert_true(lc_batch_valid(b));
+    /* Released behind the library's back, then once more: the second is an error. */
+    snprintf(req, sizeof req, "{\"op\":\"release\",\"stream\":%llu,\"slot\":%d,\"generation\":%llu}",
+             (unsigned long long)lc_stream_id(s), slot, (unsigned long long)gen);
+    assert_int_equal(lc_request_json(c, req, &reply), 0);
+    lc_free(reply);
+    reply = NULL;
+    assert_int_equal(lc_request_json(c, req, &reply), LC_ENOTLEASED);
+    assert_null(reply);
+    /* The library's own release of that batch is pipelined: it returns 0 and its error
+     * reply is recorded by whichever call reads it, without failing that call. */
+    assert_int_equal(lc_batch_release(b), 0);
+    assert_int_equal(lc_stream_next(s, 0, &b2), 0);
+    assert_int_equal(lc_batch_index(b2), 1);
+    assert_non_null(strstr(lc_client_error(c), "release of slot"));
+    /* A release of a slot of a stream that is not ours. */
+    assert_int_equal(lc_request_json(c, "{\"op\":\"release\",\"stream\":999,\"slot\":0,\"generation\":1}", &reply),
+                     LC_ENOSTREAM);
+    lc_batch_release(NULL);
+    assert_int_equal(lc_batch_release(b2), 0);
+    assert_int_equal(lc_stream_close(s), 0);
+    lc_stream_close(NULL);
+    lc_client_close(c);
+    stop_clean(h);
+}
+
+static void test_next_timeout_keeps_request(void **state)
+{
+    struct harness *h = *state;
+    lc_client *c = connect_ok(h, 5000);
+    lc_stream_options o;
+    lc_stream *s = NULL;
+    lc_batch *held[80];
+    int n = 0;
+    lc_stream_options_init(&o);
+    o.batch_size = 16;
+    o.prefetch = 2;
+    o.epochs = 0; /* unbounded: only holding slots can stop it */
+    assert_int_equal(lc_stream_open(c, "records", &o, &s), 0);
+    int r = 0;
+    int64_t t0 = 0;
+    while (n < 80) {
+        t0 = now_ms();
+        r = lc_stream_next(s, 300, &held[n]);
+        if (r < 0)
+            break;
+        assert_int_equal(lc_batch_index(held[n]), (uint64_t)n);
+        n++;
+    }
+    int64_t waited = now_ms() - t0;
+    assert_int_equal(r, LC_ETIMEDOUT);
+    assert_true(n >= 1 && n < 80);
+    assert_true(waited >= 250 && waited < 3000);
+    assert_non_null(strstr(lc_client_error(c), "timed out"));
+    /* Give one slot back: the outstanding next gets it. Replies come in order, so the
+     * streams request reads the next's reply first; the library keeps it for the
+     * stream, and the following lc_stream_next returns it: no batch is skipped. */
+    assert_int_equal(lc_batch_release(held[0]), 0);
+    char *reply = NULL;
+    assert_int_equal(lc_request_json(c, "{\"op\":\"streams\"}", &reply), 0);
+    assert_non_null(strstr(reply, "\"leased\""));
+    lc_free(reply);
+    lc_batch *b = NULL;
+    t0 = now_ms();
+    assert_int_equal(lc_stream_next(s, 5000, &b), 0);
+    assert_true(now_ms() - t0 < 100); /* already here: no new request */
+    assert_int_equal(lc_batch_index(b), (uint64_t)n);
+    assert_int_equal(lc_batch_release(b), 0);
+    assert_int_equal(lc_stream_next(s, 5000, &b), 0);
+    assert_int_equal(lc_batch_index(b), (uint64_t)n + 1);
+    /* Close with batches still held: they are freed with the stream. */
+    assert_int_equal(lc_stream_close(s), 0);
+    lc_client_close(c);
+    stop_clean(h);
+}
+
+static void test_no_leaks(void **state)
+{
+    struct harness *h = *state;
+    int fds = harness_fd_count();
+    char names[512];
+    lc_client *c = connect_ok(h, 5000);
+    lc_stream_options o;
+    lc_stream *s1 = NULL, *s2 = NULL;
+    lc_batch *b = NULL;
+    lc_stream_options_init(&o);
+    o.batch_size = 50;
+    assert_int_equal(lc_stream_open(c, "records", &o, &s1), 0);
+    assert_int_equal(lc_stream_open(c, "varied", &o, &s2), 0);
+    /* The client keeps no descriptor per stream: only its socket. */
+    assert_int_equal(harness_fd_count(), fds + 1);
+    /* A ring's name is removed once its client asked for a batch. */
+    assert_int_equal(harness_shm_count(h->pid, names, sizeof names), 2);
+    assert_int_equal(lc_stream_next(s1, 0, &b), 0);
+    assert_int_equal(lc_stream_next(s2, 0, &b), 0);
+    assert_int_equal(harness_shm_count(h->pid, names, sizeof names), 0);
+    assert_int_equal(lc_stream_close(s1), 0);
+
+    /* A client that goes away with a stream and a batch leaks nothing on the daemon. */
+    lc_client_close(c);
+    assert_int_equal(harness_fd_count(), fds);
+    c = connect_ok(h, 5000);
+    /* The daemon notices the hang-up asynchronously: give it up to 2 s. */
+    double streams = -1, memory = -1;
+    for (int i = 0; i < 200 && (streams != 0 || memory != 0); i++) {
+        char *reply = NULL;
+        assert_int_equal(lc_request_json(c, "{\"op\":\"status\"}", &reply), 0);
+        cJSON *j = cJSON_Parse(reply);
+        lc_free(reply);
+        streams = cJSON_GetObjectItem(j, "streams")->valuedouble;
+        memory = cJSON_GetObjectItem(j, "memory_used")->valuedouble;
+        cJSON_Delete(j);
+        if (streams != 0 || memory != 0)
+            usleep(10000);
+    }
+    assert_true(streams == 0);
+    assert_true(memory == 0);
+    lc_client_close(c);
+    stop_clean(h);
+}
+
+static void test_daemon_goes_away(void **state)
+{
+    struct harness *h = *state;
+    lc_client *c = connect_ok(h, 5000);
+    lc_stream_options o;
+    lc_stream *s = NULL;
+    lc_batch *b = NULL;
+    lc_stream_options_init(&o);
+    o.batch_size = 10;
+    assert_int_equal(lc_stream_open(c, "records", &o, &s), 0);
+    assert_int_equal(lc_stream_next(s, 0, &b), 0);
+    /* A clean stop with a client attached still exits 0 and removes everything. */
+    stop_clean(h);
+    /* The mapping outlives the daemon: the held batch is still readable. */
+    lc_field f;
+    assert_int_equal(lc_batch_field(b, 0, &f), 0);
+    volatile uint8_t x = ((const uint8_t *)f.data)[f.nbytes - 1];
+    (void)x;
+    lc_batch *b2 = NULL;
+    int r = lc_stream_next(s, 2000, &b2);
+    assert_int_equal(r, LC_ECONNRESET);
+    assert_string_equal(lc_client_error(c), "loaderd closed the connection");
+    r = lc_stream_next(s, 2000, &b2);
+    assert_int_equal(r, LC_ECLOSED);
+    assert_non_null(strstr(lc_client_error(c), "loaderd closed the connection"));
+    assert_int_equal(lc_batch_release(b), LC_ECLOSED);
+    assert_int_equal(lc_stream_close(s), 0);
+    lc_client_close(c);
+}
+
+/* ---- against a scripted fake daemon ---------------------------------------------------- */
+
+enum fake_action {
+    FAKE_END = 0,
+    FAKE_REPLY,        /* reply with `reply`, "@ID" replaced by the request's id */
+    FAKE_REPLY_LATE,   /* the same after delay_ms */
+    FAKE_WRONG_ID,     /* reply with the request's id + 1000 */
+    FAKE_HANGUP,       /* close the connection without replying */
+    FAKE_SILENT,       /* read the request, never reply */
+    FAKE_HUGE,         /* answer with a frame header announcing 65 MiB */
+};
+
+struct fake_step {
+    int action;
+    const char *reply;
+    int delay_ms;
+};
+
+struct fake {
+    char path[108];
+    int lfd;
+    const struct fake_step *steps;
+    char ops[16][16]; /* the op of each request received */
+    int n_ops;
+    pthread_t thread;
+};
+
+static const char fake_hello[] = "{\"id\":@ID,\"ok\":true,\"version\":1,\"server\":\"fake\",\"pid\":1,\"max_frame\":1048576}";
+static const char fake_ok[] = "{\"id\":@ID,\"ok\":true}";
+
+static void fake_send(int fd, const char *tmpl, int64_t id)
+{
+    char body[4096], num[32];
+    size_t len = 0;
+    snprintf(num, sizeof num, "%lld", (long long)id);
+    for (const char *p = tmpl; *p && len + 32 < sizeof body;) {
+        if (strncmp(p, "@ID", 3) == 0) {
+            len += (size_t)snprintf(body + len, sizeof body - len, "%s", num);
+            p += 3;
+        } else {
+            body[len++] = *p++;
+        }
+    }
+    uint8_t hdr[4];
+    proto_frame_header((uint32_t)len, hdr);
+    if (send(fd, hdr, 4, MSG_NOSIGNAL) != 4 || send(fd, body, len, MSG_NOSIGNAL) != (ssize_t)len)
+        return;
+}
+
+/* Blocks until one whole request arrives; returns its id (and records its op), or -1 at EOF. */
+static int64_t fake_read(struct fake *f, int fd, proto_reader *rd)
+{
+    for (;;) {
+        const char *payload;
+        size_t len;
+        if (proto_reader_next(rd, &payload, &len) == 1) {
+            cJSON *j = cJSON_Parse(payload);
+            int64_t id = proto_request_id(j);
+            const cJSON *op = cJSON_GetObjectItem(j, "op");
+            if (f->n_ops < 16)
+                snprintf(f->ops[f->n_ops++], 16, "%s", cJSON_IsString(op) ? op->valuestring : "?");
+            cJSON_Delete(j);
+            return id;
+        }
+        char buf[4096];
+        ssize_t n = recv(fd, buf, sizeof buf, 0);
+        if (n <= 0)
+            return -1;
+        proto_reader_feed(rd, buf, (size_t)n);
+    }
+}
+
+static void *fake_main(void *arg)
+{
+    struct fake *f = arg;
+    proto_reader *rd = NULL;
+    int fd = accept(f->lfd, NULL, NULL);
+    if (fd < 0 || proto_reader_new(1 << 20, &rd) < 0)
+        goto out;
+    for (const struct fake_step *st = f->steps; st->action != FAKE_END; st++) {
+        int64_t id = fake_read(f, fd, rd);
+        if (id < 0)
+            goto out;
+        if (st->action == FAKE_HUGE) {
+            uint8_t hdr[4];
+            proto_frame_header(65u << 20, hdr);
+            send(fd, hdr, 4, MSG_NOSIGNAL);
+            continue;
+        }
+        if (st->action == FAKE_HANGUP)
+            goto out;
+        if (st->action == FAKE_SILENT)
+            continue;
+        if (st->action == FAKE_REPLY_LATE)
+            usleep((useconds_t)st->delay_ms * 1000);
+        fake_send(fd, st->reply, st->action == FAKE_WRONG_ID ? id + 1000 : id);
+    }
+    /* Drain until the client hangs up, so it never sees an early EOF. */
+    while (fake_read(f, fd, rd) >= 0)
+        ;
+out:
+    if (fd >= 0)
+        close(fd);
+    proto_reader_free(rd);
+    return NULL;
+}
+
+static struct fake *fake_start(struct harness *h, const struct fake_step *steps)
+{
+    struct fake *f = calloc(1, sizeof *f);
+    assert_non_null(f);
+    snprintf(f->path, sizeof f->path, "%s/fake.sock", h->dir);
+    f->steps = steps;
+    f->lfd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    assert_true(f->lfd >= 0);
+    struct sockaddr_un sa = { .sun_family = AF_UNIX };
+    snprintf(sa.sun_path, sizeof sa.sun_path, "%s", f->path);
+    assert_int_equal(bind(f->lfd, (struct sockaddr *)&sa, sizeof sa), 0);
+    assert_int_equal(listen(f->lfd, 4), 0);
+    assert_int_equal(pthread_create(&f->thread, NULL, fake_main, f), 0);
+    return f;
+}
+
+static void fake_join(struct fake *f)
+{
+    pthread_join(f->thread, NULL);
+    close(f->lfd);
+    unlink(f->path);
+}
+
+static lc_client *fake_connect(struct fake *f, int timeout_ms)
+{
+    char err[512];
+    lc_client *c = NULL;
+    int r = lc_connect(f->path, timeout_ms, "itest", &c, err, sizeof err);
+    if (r < 0)
+        fail_msg("lc_connect to the fake daemon: %s", err);
+    return c;
+}
+
+static void test_fake_reply_out_of_order(void **state)
+{
+    struct harness *h = *state;
+    const struct fake_step steps[] = { { FAKE_REPLY, fake_hello, 0 }, { FAKE_WRONG_ID, fake_ok, 0 }, { FAKE_END, 0, 0 } };
+    struct fake *f = fake_start(h, steps);
+    lc_client *c = fake_connect(f, 2000);
+    char *reply = NULL;
+    assert_int_equal(lc_request_json(c, "{\"op\":\"status\"}", &reply), LC_EPROTO);
+    assert_non_null(strstr(lc_client_error(c), "out of order"));
+    assert_int_equal(lc_request_json(c, "{\"op\":\"status\"}", &reply), LC_ECLOSED);
+    assert_non_null(strstr(lc_client_error(c), "out of order"));
+    lc_client_close(c);
+    fake_join(f);
+    free(f);
+}
+
+static void test_fake_hangup_and_huge_frame(void **state)
+{
+    struct harness *h = *state;
+    const struct fake_step hang[] = { { FAKE_REPLY, fake_hello, 0 }, { FAKE_HANGUP, 0, 0 }, { FAKE_END, 0, 0 } };
+    struct fake *f = fake_start(h, hang);
+    lc_client *c = fake_connect(f, 2000);
+    char *reply = NULL;
+    assert_int_equal(lc_request_json(c, "{\"op\":\"status\"}", &reply), LC_ECONNRESET);
+    assert_string_equal(lc_client_error(c), "loaderd closed the connection");
+    lc_client_close(c);
+    fake_join(f);
+    free(f);
+
+    const struct fake_step huge[] = { { FAKE_REPLY, fake_hello, 0 }, { FAKE_HUGE, 0, 0 }, { FAKE_END, 0, 0 } };
+    f = fake_start(h, huge);
+    c = fake_connect(f, 2000);
+    assert_int_equal(lc_request_json(c, "{\"op\":\"status\"}", &reply), LC_EPROTO);
+    assert_non_null(strstr(lc_client_error(c), "larger than"));
+    lc_client_close(c);
+    fake_join(f);
+    free(f);
+}
+
+static void test_fake_timeouts(void **state)
+{
+    struct harness *h = *state;
+    char err[512];
+    lc_client *c = NULL;
+
+    /* hello never answered: lc_connect gives up after its timeout. */
+    const struct fake_step silent[] = { { FAKE_SILENT, 0, 0 }, { FAKE_END, 0, 0 } };
+    struct fake *f = fake_start(h, silent);
+    int64_t t0 = now_ms();
+    assert_int_equal(lc_connect(f->path, 200, "t", &c, err, sizeof err), LC_ETIMEDOUT);
+    int64_t took = now_ms() - t0;
+    assert_true(took >= 180 && took < 2000);
+    assert_non_null(strstr(err, "timed out"));
+    assert_null(c);
+    fake_join(f);
+    free(f);
+
+    /* A reply that comes after its caller gave up is dropped, and the next call gets
+     * its own reply. */
+    const struct fake_step late[] = { { FAKE_REPLY, fake_hello, 0 },
+                                      { FAKE_REPLY_LATE, "{\"id\":@ID,\"ok\":true,\"which\":1}", 400 },
+                                      { FAKE_REPLY, "{\"id\":@ID,\"ok\":true,\"which\":2}", 0 },
+                                      { FAKE_END, 0, 0 } };
+    f = fake_start(h, late);
+    c = fake_connect(f, 150);
+    char *reply = NULL;
+    assert_int_equal(lc_request_json(c, "{\"op\":\"status\"}", &reply), LC_ETIMEDOUT);
+    assert_non_null(strstr(lc_client_error(c), "timed out after 150 ms"));
+    usleep(450 * 1000);
+    assert_int_equal(lc_request_json(c, "{\"op\":\"status\"}", &reply), 0);
+    assert_non_null(strstr(reply, "\"which\":2"));
+    lc_free(reply);
+    lc_client_close(c);
+    fake_join(f);
+    free(f);
+
+    /* Version mismatch. */
+    const struct fake_step v2[] = { { FAKE_REPLY, "{\"id\":@ID,\"ok\":true,\"version\":2}", 0 }, { FAKE_END, 0, 0 } };
+    f = fake_start(h, v2);
+    assert_int_equal(lc_connect(f->path, 2000, "t", &c, err, sizeof err), LC_EVERSION);
+    assert_non_null(strstr(err, "version 2"));
+    fake_join(f);
+    free(f);
+}
+
+/* An open reply whose ring is not what it says: refused, and the stream closed. */
+static void test_fake_bad_ring(void **state)
+{
+    struct harness *h = *state;
+    char shm[64], open_reply[1024], bad_field_reply[1024];
+    snprintf(shm, sizeof shm, "/ldtest.fake.%d", (int)getpid());
+    int fd = shm_open(shm, O_RDWR | O_CREAT | O_EXCL, 0600);
+    assert_true(fd >= 0);
+    assert_int_equal(ftruncate(fd, 3 * 4096), 0);
+    struct ld_ring_header hdr = { .magic = 0x12345678, .version = 1, .slot_count = 2, .slot_size = 4096,
+                                  .slot_offset = 4096, .total_size = 3 * 4096, .stream_id = 1 };
+    assert_int_equal(pwrite(fd, &hdr, sizeof hdr, 0), (ssize_t)sizeof hdr);
+    close(fd);
+    snprintf(open_reply, sizeof open_reply,
+             "{\"id\":@ID,\"ok\":true,\"stream\":1,\"shm\":\"%s\",\"shm_size\":12288,\"slot_count\":2,"
+             "\"slot_size\":4096,\"slot_offset\":4096,\"batch_size\":4,\"batches_per_epoch\":1,"
+             "\"samples_per_epoch\":4,\"fields\":[{\"name\":\"x\",\"dtype\":\"int64\",\"shape\":[2],"
+             "\"ragged\":false,\"offset\":64}]}",
+             shm);
+    /* 4 rows of 3 int64 at offset 4032 overrun a 4096-byte slot. */
+    snprintf(bad_field_reply, sizeof bad_field_reply,
+             "{\"id\":@ID,\"ok\":true,\"stream\":2,\"shm\":\"%s\",\"shm_size\":12288,\"slot_count\":2,"
+             "\"slot_size\":4096,\"slot_offset\":4096,\"batch_size\":4,\"batches_per_epoch\":1,"
+             "\"samples_per_epoch\":4,\"fields\":[{\"name\":\"x\",\"dtype\":\"int64\",\"shape\":[3],"
+             "\"ragged\":false,\"offset\":4032}]}",
+             shm);
+    const struct fake_step steps[] = { { FAKE_REPLY, fake_hello, 0 }, { FAKE_REPLY, open_reply, 0 },
+                                       { FAKE_REPLY, fake_ok, 0 },    { FAKE_REPLY, bad_field_reply, 0 },
+                                       { FAKE_REPLY, fake_ok, 0 },    { FAKE_END, 0, 0 } };
+    struct fake *f = fake_start(h, steps);
+    lc_client *c = fake_connect(f, 2000);
+    lc_stream_options o;
+    lc_stream *s = NULL;
+    lc_stream_options_init(&o);
+    o.batch_size = 4;
+    int r1 = lc_stream_open(c, "d", &o, &s);
+    char msg1[1024];
+    snprintf(msg1, sizeof msg1, "%s", lc_client_error(c));
+    int r2 = lc_stream_open(c, "d", &o, &s);
+    shm_unlink(shm); /* before any assert can leave it behind */
+    assert_int_equal(r1, LC_EPROTO);
+    assert_non_null(strstr(msg1, "ring header"));
+    assert_int_equal(r2, LC_EPROTO);
+    assert_non_null(strstr(lc_client_error(c), "overrun"));
+    assert_null(s);
+    lc_client_close(c);
+    fake_join(f);
+    assert_int_equal(f->n_ops, 5);
+    assert_string_equal(f->ops[1], "open");
+    assert_string_equal(f->ops[2], "close");
+    assert_string_equal(f->ops[4], "close");
+    free(f);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_connect_missing_socket, setup_dir, teardown),
+        cmocka_unit_test(test_default_socket),
+        cmocka_unit_test_setup_teardown(test_fake_reply_out_of_order, setup_dir, teardown),
+        cmocka_unit_test_setup_teardown(test_fake_hangup_and_huge_frame, setup_dir, teardown),
+        cmocka_unit_test_setup_teardown(test_fake_timeouts, setup_dir, teardown),
+        cmocka_unit_test_setup_teardown(test_fake_bad_ring, setup_dir, teardown),
+        cmocka_unit_test_setup_teardown(test_hello_and_datasets, setup_daemon, teardown),
+        cmocka_unit_test_setup_teardown(test_open_errors, setup_daemon, teardown),
+        cmocka_unit_test_setup_teardown(test_one_epoch_fixed, setup_daemon, teardown),
+        cmocka_unit_test_setup_teardown(test_one_epoch_ragged, setup_daemon, teardown),
+        cmocka_unit_test_setup_teardown(test_release_semantics, setup_daemon, teardown),
+        cmocka_unit_test_setup_teardown(test_next_timeout_keeps_request, setup_daemon, teardown),
+        cmocka_unit_test_setup_teardown(test_no_leaks, setup_daemon, teardown),
+        cmocka_unit_test_setup_teardown(test_daemon_goes_away, setup_daemon, teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

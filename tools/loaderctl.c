@@ -1,0 +1,669 @@
+/* loaderctl — the operator's view into a running loaderd, and its benchmark client.
+ *
+ * Read-only commands (status, datasets, streams) send one request through
+ * libloaderclient's lc_request_json and print the reply as a table, or as JSON with
+ * --json. `read` attaches as a trainer would: it opens a stream, takes every batch,
+ * releases it at once (or after reading every byte with --touch) and reports samples/s
+ * and MB/s per epoch, so that the daemon's throughput can be measured without Python.
+ *
+ * Errors print "loaderctl: <what failed>: <message>" on stderr and exit 1; a bad
+ * command line prints the usage and exits 2. */
+#include "loaderclient.h"
+
+#include <cJSON.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define CTL_DEFAULT_TIMEOUT_MS 30000
+
+struct ctl_opts {
+    const char *socket;
+    int timeout_ms;
+    bool json;
+};
+
+static void ctl_usage(FILE *f)
+{
+    fprintf(f,
+            "usage: loaderctl [--socket PATH] [--timeout MS] [--json] COMMAND [ARGS]\n"
+            "\n"
+            "commands:\n"
+            "  status                 the daemon's counters: clients, streams, throughput, memory\n"
+            "  datasets               the configured datasets and their fields\n"
+            "  streams                the open streams\n"
+            "  read DATASET [--epochs N] [--batch-size B] [--no-shuffle] [--seed S] [--epoch E]\n"
+            "       [--rank R] [--world-size W] [--drop-last] [--start-batch K] [--prefetch P]\n"
+            "       [--touch]         attach as a trainer, consume N epochs, print samples/s\n"
+            "\n"
+            "options:\n"
+            "  --socket PATH          loaderd's socket (default: %s)\n"
+            "  --timeout MS           per-request timeout (default: %d)\n"
+            "  --json                 print JSON instead of text\n",
+            lc_default_socket(), CTL_DEFAULT_TIMEOUT_MS);
+}
+
+static int ctl_usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static int ctl_usage_error(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("loaderctl: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputs("\n", stderr);
+    va_end(ap);
+    ctl_usage(stderr);
+    return 2;
+}
+
+static int ctl_fail(const char *what, const char *msg)
+{
+    fprintf(stderr, "loaderctl: %s: %s\n", what, msg && *msg ? msg : "failed");
+    return 1;
+}
+
+/* Parses an unsigned decimal in [min, max]. */
+static int ctl_parse_u64(const char *s, uint64_t min, uint64_t max, uint64_t *ret)
+{
+    char *end = NULL;
+    if (!s || !*s || *s == '-' || *s == '+')
+        return -1;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno || *end || v < min || v > max)
+        return -1;
+    *ret = v;
+    return 0;
+}
+
+static double ctl_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static lc_client *ctl_connect(const struct ctl_opts *o)
+{
+    char err[1024];
+    lc_client *c = NULL;
+    int r = lc_connect(o->socket, o->timeout_ms, "loaderctl", &c, err, sizeof err);
+    if (r < 0) {
+        fprintf(stderr, "loaderctl: %s\n", err);
+        return NULL;
+    }
+    return c;
+}
+
+/* Sends {"op": op} and returns the parsed reply (ok:true), or NULL after printing why. */
+static cJSON *ctl_request(lc_client *c, const char *op)
+{
+    char req[64], what[64];
+    char *text = NULL;
+    snprintf(req, sizeof req, "{\"op\":\"%s\"}", op);
+    snprintf(what, sizeof what, "%s", op);
+    int r = lc_request_json(c, req, &text);
+    if (r < 0) {
+        ctl_fail(what, lc_client_error(c));
+        return NULL;
+    }
+    cJSON *reply = cJSON_Parse(text);
+    lc_free(text);
+    if (!cJSON_IsObject(reply)) {
+        cJSON_Delete(reply);
+        ctl_fail(what, "the reply is not a JSON object");
+        return NULL;
+    }
+    return reply;
+}
+
+/* Prints a reply as pretty JSON without the envelope (id, ok). */
+static void ctl_print_json(cJSON *obj)
+{
+    cJSON_DeleteItemFromObjectCaseSensitive(obj, "id");
+    cJSON_DeleteItemFromObjectCaseSensitive(obj, "ok");
+    char *s = cJSON_Print(obj);
+    if (s) {
+        puts(s);
+        cJSON_free(s);
+    }
+}
+
+/* ---- field access that tolerates a daemon newer or older than this tool ---------- */
+
+static double ctl_num(const cJSON *o, const char *key, double def)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    return cJSON_IsNumber(v) ? v->valuedouble : def;
+}
+
+static const char *ctl_str(const cJSON *o, const char *key, const char *def)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    return cJSON_IsString(v) && v->valuestring ? v->valuestring : def;
+}
+
+/* Bytes as "1.5 MiB" (binary units: these are memory sizes). */
+static void ctl_fmt_bytes(double b, char *buf, size_t size)
+{
+    static const char *const units[] = { "B", "KiB", "MiB", "GiB", "TiB" };
+    int u = 0;
+    while (b >= 1024 && u < 4) {
+        b /= 1024;
+        u++;
+    }
+    if (u == 0)
+        snprintf(buf, size, "%.0f B", b);
+    else
+        snprintf(buf, size, "%.1f %s", b, units[u]);
+}
+
+/* ---- status ------------------------------------------------------------------------ */
+
+static int ctl_status(lc_client *c, const struct ctl_opts *o)
+{
+    cJSON *r = ctl_request(c, "status");
+    if (!r)
+        return 1;
+    if (o->json) {
+        ctl_print_json(r);
+        cJSON_Delete(r);
+        return 0;
+    }
+    char used[32], budget[32], bytes[32];
+    double mem_used = ctl_num(r, "memory_used", 0), mem_budget = ctl_num(r, "memory_budget", 0);
+    ctl_fmt_bytes(mem_used, used, sizeof used);
+    ctl_fmt_bytes(mem_budget, budget, sizeof budget);
+    ctl_fmt_bytes(ctl_num(r, "bytes_served", 0), bytes, sizeof bytes);
+    printf("%-16s %s (pid %.0f)\n", "server", ctl_str(r, "server", "loaderd"), ctl_num(r, "pid", 0));
+    printf("%-16s %.1f s\n", "uptime", ctl_num(r, "uptime_s", 0));
+    printf("%-16s %.0f\n", "clients", ctl_num(r, "clients", 0));
+    printf("%-16s %.0f\n", "streams", ctl_num(r, "streams", 0));
+    printf("%-16s %.0f\n", "workers", ctl_num(r, "workers", 0));
+    printf("%-16s %.0f\n", "batches served", ctl_num(r, "batches_served", 0));
+    printf("%-16s %.0f\n", "samples served", ctl_num(r, "samples_served", 0));
+    printf("%-16s %.0f (%s)\n", "bytes served", ctl_num(r, "bytes_served", 0), bytes);
+    printf("%-16s %.1f\n", "samples/s", ctl_num(r, "samples_per_s", 0));
+    printf("%-16s %.2f s\n", "worker busy", ctl_num(r, "worker_busy_s", 0));
+    printf("%-16s %.2f s\n", "client wait", ctl_num(r, "client_wait_s", 0));
+    printf("%-16s %s used of %s budget (%.1f%%)\n", "memory", used, budget,
+           mem_budget > 0 ? 100.0 * mem_used / mem_budget : 0.0);
+    const cJSON *slots = cJSON_GetObjectItemCaseSensitive(r, "slots");
+    printf("%-16s %.0f free, %.0f filling, %.0f ready, %.0f leased\n", "slots", ctl_num(slots, "free", 0),
+           ctl_num(slots, "filling", 0), ctl_num(slots, "ready", 0), ctl_num(slots, "leased", 0));
+    cJSON_Delete(r);
+    return 0;
+}
+
+/* ---- tables ------------------------------------------------------------------------ */
+
+#define CTL_MAX_COLS 12
+
+/* A table held as strings, printed with each column as wide as its widest cell. */
+struct ctl_table {
+    int ncols, nrows, cap;
+    char **cells; /* nrows * ncols, row-major; row 0 is the header */
+};
+
+static int ctl_table_add(struct ctl_table *t, const char *const *row)
+{
+    if (t->nrows == t->cap) {
+        int cap = t->cap ? t->cap * 2 : 16;
+        char **cells = realloc(t->cells, (size_t)cap * (size_t)t->ncols * sizeof *cells);
+        if (!cells)
+            return -1;
+        t->cells = cells;
+        t->cap = cap;
+    }
+    for (int i = 0; i < t->ncols; i++) {
+        char *s = strdup(row[i] ? row[i] : "");
+        if (!s)
+            return -1;
+        t->cells[t->nrows * t->ncols + i] = s;
+    }
+    t->nrows++;
+    return 0;
+}
+
+static void ctl_table_print(const struct ctl_table *t)
+{
+    size_t w[CTL_MAX_COLS] = { 0 };
+    for (int r = 0; r < t->nrows; r++)
+        for (int i = 0; i < t->ncols; i++) {
+            size_t l = strlen(t->cells[r * t->ncols + i]);
+            if (l > w[i])
+                w[i] = l;
+        }
+    for (int r = 0; r < t->nrows; r++) {
+        for (int i = 0; i < t->ncols; i++) {
+            const char *s = t->cells[r * t->ncols + i];
+            if (i == t->ncols - 1)
+                printf("%s\n", s);
+            else
+                printf("%-*s  ", (int)w[i], s);
+        }
+    }
+}
+
+static void ctl_table_free(struct ctl_table *t)
+{
+    for (int i = 0; i < t->nrows * t->ncols; i++)
+        free(t->cells[i]);
+    free(t->cells);
+}
+
+/* "data uint8[3072], label int64" */
+static void ctl_fields_summary(const cJSON *fields, char *buf, size_t size)
+{
+    size_t len = 0;
+    const cJSON *f;
+    buf[0] = '\0';
+    cJSON_ArrayForEach(f, fields) {
+        char dims[128] = "";
+        const cJSON *shape = cJSON_GetObjectItemCaseSensitive(f, "shape");
+        const cJSON *d;
+        size_t dl = 0;
+        if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(f, "ragged"))) {
+            snprintf(dims, sizeof dims, "[ragged]");
+        } else if (cJSON_GetArraySize(shape) > 0) {
+            cJSON_ArrayForEach(d, shape) {
+                int n = snprintf(dims + dl, sizeof dims - dl, "%s%.0f", dl ? "," : "[", d->valuedouble);
+                if (n < 0 || (size_t)n >= sizeof dims - dl)
+                    break;
+                dl += (size_t)n;
+            }
+            if (dl + 1 < sizeof dims)
+                strcat(dims, "]");
+        }
+        int n = snprintf(buf + len, size - len, "%s%s %s%s", len ? ", " : "", ctl_str(f, "name", "?"),
+                         ctl_str(f, "dtype", "?"), dims);
+        if (n < 0 || (size_t)n >= size - len)
+            break;
+        len += (size_t)n;
+    }
+}
+
+static int ctl_datasets(lc_client *c, const struct ctl_opts *o)
+{
+    cJSON *r = ctl_request(c, "datasets");
+    if (!r)
+        return 1;
+    if (o->json) {
+        ctl_print_json(r);
+        cJSON_Delete(r);
+        return 0;
+    }
+    struct ctl_table t = { .ncols = 5 };
+    const char *hdr[] = { "NAME", "KIND", "SAMPLES", "FIELDS", "SOURCE" };
+    int ret = ctl_table_add(&t, hdr);
+    const cJSON *d;
+    cJSON_ArrayForEach(d, cJSON_GetObjectItemCaseSensitive(r, "datasets")) {
+        char samples[32], fields[512];
+        snprintf(samples, sizeof samples, "%.0f", ctl_num(d, "samples", 0));
+        ctl_fields_summary(cJSON_GetObjectItemCaseSensitive(d, "fields"), fields, sizeof fields);
+        const char *row[] = { ctl_str(d, "name", "?"), ctl_str(d, "kind", "?"), samples, fields,
+                              ctl_str(d, "source", "") };
+        if (ret == 0)
+            ret = ctl_table_add(&t, row);
+    }
+    if (ret == 0)
+        ctl_table_print(&t);
+    ctl_table_free(&t);
+    cJSON_Delete(r);
+    return ret == 0 ? 0 : ctl_fail("datasets", "out of memory");
+}
+
+static int ctl_streams(lc_client *c, const struct ctl_opts *o)
+{
+    cJSON *r = ctl_request(c, "streams");
+    if (!r)
+        return 1;
+    if (o->json) {
+        ctl_print_json(r);
+        cJSON_Delete(r);
+        return 0;
+    }
+    const cJSON *list = cJSON_GetObjectItemCaseSensitive(r, "streams");
+    if (cJSON_GetArraySize(list) == 0) {
+        puts("no open streams");
+        cJSON_Delete(r);
+        return 0;
+    }
+    struct ctl_table t = { .ncols = 11 };
+    const char *hdr[] = { "ID", "DATASET", "CLIENT", "BATCH", "POSITION", "PREFETCH",
+                          "SLOTS free/fill/ready/leased", "BATCHES", "SAMPLES", "WAIT_S", "STATE" };
+    int ret = ctl_table_add(&t, hdr);
+    const cJSON *s;
+    cJSON_ArrayForEach(s, list) {
+        char id[32], bs[32], pos[96], pf[32], slots[96], batches[32], samples[32], wait[32];
+        snprintf(id, sizeof id, "%.0f", ctl_num(s, "id", 0));
+        snprintf(bs, sizeof bs, "%.0f", ctl_num(s, "batch_size", 0));
+        snprintf(pos, sizeof pos, "epoch %.0f batch %.0f/%.0f", ctl_num(s, "epoch", 0), ctl_num(s, "batch", 0),
+                 ctl_num(s, "batches_per_epoch", 0));
+        snprintf(pf, sizeof pf, "%.0f", ctl_num(s, "prefetch", 0));
+        snprintf(slots, sizeof slots, "%.0f: %.0f/%.0f/%.0f/%.0f", ctl_num(s, "slots", 0), ctl_num(s, "free", 0),
+                 ctl_num(s, "filling", 0), ctl_num(s, "ready", 0), ctl_num(s, "leased", 0));
+        snprintf(batches, sizeof batches, "%.0f", ctl_num(s, "batches_served", 0));
+        snprintf(samples, sizeof samples, "%.0f", ctl_num(s, "samples_served", 0));
+        snprintf(wait, sizeof wait, "%.3f", ctl_num(s, "client_wait_s", 0));
+        const char *row[] = { id, ctl_str(s, "dataset", "?"), ctl_str(s, "client", ""), bs, pos, pf, slots,
+                              batches, samples, wait, ctl_str(s, "state", "?") };
+        if (ret == 0)
+            ret = ctl_table_add(&t, row);
+    }
+    if (ret == 0)
+        ctl_table_print(&t);
+    ctl_table_free(&t);
+    cJSON_Delete(r);
+    return ret == 0 ? 0 : ctl_fail("streams", "out of memory");
+}
+
+/* ---- read: the benchmark client ------------------------------------------------------ */
+
+struct ctl_epoch {
+    uint64_t epoch, samples, batches, bytes;
+    double seconds;
+};
+
+/* Folds every byte into h, 8 at a time: order-sensitive, so two runs that print the
+ * same checksum saw the same bytes in the same order. */
+static uint64_t ctl_fold(uint64_t h, const void *data, size_t n)
+{
+    const unsigned char *p = data;
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        uint64_t w;
+        memcpy(&w, p + i, 8);
+        h = (h ^ w) * 0x100000001b3ull;
+        h ^= h >> 29;
+    }
+    for (; i < n; i++)
+        h = (h ^ p[i]) * 0x100000001b3ull;
+    return h;
+}
+
+static cJSON *ctl_epoch_json(const struct ctl_epoch *e)
+{
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddNumberToObject(o, "epoch", (double)e->epoch);
+    cJSON_AddNumberToObject(o, "samples", (double)e->samples);
+    cJSON_AddNumberToObject(o, "batches", (double)e->batches);
+    cJSON_AddNumberToObject(o, "bytes", (double)e->bytes);
+    cJSON_AddNumberToObject(o, "seconds", e->seconds);
+    cJSON_AddNumberToObject(o, "samples_per_s", e->seconds > 0 ? (double)e->samples / e->seconds : 0.0);
+    cJSON_AddNumberToObject(o, "mb_per_s", e->seconds > 0 ? (double)e->bytes / 1e6 / e->seconds : 0.0);
+    return o;
+}
+
+static void ctl_epoch_print(const struct ctl_epoch *e)
+{
+    printf("epoch %" PRIu64 ": %" PRIu64 " samples, %" PRIu64 " batches in %.3f s: %.0f samples/s, %.1f MB/s\n",
+           e->epoch, e->samples, e->batches, e->seconds, e->seconds > 0 ? (double)e->samples / e->seconds : 0.0,
+           e->seconds > 0 ? (double)e->bytes / 1e6 / e->seconds : 0.0);
+    fflush(stdout);
+}
+
+static int ctl_read(lc_client *c, const struct ctl_opts *o, const char *dataset, const lc_stream_options *so,
+                    bool touch)
+{
+    char what[128];
+    lc_stream *s = NULL;
+    struct ctl_epoch *epochs = NULL;
+    size_t n_epochs = 0;
+    uint64_t checksum = 0xcbf29ce484222325ull;
+    double first_ms = -1;
+    int ret = 1;
+    snprintf(what, sizeof what, "read %s", dataset);
+
+    epochs = calloc(so->epochs, sizeof *epochs);
+    if (!epochs) {
+        ctl_fail(what, "out of memory");
+        goto out;
+    }
+    double t0 = ctl_now();
+    int r = lc_stream_open(c, dataset, so, &s);
+    if (r < 0) {
+        ctl_fail(what, lc_client_error(c));
+        goto out;
+    }
+    if (!o->json) {
+        printf("loaderctl read %s: batch %u, shuffle %s, seed %" PRIu64 ", %" PRIu64 " epoch%s", dataset,
+               so->batch_size, so->shuffle ? "on" : "off", so->seed, so->epochs, so->epochs == 1 ? "" : "s");
+        if (so->world_size > 1)
+            printf(", rank %d of %d", so->rank, so->world_size);
+        printf("\n");
+        fflush(stdout);
+    }
+    double t_mark = t0; /* where the current epoch's time starts */
+    double t_last = t0; /* after the latest release */
+    struct ctl_epoch *cur = NULL;
+    for (;;) {
+        lc_batch *b = NULL;
+        r = lc_stream_next(s, 0, &b);
+        if (r == LC_EEND)
+            break;
+        if (r < 0) {
+            char w[160];
+            snprintf(w, sizeof w, "%s: next batch", what);
+            ctl_fail(w, lc_client_error(c));
+            goto out;
+        }
+        if (first_ms < 0) {
+            first_ms = (ctl_now() - t0) * 1e3;
+            if (!o->json) {
+                printf("first batch: %.1f ms after open\n", first_ms);
+                fflush(stdout);
+            }
+        }
+        if (!cur || cur->epoch != lc_batch_epoch(b)) {
+            if (cur) {
+                cur->seconds = t_last - t_mark;
+                t_mark = t_last;
+                if (!o->json)
+                    ctl_epoch_print(cur);
+            }
+            if (n_epochs == so->epochs) { /* more epochs than asked: a daemon bug */
+                lc_batch_release(b);
+                ctl_fail(what, "loaderd delivered more epochs than asked for");
+                goto out;
+            }
+            cur = &epochs[n_epochs++];
+            cur->epoch = lc_batch_epoch(b);
+        }
+        int nf = lc_batch_field_count(b);
+        for (int i = 0; i < nf; i++) {
+            lc_field f;
+            if (lc_batch_field(b, i, &f) < 0)
+                continue;
+            cur->bytes += f.nbytes;
+            if (touch)
+                checksum = ctl_fold(checksum, f.data, f.nbytes);
+        }
+        cur->samples += lc_batch_rows(b);
+        cur->batches++;
+        r = lc_batch_release(b);
+        t_last = ctl_now();
+        if (r < 0) {
+            char w[160];
+            snprintf(w, sizeof w, "%s: release", what);
+            ctl_fail(w, lc_client_error(c));
+            goto out;
+        }
+    }
+    if (cur) {
+        cur->seconds = t_last - t_mark;
+        if (!o->json)
+            ctl_epoch_print(cur);
+    }
+    double total_s = t_last - t0;
+    uint64_t samples = 0, bytes = 0;
+    for (size_t i = 0; i < n_epochs; i++) {
+        samples += epochs[i].samples;
+        bytes += epochs[i].bytes;
+    }
+    r = lc_stream_close(s);
+    s = NULL;
+    if (r < 0) {
+        char w[160];
+        snprintf(w, sizeof w, "%s: close", what);
+        ctl_fail(w, lc_client_error(c));
+        goto out;
+    }
+    double sps = total_s > 0 ? (double)samples / total_s : 0.0;
+    double mbps = total_s > 0 ? (double)bytes / 1e6 / total_s : 0.0;
+    if (o->json) {
+        cJSON *j = cJSON_CreateObject();
+        cJSON *arr = cJSON_CreateArray();
+        cJSON_AddStringToObject(j, "dataset", dataset);
+        cJSON_AddNumberToObject(j, "batch_size", so->batch_size);
+        for (size_t i = 0; i < n_epochs; i++)
+            cJSON_AddItemToArray(arr, ctl_epoch_json(&epochs[i]));
+        cJSON_AddItemToObject(j, "epochs", arr);
+        cJSON_AddNumberToObject(j, "first_batch_ms", first_ms < 0 ? 0.0 : first_ms);
+        cJSON_AddNumberToObject(j, "samples", (double)samples);
+        cJSON_AddNumberToObject(j, "bytes", (double)bytes);
+        cJSON_AddNumberToObject(j, "seconds", total_s);
+        cJSON_AddNumberToObject(j, "samples_per_s", sps);
+        cJSON_AddNumberToObject(j, "mb_per_s", mbps);
+        if (touch) {
+            /* A string: a 64-bit value does not survive JSON's doubles. */
+            char hex[17];
+            snprintf(hex, sizeof hex, "%016" PRIx64, checksum);
+            cJSON_AddStringToObject(j, "checksum", hex);
+        }
+        char *text = cJSON_Print(j);
+        if (text)
+            puts(text);
+        cJSON_free(text);
+        cJSON_Delete(j);
+    } else {
+        printf("total: %" PRIu64 " samples in %.3f s: %.0f samples/s, %.1f MB/s\n", samples, total_s, sps, mbps);
+        if (touch)
+            printf("checksum: %016" PRIx64 "\n", checksum);
+    }
+    ret = 0;
+out:
+    lc_stream_close(s);
+    free(epochs);
+    return ret;
+}
+
+/* Parses `read`'s arguments (argv[0] is "read"). */
+static int ctl_cmd_read(lc_client **pc, struct ctl_opts *o, int argc, char **argv)
+{
+    lc_stream_options so;
+    const char *dataset = NULL;
+    bool touch = false;
+    uint64_t v;
+    lc_stream_options_init(&so);
+    so.batch_size = 64;
+    so.epochs = 1;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *val = i + 1 < argc ? argv[i + 1] : NULL;
+#define CTL_NUM(flag, min, max, target)                                                              \
+    if (strcmp(a, flag) == 0) {                                                                      \
+        if (ctl_parse_u64(val, (min), (max), &v) < 0)                                                \
+            return ctl_usage_error("%s needs an integer in [%llu, %llu]", flag,                      \
+                                   (unsigned long long)(min), (unsigned long long)(max));            \
+        target = v;                                                                                  \
+        i++;                                                                                         \
+        continue;                                                                                    \
+    }
+        CTL_NUM("--epochs", 1, 1000000, so.epochs)
+        CTL_NUM("--batch-size", 1, 65536, so.batch_size)
+        CTL_NUM("--seed", 0, 9007199254740991ull, so.seed)
+        CTL_NUM("--epoch", 0, 9007199254740991ull, so.epoch)
+        CTL_NUM("--rank", 0, 65535, so.rank)
+        CTL_NUM("--world-size", 1, 65536, so.world_size)
+        CTL_NUM("--start-batch", 0, 9007199254740991ull, so.start_batch)
+        CTL_NUM("--prefetch", 1, 64, so.prefetch)
+#undef CTL_NUM
+        if (strcmp(a, "--no-shuffle") == 0)
+            so.shuffle = 0;
+        else if (strcmp(a, "--drop-last") == 0)
+            so.drop_last = 1;
+        else if (strcmp(a, "--touch") == 0)
+            touch = true;
+        else if (strcmp(a, "--json") == 0)
+            o->json = true;
+        else if (a[0] == '-' && a[1] != '\0')
+            return ctl_usage_error("read: unknown option %s", a);
+        else if (!dataset)
+            dataset = a;
+        else
+            return ctl_usage_error("read: one dataset only (got %s and %s)", dataset, a);
+    }
+    if (!dataset)
+        return ctl_usage_error("read: which dataset?");
+    *pc = ctl_connect(o);
+    if (!*pc)
+        return 1;
+    return ctl_read(*pc, o, dataset, &so, touch);
+}
+
+int main(int argc, char **argv)
+{
+    struct ctl_opts o = { .socket = NULL, .timeout_ms = CTL_DEFAULT_TIMEOUT_MS, .json = false };
+    lc_client *c = NULL;
+    int i = 1, ret;
+    for (; i < argc; i++) {
+        const char *a = argv[i];
+        if (strcmp(a, "--socket") == 0 && i + 1 < argc) {
+            o.socket = argv[++i];
+        } else if (strcmp(a, "--timeout") == 0 && i + 1 < argc) {
+            uint64_t v;
+            if (ctl_parse_u64(argv[++i], 1, 86400000, &v) < 0)
+                return ctl_usage_error("--timeout needs milliseconds in [1, 86400000]");
+            o.timeout_ms = (int)v;
+        } else if (strcmp(a, "--json") == 0) {
+            o.json = true;
+        } else if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
+            ctl_usage(stdout);
+            return 0;
+        } else if (strcmp(a, "--version") == 0) {
+            printf("loaderctl %s\n", lc_version());
+            return 0;
+        } else if (a[0] == '-') {
+            return ctl_usage_error("unknown or incomplete option %s", a);
+        } else {
+            break;
+        }
+    }
+    if (i == argc)
+        return ctl_usage_error("no command");
+    const char *cmd = argv[i];
+    int cargc = argc - i;
+    char **cargv = argv + i;
+    if (strcmp(cmd, "read") == 0) {
+        ret = ctl_cmd_read(&c, &o, cargc, cargv);
+        lc_client_close(c);
+        return ret;
+    }
+    int (*fn)(lc_client *, const struct ctl_opts *) = NULL;
+    if (strcmp(cmd, "status") == 0)
+        fn = ctl_status;
+    else if (strcmp(cmd, "datasets") == 0)
+        fn = ctl_datasets;
+    else if (strcmp(cmd, "streams") == 0)
+        fn = ctl_streams;
+    else
+        return ctl_usage_error("unknown command %s", cmd);
+    for (int k = 1; k < cargc; k++) {
+        if (strcmp(cargv[k], "--json") == 0)
+            o.json = true;
+        else
+            return ctl_usage_error("%s takes no argument %s", cmd, cargv[k]);
+    }
+    c = ctl_connect(&o);
+    if (!c)
+        return 1;
+    ret = fn(c, &o);
+    lc_client_close(c);
+    return ret;
+}
