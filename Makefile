@@ -115,12 +115,14 @@ deps:
 # then the concurrent parts again under ThreadSanitizer, then the Python client.
 test:
 	@scripts/deps.sh test
+	@mkdir -p build && rm -f build/test-summary
 	$(MAKE) --no-print-directory BUILD=build/asan SANITIZE=address,undefined all tests
 	scripts/run-tests.sh build/asan unit integration
 	$(MAKE) --no-print-directory BUILD=build/tsan SANITIZE=thread all tests
 	scripts/run-tests.sh build/tsan tsan
 	$(MAKE) --no-print-directory all
 	scripts/run-tests.sh build python
+	@scripts/run-tests.sh --total
 
 demo:
 	@scripts/deps.sh build

@@ -142,17 +142,6 @@ struct loader {
     yaml_document_t *doc;
 };
 
-static void set_error(char *errbuf, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void set_error(char *errbuf, const char *fmt, ...)
-{
-    if (!errbuf)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(errbuf, LD_ERRMSG_MAX, fmt, ap);
-    va_end(ap);
-}
-
 /* Formats "FILE:LINE:COLUMN: message" and returns LD_ECONFIG. */
 static int fail_at(const struct loader *l, yaml_mark_t mark, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
@@ -196,7 +185,7 @@ static int syntax_error(const struct loader *l, const yaml_parser_t *p, const un
                         size_t len)
 {
     if (p->error == YAML_MEMORY_ERROR) {
-        set_error(l->errbuf, "%s: out of memory while parsing", l->file);
+        ld_errorf(l->errbuf, "%s: out of memory while parsing", l->file);
         return LD_ENOMEM;
     }
     const char *problem = p->problem ? p->problem : "unknown error";
@@ -233,7 +222,7 @@ static int check_events(const struct loader *l, const unsigned char *buf, size_t
 
     memset(&ev, 0, sizeof ev);
     if (!yaml_parser_initialize(&parser)) {
-        set_error(l->errbuf, "%s: out of memory", l->file);
+        ld_errorf(l->errbuf, "%s: out of memory", l->file);
         return LD_ENOMEM;
     }
     yaml_parser_set_input_string(&parser, buf, len);
@@ -467,7 +456,7 @@ static int store_path(const struct loader *l, void *base, const struct key *k, c
             s = NULL;
     }
     if (!s) {
-        set_error(l->errbuf, "%s: out of memory", l->file);
+        ld_errorf(l->errbuf, "%s: out of memory", l->file);
         return LD_ENOMEM;
     }
     store_string(base, k, s);
@@ -530,7 +519,7 @@ static int load_value(const struct loader *l, const struct key *k, const yaml_no
         return store_path(l, base, k, text);
     char *s = strdup(text);
     if (!s) {
-        set_error(l->errbuf, "%s: out of memory", l->file);
+        ld_errorf(l->errbuf, "%s: out of memory", l->file);
         return LD_ENOMEM;
     }
     store_string(base, k, s);
@@ -555,7 +544,7 @@ static int apply_defaults(const struct loader *l, const struct key *table, size_
         } else if (k->def_str) {
             char *s = strdup(k->def_str);
             if (!s) {
-                set_error(l->errbuf, "%s: out of memory", l->file);
+                ld_errorf(l->errbuf, "%s: out of memory", l->file);
                 return LD_ENOMEM;
             }
             store_string(base, k, s);
@@ -707,7 +696,7 @@ static int load_datasets(const struct loader *l, const yaml_node_t *key, const y
                        "datasets: more than %d datasets", CONFIG_MAX_DATASETS);
     c->datasets = calloc(n, sizeof *c->datasets);
     if (!c->datasets) {
-        set_error(l->errbuf, "%s: out of memory", l->file);
+        ld_errorf(l->errbuf, "%s: out of memory", l->file);
         return LD_ENOMEM;
     }
     c->n_datasets = n; /* zeroed entries: config_free copes with the half-built ones */
@@ -726,7 +715,7 @@ static int load_datasets(const struct loader *l, const yaml_node_t *key, const y
         if ((ret = check_duplicate(l, v, pair, name, "datasets: ", "dataset")) < 0)
             return ret;
         if (!(c->datasets[i].name = strdup(name))) {
-            set_error(l->errbuf, "%s: out of memory", l->file);
+            ld_errorf(l->errbuf, "%s: out of memory", l->file);
             return LD_ENOMEM;
         }
         if ((ret = load_dataset(l, k, node(l, pair->value), &c->datasets[i])) < 0)
@@ -802,24 +791,24 @@ static int read_file(const struct loader *l, unsigned char **ret_buf, size_t *re
 
     if (fd < 0) {
         ret = ld_from_errno(errno);
-        set_error(l->errbuf, "%s: cannot open: %s", l->file, strerror(-ret));
+        ld_errorf(l->errbuf, "%s: cannot open: %s", l->file, strerror(-ret));
         goto out;
     }
     if (fstat(fd, &st) < 0) {
         ret = ld_from_errno(errno);
-        set_error(l->errbuf, "%s: cannot stat: %s", l->file, strerror(-ret));
+        ld_errorf(l->errbuf, "%s: cannot stat: %s", l->file, strerror(-ret));
         goto out;
     }
     if (S_ISDIR(st.st_mode)) {
         ret = LD_EISDIR;
-        set_error(l->errbuf, "%s: is a directory, not a config file", l->file);
+        ld_errorf(l->errbuf, "%s: is a directory, not a config file", l->file);
         goto out;
     }
     /* One byte over the cap tells "too big" from "exactly at the cap". */
     buf = malloc(CONFIG_MAX_FILE_BYTES + 1);
     if (!buf) {
         ret = LD_ENOMEM;
-        set_error(l->errbuf, "%s: out of memory", l->file);
+        ld_errorf(l->errbuf, "%s: out of memory", l->file);
         goto out;
     }
     while (len <= CONFIG_MAX_FILE_BYTES) {
@@ -828,7 +817,7 @@ static int read_file(const struct loader *l, unsigned char **ret_buf, size_t *re
             continue;
         if (r < 0) {
             ret = ld_from_errno(errno);
-            set_error(l->errbuf, "%s: cannot read: %s", l->file, strerror(-ret));
+            ld_errorf(l->errbuf, "%s: cannot read: %s", l->file, strerror(-ret));
             goto out;
         }
         if (r == 0)
@@ -837,7 +826,7 @@ static int read_file(const struct loader *l, unsigned char **ret_buf, size_t *re
     }
     if (len > CONFIG_MAX_FILE_BYTES) {
         ret = LD_ECONFIG;
-        set_error(l->errbuf, "%s: the file is larger than the %u bytes a config may have",
+        ld_errorf(l->errbuf, "%s: the file is larger than the %u bytes a config may have",
                   l->file, CONFIG_MAX_FILE_BYTES);
         goto out;
     }
@@ -909,14 +898,14 @@ static int resolve_server(const struct loader *l, struct config *c)
         char buf[PATH_MAX];
         config_default_socket(buf, sizeof buf);
         if (strlen(buf) > SOCKET_PATH_MAX) {
-            set_error(l->errbuf,
+            ld_errorf(l->errbuf,
                       "%s: the default socket path '%s' is longer than the %zu bytes a Unix "
                       "socket path holds; set server.socket",
                       l->file, buf, SOCKET_PATH_MAX);
             return LD_ECONFIG;
         }
         if (!(c->socket_path = strdup(buf))) {
-            set_error(l->errbuf, "%s: out of memory", l->file);
+            ld_errorf(l->errbuf, "%s: out of memory", l->file);
             return LD_ENOMEM;
         }
     }
@@ -943,7 +932,7 @@ int config_load(const char *path, struct config **ret_config, char *errbuf)
     if ((ret = read_file(&l, &buf, &len)) < 0)
         goto out;
     if ((ret = config_dir(path, &l.dir)) < 0) {
-        set_error(errbuf, "%s: cannot resolve the config's directory: %s", path,
+        ld_errorf(errbuf, "%s: cannot resolve the config's directory: %s", path,
                   ld_strerror(ret));
         goto out;
     }
@@ -952,7 +941,7 @@ int config_load(const char *path, struct config **ret_config, char *errbuf)
 
     if (!yaml_parser_initialize(&parser)) {
         ret = LD_ENOMEM;
-        set_error(errbuf, "%s: out of memory", path);
+        ld_errorf(errbuf, "%s: out of memory", path);
         goto out;
     }
     have_parser = true;
@@ -967,7 +956,7 @@ int config_load(const char *path, struct config **ret_config, char *errbuf)
     c = calloc(1, sizeof *c);
     if (!c || !(c->file = strdup(path))) {
         ret = LD_ENOMEM;
-        set_error(errbuf, "%s: out of memory", path);
+        ld_errorf(errbuf, "%s: out of memory", path);
         goto out;
     }
     if ((ret = apply_defaults(&l, server_keys, N_KEYS(server_keys), 0, c)) < 0)

@@ -50,17 +50,6 @@ struct ring {
     uint64_t *generations;    /* the authoritative copy; the header mirrors it */
 };
 
-static void set_err(char *errbuf, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void set_err(char *errbuf, const char *fmt, ...)
-{
-    if (!errbuf)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(errbuf, LD_ERRMSG_MAX, fmt, ap);
-    va_end(ap);
-}
-
 /* "512.0 MiB": sizes in messages are for people. */
 static void format_size(uint64_t bytes, char *buf, size_t len)
 {
@@ -104,18 +93,18 @@ int ring_open(const char *prefix, uint64_t stream_id, uint32_t slot_count, uint6
 
     if (!prefix_ok(prefix) || slot_count == 0 || slot_bytes == 0 || !ret_ring ||
         (mode & ~0777u) != 0) {
-        set_err(errbuf, "invalid ring parameters (prefix, slot count, slot size or mode)");
+        ld_errorf(errbuf, "invalid ring parameters (prefix, slot count, slot size or mode)");
         return LD_EINVAL;
     }
     /* Sizes: each slot rounded up to the alignment, the header page in front. */
     if (slot_bytes > UINT64_MAX - LD_RING_ALIGN) {
-        set_err(errbuf, "slot size %" PRIu64 " is too large", slot_bytes);
+        ld_errorf(errbuf, "slot size %" PRIu64 " is too large", slot_bytes);
         return LD_ERANGE;
     }
     uint64_t slot_size = (slot_bytes + LD_RING_ALIGN - 1) / LD_RING_ALIGN * LD_RING_ALIGN;
     if (slot_size > ((uint64_t)INT64_MAX - LD_RING_ALIGN) / slot_count ||
         slot_size > SIZE_MAX / slot_count) {
-        set_err(errbuf, "ring of %" PRIu32 " slots of %" PRIu64 " bytes is too large",
+        ld_errorf(errbuf, "ring of %" PRIu32 " slots of %" PRIu64 " bytes is too large",
                 slot_count, slot_size);
         return LD_ERANGE;
     }
@@ -124,14 +113,14 @@ int ring_open(const char *prefix, uint64_t stream_id, uint32_t slot_count, uint6
     r = calloc(1, sizeof(*r));
     if (!r) {
         ret = LD_ENOMEM;
-        set_err(errbuf, "out of memory for the ring");
+        ld_errorf(errbuf, "out of memory for the ring");
         goto fail;
     }
     r->states = calloc(slot_count, sizeof(*r->states));
     r->generations = calloc(slot_count, sizeof(*r->generations));
     if (!r->states || !r->generations) {
         ret = LD_ENOMEM;
-        set_err(errbuf, "out of memory for the ring's slot table");
+        ld_errorf(errbuf, "out of memory for the ring's slot table");
         goto fail;
     }
     r->slot_count = slot_count;
@@ -146,26 +135,26 @@ int ring_open(const char *prefix, uint64_t stream_id, uint32_t slot_count, uint6
         uint64_t rnd;
         if (getrandom(&rnd, sizeof(rnd), 0) != (ssize_t)sizeof(rnd)) {
             ret = ld_from_errno(errno);
-            set_err(errbuf, "getrandom: %s", strerror(errno));
+            ld_errorf(errbuf, "getrandom: %s", strerror(errno));
             goto fail;
         }
         int n = snprintf(r->name, sizeof(r->name), "/%s.%ld.%" PRIu64 ".%016" PRIx64, prefix,
                          (long)getpid(), stream_id, rnd);
         if (n < 0 || (size_t)n >= sizeof(r->name)) {
             ret = LD_ENAMETOOLONG;
-            set_err(errbuf, "shared memory name for prefix '%s' is too long", prefix);
+            ld_errorf(errbuf, "shared memory name for prefix '%s' is too long", prefix);
             goto fail;
         }
         fd = shm_open(r->name, O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, mode);
         if (fd < 0 && errno != EEXIST) {
             ret = ld_from_errno(errno);
-            set_err(errbuf, "shm_open %s: %s", r->name, strerror(errno));
+            ld_errorf(errbuf, "shm_open %s: %s", r->name, strerror(errno));
             goto fail;
         }
     }
     if (fd < 0) {
         ret = LD_EEXIST;
-        set_err(errbuf, "shm_open: could not find a free name for stream %" PRIu64, stream_id);
+        ld_errorf(errbuf, "shm_open: could not find a free name for stream %" PRIu64, stream_id);
         goto fail;
     }
     created = true;
@@ -173,12 +162,12 @@ int ring_open(const char *prefix, uint64_t stream_id, uint32_t slot_count, uint6
      * contract (0600, or group-readable for the service group). */
     if (fchmod(fd, mode) < 0) {
         ret = ld_from_errno(errno);
-        set_err(errbuf, "fchmod %s: %s", r->name, strerror(errno));
+        ld_errorf(errbuf, "fchmod %s: %s", r->name, strerror(errno));
         goto fail;
     }
     if (ftruncate(fd, (off_t)total) < 0) {
         ret = ld_from_errno(errno);
-        set_err(errbuf, "ftruncate %s to %" PRIu64 " bytes: %s", r->name, total, strerror(errno));
+        ld_errorf(errbuf, "ftruncate %s to %" PRIu64 " bytes: %s", r->name, total, strerror(errno));
         goto fail;
     }
     int err = posix_fallocate(fd, 0, (off_t)total);
@@ -186,7 +175,7 @@ int ring_open(const char *prefix, uint64_t stream_id, uint32_t slot_count, uint6
         char want[32], avail[32];
         format_size(total, want, sizeof(want));
         format_size(shm_free_bytes(), avail, sizeof(avail));
-        set_err(errbuf,
+        ld_errorf(errbuf,
                 "cannot commit %s of shared memory for stream %" PRIu64 " in " RING_SHM_DIR
                 " (free: %s): " RING_SHM_DIR " is too small; in a container raise it "
                 "(docker run --shm-size=...)",
@@ -195,7 +184,7 @@ int ring_open(const char *prefix, uint64_t stream_id, uint32_t slot_count, uint6
         goto fail;
     } else if (err != 0) {
         ret = ld_from_errno(err);
-        set_err(errbuf, "posix_fallocate %s: %s", r->name, strerror(err));
+        ld_errorf(errbuf, "posix_fallocate %s: %s", r->name, strerror(err));
         goto fail;
     }
     /* MAP_POPULATE: the page tables are filled now rather than on the first batch. */
@@ -203,7 +192,7 @@ int ring_open(const char *prefix, uint64_t stream_id, uint32_t slot_count, uint6
                       fd, 0);
     if (base == MAP_FAILED) {
         ret = ld_from_errno(errno);
-        set_err(errbuf, "mmap %s (%" PRIu64 " bytes): %s", r->name, total, strerror(errno));
+        ld_errorf(errbuf, "mmap %s (%" PRIu64 " bytes): %s", r->name, total, strerror(errno));
         goto fail;
     }
     r->base = base;

@@ -2,7 +2,11 @@
  * LD_ERROR_MAP so that the daemon and every client agree on what a code means. */
 #include "ld_error.h"
 
+#include <stdarg.h>
+#include <stdio.h>
 #include <string.h>
+
+#include "proto.h"
 
 const char *ld_strerror(int code)
 {
@@ -39,4 +43,14 @@ int ld_error_from_name(const char *name)
     LD_ERROR_MAP(LD_ERROR_LOOKUP)
 #undef LD_ERROR_LOOKUP
     return LD_EPROTO;
+}
+
+void ld_errorf(char *errbuf, const char *fmt, ...)
+{
+    if (!errbuf)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(errbuf, LD_ERRMSG_MAX, fmt, ap);
+    va_end(ap);
 }

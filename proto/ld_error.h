@@ -73,6 +73,9 @@ const char *ld_strerror(int code);
 const char *ld_error_name(int code);
 /* The code for a wire name; LD_EPROTO when the name is not in the table. */
 int ld_error_from_name(const char *name);
+/* Formats a message into errbuf (LD_ERRMSG_MAX bytes, see proto.h); NULL errbuf is
+ * accepted and ignored. Every module that reports "what was wrong, where" uses it. */
+void ld_errorf(char *errbuf, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* -errno for an errno value, for use right at a failing call: `return ld_from_errno(errno);` */
 static inline int ld_from_errno(int e) { return e > 0 ? -e : LD_EIO; }
 

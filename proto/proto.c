@@ -332,17 +332,6 @@ out:
 
 /* ---- JSON decode ---------------------------------------------------------------------- */
 
-static void set_err(char *errbuf, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void set_err(char *errbuf, const char *fmt, ...)
-{
-    if (!errbuf)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(errbuf, LD_ERRMSG_MAX, fmt, ap);
-    va_end(ap);
-}
-
 /* What a value is, for "got ..." in messages. Numbers are shown by value, since
  * "got 0" or "got 1.5" says more than "got a number". */
 static const char *describe(const cJSON *v, char *buf, size_t size)
@@ -399,14 +388,14 @@ static int scan_payload(const char *payload, size_t len, char *errbuf)
         unsigned char c = (unsigned char)payload[i];
         if (in_string) {
             if (c < 0x20) {
-                set_err(errbuf, "invalid JSON at byte %zu: control character in a string", i);
+                ld_errorf(errbuf, "invalid JSON at byte %zu: control character in a string", i);
                 return LD_EBADMSG;
             }
             if (c == '"') {
                 in_string = false;
             } else if (c == '\\' && i + 1 < len) {
                 if (payload[i + 1] == 'u' && len - i >= 6 && memcmp(payload + i + 2, "0000", 4) == 0) {
-                    set_err(errbuf, "invalid JSON at byte %zu: \\u0000 is not allowed in a string", i);
+                    ld_errorf(errbuf, "invalid JSON at byte %zu: \\u0000 is not allowed in a string", i);
                     return LD_EBADMSG;
                 }
                 i++;
@@ -420,7 +409,7 @@ static int scan_payload(const char *payload, size_t len, char *errbuf)
         case '{':
         case '[':
             if (++depth > LD_JSON_MAX_DEPTH) {
-                set_err(errbuf, "nesting deeper than %d levels at byte %zu", LD_JSON_MAX_DEPTH, i);
+                ld_errorf(errbuf, "nesting deeper than %d levels at byte %zu", LD_JSON_MAX_DEPTH, i);
                 return LD_EBADMSG;
             }
             break;
@@ -436,7 +425,7 @@ static int scan_payload(const char *payload, size_t len, char *errbuf)
             break;
         default:
             if (c < 0x20) {
-                set_err(errbuf, "invalid JSON at byte %zu: control character", i);
+                ld_errorf(errbuf, "invalid JSON at byte %zu: control character", i);
                 return LD_EBADMSG;
             }
             break;
@@ -458,15 +447,15 @@ static bool is_json_space(char c)
 int proto_parse(const char *payload, size_t len, cJSON **ret_obj, char *errbuf)
 {
     if (!payload || !ret_obj) {
-        set_err(errbuf, "no payload");
+        ld_errorf(errbuf, "no payload");
         return LD_EINVAL;
     }
     if (len == 0) {
-        set_err(errbuf, "empty payload: expected a JSON object");
+        ld_errorf(errbuf, "empty payload: expected a JSON object");
         return LD_EBADMSG;
     }
     if (len > LD_FRAME_MAX_LIMIT) {
-        set_err(errbuf, "payload of %zu bytes is over the %u-byte limit", len, LD_FRAME_MAX_LIMIT);
+        ld_errorf(errbuf, "payload of %zu bytes is over the %u-byte limit", len, LD_FRAME_MAX_LIMIT);
         return LD_EMSGSIZE;
     }
     int rc = scan_payload(payload, len, errbuf);
@@ -482,7 +471,7 @@ int proto_parse(const char *payload, size_t len, cJSON **ret_obj, char *errbuf)
     pthread_mutex_unlock(&parse_lock);
     if (!obj) {
         size_t at = end && end >= payload && end <= payload + len ? (size_t)(end - payload) : 0;
-        set_err(errbuf, "invalid JSON at byte %zu", at);
+        ld_errorf(errbuf, "invalid JSON at byte %zu", at);
         rc = LD_EBADMSG;
         goto out;
     }
@@ -490,12 +479,12 @@ int proto_parse(const char *payload, size_t len, cJSON **ret_obj, char *errbuf)
     while (at < len && is_json_space(payload[at]))
         at++;
     if (at < len) {
-        set_err(errbuf, "invalid JSON at byte %zu: trailing data after the JSON value", at);
+        ld_errorf(errbuf, "invalid JSON at byte %zu: trailing data after the JSON value", at);
         rc = LD_EBADMSG;
         goto out;
     }
     if (!cJSON_IsObject(obj)) {
-        set_err(errbuf, "expected a JSON object, got %s", kind_of(obj));
+        ld_errorf(errbuf, "expected a JSON object, got %s", kind_of(obj));
         rc = LD_EBADMSG;
         goto out;
     }
@@ -512,7 +501,7 @@ static int lookup(const cJSON *obj, const char *key, bool null_is_absent, const 
                   char *errbuf)
 {
     if (!cJSON_IsObject(obj) || !key) {
-        set_err(errbuf, "field '%s': looked up in something that is not an object", key ? key : "?");
+        ld_errorf(errbuf, "field '%s': looked up in something that is not an object", key ? key : "?");
         return LD_EINVAL;
     }
     /* JSON keys are case-sensitive; cJSON_GetObjectItem is not. */
@@ -545,7 +534,7 @@ static int check_int(const cJSON *item, const char *key, int64_t min, int64_t ma
     int64_t v;
     if (int_value(item, min, max, &v) < 0) {
         char buf[64];
-        set_err(errbuf, "field '%s': expected an integer in [%" PRId64 ", %" PRId64 "], got %s", key,
+        ld_errorf(errbuf, "field '%s': expected an integer in [%" PRId64 ", %" PRId64 "], got %s", key,
                 min, max, describe(item, buf, sizeof(buf)));
         return LD_EFIELD;
     }
@@ -560,11 +549,11 @@ int proto_get_int(const cJSON *obj, const char *key, int64_t min, int64_t max, i
     if (rc < 0)
         return rc;
     if (min > max || !ret) {
-        set_err(errbuf, "field '%s': empty range [%" PRId64 ", %" PRId64 "]", key, min, max);
+        ld_errorf(errbuf, "field '%s': empty range [%" PRId64 ", %" PRId64 "]", key, min, max);
         return LD_EINVAL;
     }
     if (!item) {
-        set_err(errbuf, "field '%s': missing", key);
+        ld_errorf(errbuf, "field '%s': missing", key);
         return LD_EFIELD;
     }
     return check_int(item, key, min, max, ret, errbuf);
@@ -578,7 +567,7 @@ int proto_opt_int(const cJSON *obj, const char *key, int64_t min, int64_t max, i
     if (rc < 0)
         return rc;
     if (min > max || !ret) {
-        set_err(errbuf, "field '%s': empty range [%" PRId64 ", %" PRId64 "]", key, min, max);
+        ld_errorf(errbuf, "field '%s': empty range [%" PRId64 ", %" PRId64 "]", key, min, max);
         return LD_EINVAL;
     }
     if (!item) {
@@ -591,7 +580,7 @@ int proto_opt_int(const cJSON *obj, const char *key, int64_t min, int64_t max, i
 static int check_bool(const cJSON *item, const char *key, bool *ret, char *errbuf)
 {
     if (!cJSON_IsBool(item)) {
-        set_err(errbuf, "field '%s': expected a boolean, got %s", key, kind_of(item));
+        ld_errorf(errbuf, "field '%s': expected a boolean, got %s", key, kind_of(item));
         return LD_EFIELD;
     }
     *ret = cJSON_IsTrue(item);
@@ -607,7 +596,7 @@ int proto_get_bool(const cJSON *obj, const char *key, bool *ret, char *errbuf)
     if (!ret)
         return LD_EINVAL;
     if (!item) {
-        set_err(errbuf, "field '%s': missing", key);
+        ld_errorf(errbuf, "field '%s': missing", key);
         return LD_EFIELD;
     }
     return check_bool(item, key, ret, errbuf);
@@ -672,31 +661,31 @@ int proto_get_str(const cJSON *obj, const char *key, size_t maxlen, const char *
     if (!ret)
         return LD_EINVAL;
     if (!item) {
-        set_err(errbuf, "field '%s': missing", key);
+        ld_errorf(errbuf, "field '%s': missing", key);
         return LD_EFIELD;
     }
     if (!cJSON_IsString(item) || !item->valuestring) {
-        set_err(errbuf, "field '%s': expected a string, got %s", key, kind_of(item));
+        ld_errorf(errbuf, "field '%s': expected a string, got %s", key, kind_of(item));
         return LD_EFIELD;
     }
     const unsigned char *s = (const unsigned char *)item->valuestring;
     size_t len = strlen(item->valuestring);
     if (len == 0) {
-        set_err(errbuf, "field '%s': expected a non-empty string", key);
+        ld_errorf(errbuf, "field '%s': expected a non-empty string", key);
         return LD_EFIELD;
     }
     if (len > maxlen) {
-        set_err(errbuf, "field '%s': expected at most %zu bytes, got %zu", key, maxlen, len);
+        ld_errorf(errbuf, "field '%s': expected at most %zu bytes, got %zu", key, maxlen, len);
         return LD_EFIELD;
     }
     for (size_t i = 0; i < len;) {
         if (s[i] < 0x20 || s[i] == 0x7f) {
-            set_err(errbuf, "field '%s': control character at byte %zu", key, i);
+            ld_errorf(errbuf, "field '%s': control character at byte %zu", key, i);
             return LD_EFIELD;
         }
         size_t n = utf8_seq(s + i, len - i);
         if (n == 0) {
-            set_err(errbuf, "field '%s': invalid UTF-8 at byte %zu", key, i);
+            ld_errorf(errbuf, "field '%s': invalid UTF-8 at byte %zu", key, i);
             return LD_EFIELD;
         }
         i += n;
@@ -747,22 +736,22 @@ cJSON *proto_reply_error(int64_t id, int code, const char *message)
 int proto_reply_status(const cJSON *reply, char *errbuf)
 {
     if (!cJSON_IsObject(reply)) {
-        set_err(errbuf, "malformed reply: not a JSON object");
+        ld_errorf(errbuf, "malformed reply: not a JSON object");
         return LD_EPROTO;
     }
     const cJSON *ok = cJSON_GetObjectItemCaseSensitive(reply, "ok");
     if (!cJSON_IsBool(ok)) {
-        set_err(errbuf, "malformed reply: 'ok' is missing or not a boolean");
+        ld_errorf(errbuf, "malformed reply: 'ok' is missing or not a boolean");
         return LD_EPROTO;
     }
     if (cJSON_IsTrue(ok)) {
-        set_err(errbuf, "%s", "");
+        ld_errorf(errbuf, "%s", "");
         return 0;
     }
     const cJSON *err = cJSON_GetObjectItemCaseSensitive(reply, "error");
     const cJSON *name = cJSON_GetObjectItemCaseSensitive(err, "code");
     if (!cJSON_IsObject(err) || !cJSON_IsString(name) || !name->valuestring) {
-        set_err(errbuf, "malformed reply: 'ok' is false without an 'error' object with a string 'code'");
+        ld_errorf(errbuf, "malformed reply: 'ok' is false without an 'error' object with a string 'code'");
         return LD_EPROTO;
     }
     int code = ld_error_from_name(name->valuestring);
@@ -771,11 +760,11 @@ int proto_reply_status(const cJSON *reply, char *errbuf)
     if (code == 0 || (code == LD_EPROTO && strcmp(name->valuestring, ld_error_name(LD_EPROTO)) != 0)) {
         /* A name we do not know (a newer server) or "ok" in a failure: keep what the
          * server said, since it is all the user will get. */
-        set_err(errbuf, "malformed reply: unknown error code '%s'%s%s", name->valuestring,
+        ld_errorf(errbuf, "malformed reply: unknown error code '%s'%s%s", name->valuestring,
                 text ? ": " : "", text ? text : "");
         return LD_EPROTO;
     }
-    set_err(errbuf, "%s", text ? text : ld_strerror(code));
+    ld_errorf(errbuf, "%s", text ? text : ld_strerror(code));
     return code;
 }
 

@@ -4,6 +4,12 @@
 # Groups: unit (cmocka unit tests), integration (real loaderd + real client),
 #         tsan (the concurrent parts, in a ThreadSanitizer build), python (pytest).
 set -uo pipefail
+summary=build/test-summary
+if [ "${1:-}" = --total ]; then
+  # The closing line of `make test`: every group's counts added up.
+  awk '{p+=$1; f+=$2} END {printf "make test: %d passed, %d failed\n", p, f; exit (f > 0)}' "$summary"
+  exit $?
+fi
 build=$1; shift
 passed=0; failed=0; failures=()
 
@@ -68,4 +74,5 @@ if [ ${#failures[@]} -gt 0 ]; then
   printf 'failed: %s\n' "${failures[@]}"
 fi
 echo "$build: $passed passed, $failed failed"
+mkdir -p build && echo "$passed $failed" >> "$summary"
 [ "$failed" -eq 0 ] && [ ${#failures[@]} -eq 0 ]

@@ -5,6 +5,7 @@
  * running cmocka test at once; what loaderd does (its exit status, its /dev/shm objects,
  * its log) is returned for the test to judge. */
 #include "harness.h"
+#include "loaderclient.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -442,4 +443,30 @@ void harness_gen_tokens(struct harness *h, const char *relpath, uint64_t n, int 
     }
     harness_write_all(fd, buf, used, path);
     close(fd);
+}
+
+void harness_stop_clean(struct harness *h)
+{
+    char names[512];
+    pid_t pid = h->pid;
+    int st = harness_stop(h);
+    if (st != 0) {
+        char *log = harness_log(h);
+        print_error("loaderd log:\n%s\n", log);
+        free(log);
+    }
+    assert_int_equal(st, 0);
+    int n = harness_shm_count(pid, names, sizeof names);
+    if (n != 0)
+        fail_msg("loaderd %d left shared memory behind: %s", (int)pid, names);
+}
+
+lc_client *harness_connect(struct harness *h, int timeout_ms, const char *name)
+{
+    char err[512];
+    lc_client *c = NULL;
+    int r = lc_connect(h->socket, timeout_ms, name, &c, err, sizeof err);
+    if (r < 0)
+        fail_msg("lc_connect: %s (%s)", lc_strerror(r), err);
+    return c;
 }

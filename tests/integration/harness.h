@@ -63,6 +63,12 @@ void harness_start(struct harness *h);
 /* Starts loaderd with extra arguments and does not wait: for tests of bad configs.
  * Returns the exit status as harness_stop does, after waiting up to 10 s for it. */
 int harness_run_to_exit(struct harness *h, const char *const *extra_args);
+/* Stops the daemon and proves the stop was clean: exit status 0 (the log is printed
+ * otherwise) and nothing of its left in /dev/shm. Fails the test when not. */
+void harness_stop_clean(struct harness *h);
+/* Connects a client named `name` to the daemon, failing the test when it cannot. */
+struct lc_client *harness_connect(struct harness *h, int timeout_ms, const char *name);
+
 /* SIGTERM, then waits up to 10 s. Returns the exit status (0 for a clean stop),
  * 128 + signal when it died of a signal, -1 when it had to be killed after 10 s. */
 int harness_stop(struct harness *h);

@@ -74,33 +74,6 @@ static int setup_dir(void **state)
     return 0;
 }
 
-static lc_client *connect_ok(struct harness *h, int timeout_ms)
-{
-    char err[512];
-    lc_client *c = NULL;
-    int r = lc_connect(h->socket, timeout_ms, "itest_client", &c, err, sizeof err);
-    if (r < 0)
-        fail_msg("lc_connect: %s (%s)", lc_strerror(r), err);
-    return c;
-}
-
-/* Stops the daemon and proves it left nothing in /dev/shm and exited 0. */
-static void stop_clean(struct harness *h)
-{
-    char names[512];
-    pid_t pid = h->pid;
-    int st = harness_stop(h);
-    if (st != 0) {
-        char *log = harness_log(h);
-        print_error("loaderd log:\n%s\n", log);
-        free(log);
-    }
-    assert_int_equal(st, 0);
-    int n = harness_shm_count(pid, names, sizeof names);
-    if (n != 0)
-        fail_msg("loaderd %d left shared memory behind: %s", (int)pid, names);
-}
-
 /* ---- without a daemon ------------------------------------------------------------------ */
 
 static void test_connect_missing_socket(void **state)
@@ -157,7 +130,7 @@ static void test_default_socket(void **state)
 static void test_hello_and_datasets(void **state)
 {
     struct harness *h = *state;
-    lc_client *c = connect_ok(h, 5000);
+    lc_client *c = harness_connect(h, 5000, "itest_client");
     assert_string_equal(lc_client_error(c), "");
     char *reply = NULL;
     assert_int_equal(lc_request_json(c, "{\"op\":\"datasets\"}", &reply), 0);
@@ -201,13 +174,13 @@ static void test_hello_and_datasets(void **state)
     cJSON_Delete(j);
     lc_client_close(c);
     lc_client_close(NULL);
-    stop_clean(h);
+    harness_stop_clean(h);
 }
 
 static void test_open_errors(void **state)
 {
     struct harness *h = *state;
-    lc_client *c = connect_ok(h, 5000);
+    lc_client *c = harness_connect(h, 5000, "itest_client");
     lc_stream_options o;
     lc_stream *s = (lc_stream *)(uintptr_t)0x1;
     lc_stream_options_init(&o);
@@ -233,7 +206,7 @@ static void test_open_errors(void **state)
     assert_int_equal(lc_stream_open(c, "records", &o, &s), 0);
     assert_int_equal(lc_stream_close(s), 0);
     lc_client_close(c);
-    stop_clean(h);
+    harness_stop_clean(h);
 }
 
 /* Index of the file whose content starts with `first8`, by search over every file. */
@@ -250,7 +223,7 @@ static int64_t file_by_first_word(const uint64_t *first, uint64_t n, const uint8
 static void test_one_epoch_fixed(void **state)
 {
     struct harness *h = *state;
-    lc_client *c = connect_ok(h, 5000);
+    lc_client *c = harness_connect(h, 5000, "itest_client");
     lc_stream_options o;
     lc_stream *s = NULL;
     lc_stream_options_init(&o);
@@ -331,13 +304,13 @@ static void test_one_epoch_fixed(void **state)
     assert_null(b);
     assert_int_equal(lc_stream_close(s), 0);
     lc_client_close(c);
-    stop_clean(h);
+    harness_stop_clean(h);
 }
 
 static void test_one_epoch_ragged(void **state)
 {
     struct harness *h = *state;
-    lc_client *c = connect_ok(h, 5000);
+    lc_client *c = harness_connect(h, 5000, "itest_client");
     lc_stream_options o;
     lc_stream *s = NULL;
     lc_stream_options_init(&o);
@@ -375,13 +348,13 @@ static void test_one_epoch_ragged(void **state)
     assert_int_equal(next_file, N_VARIED);
     assert_int_equal(lc_stream_close(s), 0);
     lc_client_close(c);
-    stop_clean(h);
+    harness_stop_clean(h);
 }
 
 static void test_release_semantics(void **state)
 {
     struct harness *h = *state;
-    lc_client *c = connect_ok(h, 5000);
+    lc_client *c = harness_connect(h, 5000, "itest_client");
     lc_stream_options o;
     lc_stream *s = NULL;
     lc_batch *b = NULL, *b2 = NULL;
@@ -420,13 +393,13 @@ static void test_release_semantics(void **state)
     assert_int_equal(lc_stream_close(s), 0);
     lc_stream_close(NULL);
     lc_client_close(c);
-    stop_clean(h);
+    harness_stop_clean(h);
 }
 
 static void test_next_timeout_keeps_request(void **state)
 {
     struct harness *h = *state;
-    lc_client *c = connect_ok(h, 5000);
+    lc_client *c = harness_connect(h, 5000, "itest_client");
     lc_stream_options o;
     lc_stream *s = NULL;
     lc_batch *held[80];
@@ -470,7 +443,7 @@ static void test_next_timeout_keeps_request(void **state)
     /* Close with batches still held: they are freed with the stream. */
     assert_int_equal(lc_stream_close(s), 0);
     lc_client_close(c);
-    stop_clean(h);
+    harness_stop_clean(h);
 }
 
 static void test_no_leaks(void **state)
@@ -478,7 +451,7 @@ static void test_no_leaks(void **state)
     struct harness *h = *state;
     int fds = harness_fd_count();
     char names[512];
-    lc_client *c = connect_ok(h, 5000);
+    lc_client *c = harness_connect(h, 5000, "itest_client");
     lc_stream_options o;
     lc_stream *s1 = NULL, *s2 = NULL;
     lc_batch *b = NULL;
@@ -498,7 +471,7 @@ static void test_no_leaks(void **state)
     /* A client that goes away with a stream and a batch leaks nothing on the daemon. */
     lc_client_close(c);
     assert_int_equal(harness_fd_count(), fds);
-    c = connect_ok(h, 5000);
+    c = harness_connect(h, 5000, "itest_client");
     /* The daemon notices the hang-up asynchronously: give it up to 2 s. */
     double streams = -1, memory = -1;
     for (int i = 0; i < 200 && (streams != 0 || memory != 0); i++) {
@@ -515,13 +488,13 @@ static void test_no_leaks(void **state)
     assert_true(streams == 0);
     assert_true(memory == 0);
     lc_client_close(c);
-    stop_clean(h);
+    harness_stop_clean(h);
 }
 
 static void test_daemon_goes_away(void **state)
 {
     struct harness *h = *state;
-    lc_client *c = connect_ok(h, 5000);
+    lc_client *c = harness_connect(h, 5000, "itest_client");
     lc_stream_options o;
     lc_stream *s = NULL;
     lc_batch *b = NULL;
@@ -530,7 +503,7 @@ static void test_daemon_goes_away(void **state)
     assert_int_equal(lc_stream_open(c, "records", &o, &s), 0);
     assert_int_equal(lc_stream_next(s, 0, &b), 0);
     /* A clean stop with a client attached still exits 0 and removes everything. */
-    stop_clean(h);
+    harness_stop_clean(h);
     /* The mapping outlives the daemon: the held batch is still readable. */
     lc_field f;
     assert_int_equal(lc_batch_field(b, 0, &f), 0);

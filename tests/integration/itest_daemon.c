@@ -57,16 +57,6 @@ static int teardown_daemon(void **state)
     return 0;
 }
 
-static lc_client *connect_ok(struct harness *h)
-{
-    char err[512];
-    lc_client *c = NULL;
-    int r = lc_connect(h->socket, 10000, "itest_daemon", &c, err, sizeof err);
-    if (r < 0)
-        fail_msg("lc_connect: %s (%s)", lc_strerror(r), err);
-    return c;
-}
-
 static lc_stream *open_ok(lc_client *c, const char *ds, const lc_stream_options *o)
 {
     lc_stream *s = NULL;
@@ -74,22 +64,6 @@ static lc_stream *open_ok(lc_client *c, const char *ds, const lc_stream_options 
     if (r < 0)
         fail_msg("lc_stream_open(%s): %s: %s", ds, lc_strerror(r), lc_client_error(c));
     return s;
-}
-
-static void stop_clean(struct harness *h)
-{
-    char names[512];
-    pid_t pid = h->pid;
-    int st = harness_stop(h);
-    if (st != 0) {
-        char *log = harness_log(h);
-        print_error("loaderd log:\n%s\n", log);
-        free(log);
-    }
-    assert_int_equal(st, 0);
-    int n = harness_shm_count(pid, names, sizeof names);
-    if (n != 0)
-        fail_msg("loaderd %d left shared memory behind: %s", (int)pid, names);
 }
 
 /* Reads `batches` batches and returns the sample order as file indices (recovered from
@@ -129,7 +103,7 @@ static void read_order(lc_stream *s, uint64_t batches, int64_t *order, uint64_t 
 static void test_seeds_and_epochs(void **state)
 {
     struct harness *h = *state;
-    lc_client *c = connect_ok(h);
+    lc_client *c = harness_connect(h, 10000, "itest_daemon");
     lc_stream_options o;
     lc_stream_options_init(&o);
     o.batch_size = 32;
@@ -212,13 +186,13 @@ static void test_seeds_and_epochs(void **state)
     free(b);
     free(d);
     lc_client_close(c);
-    stop_clean(h);
+    harness_stop_clean(h);
 }
 
 static void test_ranks_cover_epoch(void **state)
 {
     struct harness *h = *state;
-    lc_client *c = connect_ok(h);
+    lc_client *c = harness_connect(h, 10000, "itest_daemon");
     char *seen = calloc(N_FILES, 1);
     int64_t *order = calloc(N_FILES, sizeof *order);
     uint64_t batches = 0;
@@ -249,13 +223,13 @@ static void test_ranks_cover_epoch(void **state)
     free(seen);
     free(order);
     lc_client_close(c);
-    stop_clean(h);
+    harness_stop_clean(h);
 }
 
 static void test_two_clients_interleaved(void **state)
 {
     struct harness *h = *state;
-    lc_client *c1 = connect_ok(h), *c2 = connect_ok(h);
+    lc_client *c1 = harness_connect(h, 10000, "itest_daemon"), *c2 = harness_connect(h, 10000, "itest_daemon");
     lc_stream_options o;
     lc_stream_options_init(&o);
     o.batch_size = 10;
@@ -315,13 +289,13 @@ static void test_two_clients_interleaved(void **state)
     assert_int_equal(got2, windows);
     lc_client_close(c1);
     lc_client_close(c2);
-    stop_clean(h);
+    harness_stop_clean(h);
 }
 
 /* Reads the daemon's status with a fresh client. */
 static cJSON *status(struct harness *h)
 {
-    lc_client *c = connect_ok(h);
+    lc_client *c = harness_connect(h, 10000, "itest_daemon");
     char *json = NULL;
     assert_int_equal(lc_request_json(c, "{\"op\":\"status\"}", &json), 0);
     cJSON *st = cJSON_Parse(json);
@@ -395,7 +369,7 @@ static void test_killed_trainer_leaks_nothing(void **state)
     assert_int_equal(streams, 0);
     assert_int_equal(leased, 0);
     assert_int_equal(harness_shm_count(h->pid, NULL, 0), 0);
-    stop_clean(h);
+    harness_stop_clean(h);
 }
 
 /* ---- raw frames ------------------------------------------------------------------ */
@@ -478,7 +452,7 @@ static void test_malformed_frames(void **state)
 {
     struct harness *h = *state;
     /* A well-behaved trainer reads throughout. */
-    lc_client *good = connect_ok(h);
+    lc_client *good = harness_connect(h, 10000, "itest_daemon");
     lc_stream_options o;
     lc_stream_options_init(&o);
     o.batch_size = 8;
@@ -553,7 +527,7 @@ static void test_malformed_frames(void **state)
     }
     assert_int_equal(rows, N_FILES);
     lc_client_close(good);
-    stop_clean(h);
+    harness_stop_clean(h);
 }
 
 static void test_release_errors_change_nothing(void **state)
@@ -607,7 +581,7 @@ static void test_release_errors_change_nothing(void **state)
     assert_int_equal((int)cJSON_GetObjectItem(r, "id")->valuedouble, 9);
     cJSON_Delete(r);
     close(fd);
-    stop_clean(h);
+    harness_stop_clean(h);
 }
 
 static void test_missing_sample_is_reported(void **state)
@@ -616,7 +590,7 @@ static void test_missing_sample_is_reported(void **state)
     char path[4200];
     snprintf(path, sizeof path, "%s/rec/class_002/0000008.bin", h->dir);
     assert_int_equal(unlink(path), 0);
-    lc_client *c = connect_ok(h);
+    lc_client *c = harness_connect(h, 10000, "itest_daemon");
     lc_stream_options o;
     lc_stream_options_init(&o);
     o.batch_size = 25;
@@ -643,13 +617,13 @@ static void test_missing_sample_is_reported(void **state)
     lc_batch_release(b);
     lc_stream_close(s);
     lc_client_close(c);
-    stop_clean(h);
+    harness_stop_clean(h);
 }
 
 static void test_budget_and_shm_limits(void **state)
 {
     struct harness *h = *state;
-    lc_client *c = connect_ok(h);
+    lc_client *c = harness_connect(h, 10000, "itest_daemon");
     lc_stream_options o;
     lc_stream_options_init(&o);
     o.batch_size = 65536; /* 18 slots of 8.5 MiB: over the 64 MiB budget */
@@ -663,7 +637,7 @@ static void test_budget_and_shm_limits(void **state)
     s = open_ok(c, "records", &o);
     lc_stream_close(s);
     lc_client_close(c);
-    stop_clean(h);
+    harness_stop_clean(h);
 
     /* A ring larger than /dev/shm itself: refused at open, naming /dev/shm. */
     harness_gen_tokens(h, "big.bin", (1u << 20) + 1, 4, 1000);
@@ -671,7 +645,7 @@ static void test_budget_and_shm_limits(void **state)
                          "  big:\n    kind: token_windows\n    path: big.bin\n    dtype: uint32\n"
                          "    context: 1048576\n");
     harness_start(h);
-    c = connect_ok(h);
+    c = harness_connect(h, 10000, "itest_daemon");
     lc_stream_options_init(&o);
     o.batch_size = 65536; /* 65536 windows of 4 MiB: 256 GiB per slot */
     s = NULL;
@@ -680,7 +654,7 @@ static void test_budget_and_shm_limits(void **state)
     assert_non_null(strstr(lc_client_error(c), r == -28 ? "/dev/shm" : "memory_budget"));
     assert_int_equal(harness_shm_count(h->pid, NULL, 0), 0);
     lc_client_close(c);
-    stop_clean(h);
+    harness_stop_clean(h);
 }
 
 static void test_second_daemon_and_bad_config(void **state)
@@ -696,16 +670,16 @@ static void test_second_daemon_and_bad_config(void **state)
     assert_non_null(strstr(log, "another loaderd is already serving"));
     free(log);
     h->pid = first;
-    lc_client *c = connect_ok(h);
+    lc_client *c = harness_connect(h, 10000, "itest_daemon");
     lc_client_close(c);
     /* A daemon that died leaves a stale socket file: the next one replaces it. */
     kill(h->pid, SIGKILL);
     waitpid(h->pid, &st, 0);
     h->pid = 0;
     harness_start(h);
-    c = connect_ok(h);
+    c = harness_connect(h, 10000, "itest_daemon");
     lc_client_close(c);
-    stop_clean(h);
+    harness_stop_clean(h);
 
     /* A bad config: exit 1 with file:line:column. */
     harness_write_file(h, "loaderd.yaml", "server:\n  workerz: 2\ndatasets:\n  r:\n    kind: files\n    path: rec\n",
@@ -727,7 +701,7 @@ static void test_second_daemon_and_bad_config(void **state)
 static void test_shutdown_leaves_nothing(void **state)
 {
     struct harness *h = *state;
-    lc_client *c = connect_ok(h);
+    lc_client *c = harness_connect(h, 10000, "itest_daemon");
     lc_stream_options o;
     lc_stream_options_init(&o);
     o.batch_size = 16;
@@ -737,7 +711,7 @@ static void test_shutdown_leaves_nothing(void **state)
     lc_batch *b;
     assert_int_equal(lc_stream_next(s1, 5000, &b), 0);
     assert_true(harness_shm_count(h->pid, NULL, 0) >= 1);
-    stop_clean(h); /* SIGTERM with a client attached: exit 0, /dev/shm empty, socket gone */
+    harness_stop_clean(h); /* SIGTERM with a client attached: exit 0, /dev/shm empty, socket gone */
     assert_int_equal(access(h->socket, F_OK), -1);
     /* The client sees the daemon go. */
     assert_true(lc_stream_next(s1, 2000, &b) < 0);
