@@ -6,7 +6,9 @@
  * daemon answers in order; the requests still owed a reply are kept in a FIFO
  * (c->pending), and whichever call is reading replies settles the ones in front of
  * its own:
- *  - a release is pipelined: lc_batch_release sends it and returns. When its reply
+ *  - a release is pipelined: lc_batch_release queues its frame and returns; queued
+ *    frames go out in the same write as the next request (in a training loop, the
+ *    read-ahead `next`), so a batch costs the daemon one wake-up, not two. When its reply
  *    turns out to be an error, we keep the message in lc_client_error() and count it
  *    (c->release_errors), but we do not fail the unrelated call that happened to read
  *    it: that call did succeed, and a failed release changes nothing on the daemon
@@ -241,8 +243,43 @@ static int client_send_all(lc_client *c, const char *buf, size_t len, int64_t de
 
 /* Adds an id to msg (taking ownership of msg), sends it and queues what to do with its
  * reply. On success *ret_id is the request's id. */
-static int client_send(lc_client *c, cJSON *msg, int kind, const char *op, lc_stream *s,
-                       int64_t deadline, int timeout_ms, int64_t *ret_id)
+/* Appends a frame to the deferred buffer. */
+static int client_defer(lc_client *c, const char *frame, size_t len)
+{
+    if (c->deferred_len + len > c->deferred_cap) {
+        size_t cap = c->deferred_cap ? c->deferred_cap : 4096;
+        while (cap < c->deferred_len + len)
+            cap *= 2;
+        char *p = realloc(c->deferred, cap);
+        if (!p)
+            return LC_ENOMEM;
+        c->deferred = p;
+        c->deferred_cap = cap;
+    }
+    memcpy(c->deferred + c->deferred_len, frame, len);
+    c->deferred_len += len;
+    c->deferred_frames++;
+    return 0;
+}
+
+/* Sends the deferred frames (and nothing else). */
+static int client_flush_deferred(lc_client *c, int64_t deadline, int timeout_ms)
+{
+    if (!c->deferred_len)
+        return 0;
+    int ret = client_send_all(c, c->deferred, c->deferred_len, deadline, "release", timeout_ms);
+    if (ret == 0) {
+        c->deferred_len = 0;
+        c->deferred_frames = 0;
+    }
+    return ret;
+}
+
+/* Adds an id to msg (taking ownership of msg) and sends it, after the deferred frames
+ * in the same write; with `defer`, queues it among them instead. Either way the FIFO
+ * learns what to do with its reply. On success *ret_id is the request's id. */
+static int client_send_ex(lc_client *c, cJSON *msg, int kind, const char *op, lc_stream *s,
+                          int64_t deadline, int timeout_ms, bool defer, int64_t *ret_id)
 {
     char *frame = NULL;
     size_t frame_len = 0;
@@ -271,9 +308,27 @@ static int client_send(lc_client *c, cJSON *msg, int kind, const char *op, lc_st
         client_seterr(c, "out of memory queueing '%s'", op);
         goto out;
     }
-    ret = client_send_all(c, frame, frame_len, deadline, op, timeout_ms);
-    if (ret < 0)
-        goto out;
+    if (defer || c->deferred_len) {
+        ret = client_defer(c, frame, frame_len);
+        if (ret < 0) {
+            client_seterr(c, "out of memory queueing '%s'", op);
+            goto out;
+        }
+        if (!defer) {
+            ret = client_flush_deferred(c, deadline, timeout_ms);
+            if (ret < 0) {
+                /* Nothing of it went out (a partial write breaks the connection):
+                 * take our frame back so the FIFO and the buffer agree. */
+                c->deferred_len -= frame_len;
+                c->deferred_frames--;
+                goto out;
+            }
+        }
+    } else {
+        ret = client_send_all(c, frame, frame_len, deadline, op, timeout_ms);
+        if (ret < 0)
+            goto out;
+    }
     struct client_pending *p = &c->pending[c->pending_len++];
     memset(p, 0, sizeof *p);
     p->id = id;
@@ -286,6 +341,12 @@ out:
     free(frame);
     cJSON_Delete(msg);
     return ret;
+}
+
+static int client_send(lc_client *c, cJSON *msg, int kind, const char *op, lc_stream *s,
+                       int64_t deadline, int timeout_ms, int64_t *ret_id)
+{
+    return client_send_ex(c, msg, kind, op, s, deadline, timeout_ms, false, ret_id);
 }
 
 /* ---- receiving ---------------------------------------------------------------------- */
@@ -402,6 +463,9 @@ static int client_wait(lc_client *c, int64_t want, int64_t deadline, int timeout
                           p ? p->op : "request");
             return LC_ETIMEDOUT;
         }
+        /* About to block: a queued release may be what the daemon needs to answer. */
+        if (c->deferred_len && (r = client_flush_deferred(c, deadline, timeout_ms)) < 0)
+            return r;
         struct pollfd pfd = { .fd = c->fd, .events = POLLIN };
         if (poll(&pfd, 1, left) < 0 && errno != EINTR)
             return client_break(c, ld_from_errno(errno), "poll on the loaderd socket: %s", strerror(errno));
@@ -570,6 +634,7 @@ static void client_free(lc_client *c)
         close(c->fd);
     proto_reader_free(c->reader);
     free(c->pending);
+    free(c->deferred);
     free(c);
 }
 
@@ -1102,6 +1167,24 @@ static const struct ld_slot_header *client_slot_header(const lc_stream *s, int s
     return (const struct ld_slot_header *)(const void *)(s->map + s->slot_offset + (uint64_t)slot * s->slot_size);
 }
 
+/* Sends `next` for stream s; its reply is collected by lc_stream_next (or stashed on
+ * the stream by whichever call reads it first). */
+static int client_send_next(lc_stream *s, int64_t deadline, int timeout_ms)
+{
+    lc_client *c = s->client;
+    cJSON *req = cJSON_CreateObject();
+    if (!req || !cJSON_AddStringToObject(req, "op", LD_OP_NEXT) ||
+        !cJSON_AddNumberToObject(req, "stream", (double)s->id)) {
+        cJSON_Delete(req);
+        client_seterr(c, "out of memory building 'next'");
+        return LC_ENOMEM;
+    }
+    int ret = client_send(c, req, CLIENT_PENDING_NEXT, LD_OP_NEXT, s, deadline, timeout_ms, &s->next_id);
+    if (ret == 0)
+        s->next_outstanding = true;
+    return ret;
+}
+
 LC_EXPORT int lc_stream_next(lc_stream *s, int timeout_ms, lc_batch **ret_batch)
 {
     char msg[LD_ERRMSG_MAX];
@@ -1124,17 +1207,9 @@ LC_EXPORT int lc_stream_next(lc_stream *s, int timeout_ms, lc_batch **ret_batch)
         if ((ret = client_check_usable(c)) < 0)
             return ret;
         if (!s->next_outstanding) {
-            cJSON *req = cJSON_CreateObject();
-            if (!req || !cJSON_AddStringToObject(req, "op", LD_OP_NEXT) ||
-                !cJSON_AddNumberToObject(req, "stream", (double)s->id)) {
-                cJSON_Delete(req);
-                client_seterr(c, "out of memory building 'next'");
-                return LC_ENOMEM;
-            }
-            ret = client_send(c, req, CLIENT_PENDING_NEXT, LD_OP_NEXT, s, deadline, timeout_ms, &s->next_id);
+            ret = client_send_next(s, deadline, timeout_ms);
             if (ret < 0)
                 return ret;
-            s->next_outstanding = true;
         }
         ret = client_wait(c, s->next_id, deadline, timeout_ms, &reply);
         if (ret < 0)
@@ -1195,6 +1270,13 @@ LC_EXPORT int lc_stream_next(lc_stream *s, int timeout_ms, lc_batch **ret_batch)
     *ret_batch = b;
     b = NULL;
     ret = 0;
+    /* Read-ahead: ask for the following batch now, so that its reply is already on the
+     * socket when the trainer comes back for it and no call waits a whole round trip.
+     * Only while the trainer holds just this batch of the stream: one that keeps batches
+     * never has a request waiting on the daemon for a slot that it holds itself. A send
+     * that fails here breaks the connection, and the next call reports it. */
+    if (!s->next_outstanding && !s->batches->next)
+        (void)client_send_next(s, deadline, timeout_ms);
 out:
     /* A batch we could not hand out still holds its slot on the daemon: give it back. */
     if (b) {
@@ -1320,7 +1402,8 @@ LC_EXPORT int lc_batch_release(lc_batch *b)
             client_seterr(c, "out of memory building 'release'");
             ret = LC_ENOMEM;
         } else {
-            ret = client_send(c, req, CLIENT_PENDING_RELEASE, LD_OP_RELEASE, NULL, deadline, c->timeout_ms, &id);
+            ret = client_send_ex(c, req, CLIENT_PENDING_RELEASE, LD_OP_RELEASE, NULL, deadline, c->timeout_ms,
+                                 true, &id);
         }
         if (ret == 0) {
             struct client_pending *p = client_pending_find(c, id);
@@ -1329,9 +1412,10 @@ LC_EXPORT int lc_batch_release(lc_batch *b)
                 p->slot = b->slot;
                 p->generation = b->generation;
             }
-            /* Settle the replies that have already arrived, so they do not pile up
-             * in the socket while a trainer only releases. Never blocks. */
-            client_wait(c, -1, 0, 0, NULL);
+            /* A trainer that only releases: send them now and then, and settle the
+             * replies that have arrived so they do not pile up. */
+            if (c->deferred_frames >= CLIENT_DEFER_MAX_FRAMES && client_flush_deferred(c, deadline, c->timeout_ms) == 0)
+                client_wait(c, -1, 0, 0, NULL);
         }
     } else {
         ret = client_check_usable(c);

@@ -14,6 +14,7 @@
 #define CLIENT_ERRMSG_MAX (2 * LD_ERRMSG_MAX) /* room for our prefix + the daemon's message */
 #define CLIENT_REPLY_LIMIT LD_FRAME_MAX_LIMIT /* largest reply frame we accept: 64 MiB */
 #define CLIENT_DEFAULT_TIMEOUT_MS 30000
+#define CLIENT_DEFER_MAX_FRAMES 32     /* releases queued before they are sent on their own */
 
 /* What to do with a reply when it arrives. Replies come in request order, so the
  * requests still waiting for one form a FIFO. */
@@ -91,6 +92,9 @@ struct lc_client {
     size_t pending_head, pending_len, pending_cap; /* live entries: [head, len) */
     lc_stream *streams;
     uint64_t release_errors;    /* failed pipelined releases (see client.c) */
+    char *deferred;             /* release frames not yet sent: they go out with the next request */
+    size_t deferred_len, deferred_cap;
+    unsigned deferred_frames;
     char error[CLIENT_ERRMSG_MAX];
     char broken_msg[CLIENT_ERRMSG_MAX];
 };

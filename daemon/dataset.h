@@ -53,6 +53,8 @@ struct dataset {
     char name[LD_NAME_MAX];
     char source[4096];              /* path shown by `loaderctl datasets` */
     uint64_t count;                 /* samples */
+    uint64_t sample_overhead;       /* fixed cost of reading one sample (system calls), in
+                                     * bytes of memcpy that take as long; cuts batches into chunks */
     int n_fields;
     struct dataset_field fields[LD_MAX_FIELDS];
 };

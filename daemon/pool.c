@@ -17,6 +17,7 @@
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sched.h>
 #include <time.h>
 
 /* More threads than this is a configuration mistake, not a machine. */
@@ -27,6 +28,8 @@ struct pool {
     pthread_cond_t wake;          /* signalled on submit and on stop */
     struct pool_task *head, *tail;
     bool stopping;
+    atomic_uint queued;           /* tasks in the queue, readable without the lock */
+    unsigned idle;                /* workers blocked in the condition variable */
     unsigned nthreads;            /* threads started (and to be joined) */
     pthread_t *threads;
     atomic_uint_fast64_t busy_ns;
@@ -39,17 +42,41 @@ static uint64_t now_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
+/* Before sleeping, a worker that just finished a task watches the queue for a short
+ * while: batches of cheap samples arrive every few tens of microseconds, and a sleep
+ * and wake-up through the kernel costs about as much as the work itself. */
+#define POOL_SPIN_NS 50000u
+
+static void spin_for_work(pool *p)
+{
+    uint64_t until = now_ns() + POOL_SPIN_NS;
+    while (!atomic_load_explicit(&p->queued, memory_order_relaxed)) {
+        if (now_ns() > until)
+            return;
+        sched_yield();
+    }
+}
+
 static void *worker_main(void *arg)
 {
     pool *p = arg;
     pthread_mutex_lock(&p->lock);
     for (;;) {
-        while (!p->head && !p->stopping)
+        if (!p->head && !p->stopping) {
+            pthread_mutex_unlock(&p->lock);
+            spin_for_work(p);
+            pthread_mutex_lock(&p->lock);
+        }
+        while (!p->head && !p->stopping) {
+            p->idle++;
             pthread_cond_wait(&p->wake, &p->lock);
+            p->idle--;
+        }
         /* Stopping wins over a non-empty queue: pool_free drops what is queued. */
         if (p->stopping)
             break;
         struct pool_task *t = p->head;
+        atomic_fetch_sub_explicit(&p->queued, 1, memory_order_relaxed);
         p->head = t->next;
         if (!p->head)
             p->tail = NULL;
@@ -72,6 +99,7 @@ static void pool_destroy(pool *p)
     pthread_mutex_lock(&p->lock);
     p->stopping = true;
     p->head = p->tail = NULL;
+    atomic_store(&p->queued, 0);
     pthread_cond_broadcast(&p->wake);
     pthread_mutex_unlock(&p->lock);
     for (unsigned i = 0; i < p->nthreads; i++)
@@ -139,7 +167,9 @@ void pool_submit(pool *p, struct pool_task *t)
     else
         p->head = t;
     p->tail = t;
-    pthread_cond_signal(&p->wake);
+    atomic_fetch_add_explicit(&p->queued, 1, memory_order_relaxed);
+    if (p->idle)
+        pthread_cond_signal(&p->wake);
     pthread_mutex_unlock(&p->lock);
 }
 
@@ -164,6 +194,7 @@ size_t pool_cancel(pool *p, void *owner, void (*cancelled)(struct pool_task *t))
         }
     }
     p->tail = prev;
+    atomic_fetch_sub_explicit(&p->queued, (unsigned)n, memory_order_relaxed);
     pthread_mutex_unlock(&p->lock);
 
     /* Outside the lock: the callback may free the task or submit others. */

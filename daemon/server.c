@@ -59,6 +59,7 @@ struct conn {
     proto_reader *reader;
     bool hello, closing;
     bool doomed;                    /* to be closed from the reaper, outside any callback chain */
+    bool reading;                   /* in on_read: replies are written once, after the last frame */
     conn *doom_next;
     char name[LD_NAME_MAX];
     struct reply *out_head, *out_tail;
@@ -195,7 +196,8 @@ static void reply_fill(conn *c, struct reply *r, cJSON *msg)
         conn_doom(c);
         return;
     }
-    flush(c);
+    if (!c->reading)
+        flush(c);
 }
 
 static void reply_send(conn *c, cJSON *msg)
@@ -706,6 +708,8 @@ static void conn_fatal(conn *c, int code, const char *message)
     }
 }
 
+static void on_frames(conn *c, int rc);
+
 static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
 {
     conn *c = st->data;
@@ -716,6 +720,16 @@ static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
     if (nread == 0 || c->closing || c->doomed)
         return;
     int rc = proto_reader_feed(c->reader, buf->base, (size_t)nread);
+    /* Several requests often arrive in one read (a release and the next request):
+     * answer them all, then write the replies in one go. */
+    c->reading = true;
+    on_frames(c, rc);
+    c->reading = false;
+    flush(c);
+}
+
+static void on_frames(conn *c, int rc)
+{
     for (;;) {
         const char *payload;
         size_t len;

@@ -404,6 +404,8 @@ static int files_open(const struct config_dataset *cfg, dataset **ret_dataset, c
     snprintf(d->name, sizeof d->name, "%s", cfg->name);
     snprintf(d->source, sizeof d->source, "%s", cfg->path);
     d->count = w.n_entries;
+    /* openat + pread + close of a small cached file: about 3 us, the time of a 16 KiB memcpy. */
+    d->sample_overhead = 16 * 1024;
     d->n_fields = 2;
 
     struct dataset_field *data = &d->fields[FIELD_DATA];

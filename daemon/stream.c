@@ -28,7 +28,11 @@
 #include "log.h"
 #include "sampler.h"
 
-#define CHUNK_MIN_ROWS 16u
+/* A batch is cut into chunks so that several workers can fill it at once (first-batch
+ * latency, big batches); each chunk costs a hand-off to a worker and back, so a chunk
+ * carries at least this much work: bytes written plus the dataset's per-sample
+ * overhead (system calls) counted in bytes. */
+#define CHUNK_MIN_BYTES (256u * 1024u)
 #define SLOTS_BEYOND_PREFETCH 2u /* the batch the trainer holds, and one whose release is in flight */
 
 struct stream_hub {
@@ -237,6 +241,19 @@ static void stream_free(stream *s)
     free(s);
 }
 
+static uint64_t batch_bytes(stream *s, uint32_t slot, uint32_t rows)
+{
+    uint64_t bytes = 0;
+    uint8_t *base = ring_slot(s->ring, slot);
+    for (int f = 0; f < s->ds->n_fields; f++) {
+        if (s->ds->fields[f].ragged)
+            bytes += (uint64_t)((const int64_t *)(base + s->layout[f].offsets_offset))[rows];
+        else
+            bytes += (uint64_t)rows * s->layout[f].row_bytes;
+    }
+    return bytes;
+}
+
 static void start_fill(stream *s, uint32_t slot, uint64_t seq)
 {
     struct stream_slot *sl = &s->slots[slot];
@@ -268,7 +285,9 @@ static void start_fill(stream *s, uint32_t slot, uint64_t seq)
         }
     }
 
-    uint32_t n = sl->rows / CHUNK_MIN_ROWS;
+    uint64_t cost = batch_bytes(s, slot, sl->rows) + (uint64_t)sl->rows * s->ds->sample_overhead;
+    uint64_t n64 = cost / CHUNK_MIN_BYTES;
+    uint32_t n = n64 > sl->rows ? sl->rows : (uint32_t)n64;
     if (n > s->max_chunks)
         n = s->max_chunks;
     if (n == 0)
@@ -304,19 +323,6 @@ static void schedule(stream *s)
             break; /* every slot is leased or busy: the trainer holds them */
         start_fill(s, slot, s->next_fill++);
     }
-}
-
-static uint64_t batch_bytes(stream *s, uint32_t slot, uint32_t rows)
-{
-    uint64_t bytes = 0;
-    uint8_t *base = ring_slot(s->ring, slot);
-    for (int f = 0; f < s->ds->n_fields; f++) {
-        if (s->ds->fields[f].ragged)
-            bytes += (uint64_t)((const int64_t *)(base + s->layout[f].offsets_offset))[rows];
-        else
-            bytes += (uint64_t)rows * s->layout[f].row_bytes;
-    }
-    return bytes;
 }
 
 /* Answers the waiting next, if the answer is known. */

@@ -384,6 +384,11 @@ static void test_release_semantics(void **state)
     assert_int_equal(lc_batch_release(b), 0);
     assert_int_equal(lc_stream_next(s, 0, &b2), 0);
     assert_int_equal(lc_batch_index(b2), 1);
+    /* The release went out with the next request; a call that reads its reply (this
+     * status) succeeds and leaves the release's error in lc_client_error(). */
+    assert_int_equal(lc_request_json(c, "{\"op\":\"status\"}", &reply), 0);
+    lc_free(reply);
+    reply = NULL;
     assert_non_null(strstr(lc_client_error(c), "release of slot"));
     /* A release of a slot of a stream that is not ours. */
     assert_int_equal(lc_request_json(c, "{\"op\":\"release\",\"stream\":999,\"slot\":0,\"generation\":1}", &reply),
@@ -510,7 +515,14 @@ static void test_daemon_goes_away(void **state)
     volatile uint8_t x = ((const uint8_t *)f.data)[f.nbytes - 1];
     (void)x;
     lc_batch *b2 = NULL;
-    int r = lc_stream_next(s, 2000, &b2);
+    /* The batch asked for ahead (read-ahead) may have been delivered before the stop:
+     * it is handed out; then the hang-up is reported. */
+    int r, delivered = 0;
+    while ((r = lc_stream_next(s, 2000, &b2)) == 0) {
+        delivered++;
+        assert_true(delivered <= 1);
+        lc_batch_release(b2);
+    }
     assert_int_equal(r, LC_ECONNRESET);
     assert_string_equal(lc_client_error(c), "loaderd closed the connection");
     r = lc_stream_next(s, 2000, &b2);

@@ -1,0 +1,25 @@
+"""loaderclient — Python client of loaderd: zero-copy numpy/torch views of its batches.
+
+    import loaderclient
+    with loaderclient.Client() as c:
+        with c.open("records", batch_size=64, epochs=1) as stream:
+            for batch in stream:
+                x = batch["data"]          # read-only numpy view of the shared-memory slot
+                y = batch.torch("label")   # torch tensor, no copy
+
+The PyTorch drop-in is loaderclient.torch.LoaderdDataLoader. A ctypes binding over
+libloaderclient.so (found through $LOADERCLIENT_LIB, the package directory, the build tree
+or the system path; see client/python/README.md).
+"""
+from ._lib import LibraryNotFoundError, library_path, lib as _cdll
+from .errors import (CODE_NAMES, ConnectError, ConnectionLost, DatasetNotFound, EndOfStream, InvalidArgument,
+                     LoaderdError, ReleasedError, SampleError, Timeout, error_name)
+from .client import MAX_DEFERRED, Batch, Client, RaggedField, Stream, default_socket
+
+__version__ = "0.1.0"
+library_version = _cdll.lc_version().decode()
+
+__all__ = ["Client", "Stream", "Batch", "RaggedField", "LoaderdError", "ConnectError", "ConnectionLost",
+           "DatasetNotFound", "InvalidArgument", "EndOfStream", "SampleError", "Timeout", "ReleasedError",
+           "LibraryNotFoundError", "CODE_NAMES", "error_name", "default_socket", "library_path",
+           "library_version", "MAX_DEFERRED"]

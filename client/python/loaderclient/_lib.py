@@ -1,0 +1,137 @@
+"""Finding and binding libloaderclient (ctypes), plus the few libc calls the view guard needs.
+
+Everything that talks to loaderd goes through the C library: this module only declares
+its functions' prototypes. The search order for the library is documented in
+``find_library`` and in client/python/README.md.
+"""
+import ctypes
+import ctypes.util
+import os
+
+__all__ = ["lib", "libc", "LibraryNotFoundError", "library_path", "LcField", "LcStreamOptions"]
+
+ENV_VAR = "LOADERCLIENT_LIB"
+_SONAME = "libloaderclient.so"
+_HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+class LibraryNotFoundError(ImportError):
+    """libloaderclient.so could not be found or loaded. The message lists every place tried."""
+
+
+def _candidates():
+    """(description, path) in search order; path None means "ask the dynamic loader"."""
+    env = os.environ.get(ENV_VAR)
+    if env:
+        # An explicit choice is never second-guessed: no fallback to another copy.
+        return [("$%s" % ENV_VAR, env)]
+    out = [("inside the package", os.path.join(_HERE, _SONAME)),
+           ("the build tree", os.path.normpath(os.path.join(_HERE, "..", "..", "..", "build", "lib", _SONAME)))]
+    found = ctypes.util.find_library("loaderclient")
+    if found:
+        out.append(("the system library path (ctypes.util.find_library)", found))
+    out.append(("the system library path (dlopen %s)" % _SONAME, _SONAME))
+    return out
+
+
+def find_library():
+    """Loads the library: $LOADERCLIENT_LIB (a file path; when set, only it is tried), else a
+    copy inside this package, else the build tree (<repo>/build/lib/libloaderclient.so
+    relative to this file), else the system path. Returns (CDLL, path)."""
+    tried = []
+    for what, path in _candidates():
+        is_file_path = os.sep in path
+        if is_file_path and not os.path.exists(path):
+            tried.append("  %s: %s (no such file)" % (what, path))
+            continue
+        try:
+            return ctypes.CDLL(path), path
+        except OSError as e:
+            tried.append("  %s: %s (%s)" % (what, path, e))
+    raise LibraryNotFoundError(
+        "loaderclient: cannot load %s. Looked in:\n%s\n"
+        "Fix: build it with `make` at the repository root (it lands in build/lib/), or set "
+        "%s to the full path of libloaderclient.so (e.g. %s=$PWD/build/lib/%s)."
+        % (_SONAME, "\n".join(tried), ENV_VAR, ENV_VAR, _SONAME))
+
+
+LC_MAX_DIMS = 5
+
+
+class LcField(ctypes.Structure):
+    _fields_ = [("name", ctypes.c_char_p),
+                ("dtype", ctypes.c_int),
+                ("ndim", ctypes.c_int),
+                ("shape", ctypes.c_int64 * LC_MAX_DIMS),
+                ("data", ctypes.c_void_p),
+                ("nbytes", ctypes.c_size_t),
+                ("offsets", ctypes.c_void_p)]
+
+
+class LcStreamOptions(ctypes.Structure):
+    _fields_ = [("batch_size", ctypes.c_uint32),
+                ("shuffle", ctypes.c_int),
+                ("seed", ctypes.c_uint64),
+                ("epoch", ctypes.c_uint64),
+                ("rank", ctypes.c_int32),
+                ("world_size", ctypes.c_int32),
+                ("drop_last", ctypes.c_int),
+                ("start_batch", ctypes.c_uint64),
+                ("prefetch", ctypes.c_uint32),
+                ("epochs", ctypes.c_uint64)]
+
+
+def _bind(l):
+    P = ctypes.c_void_p
+    i, u32, u64, sz = ctypes.c_int, ctypes.c_uint32, ctypes.c_uint64, ctypes.c_size_t
+    protos = {
+        "lc_version": (ctypes.c_char_p, []),
+        "lc_strerror": (ctypes.c_char_p, [i]),
+        "lc_default_socket": (ctypes.c_char_p, []),
+        "lc_connect": (i, [ctypes.c_char_p, i, ctypes.c_char_p, ctypes.POINTER(P), ctypes.c_char_p, sz]),
+        "lc_client_close": (None, [P]),
+        "lc_client_error": (ctypes.c_char_p, [P]),
+        "lc_request_json": (i, [P, ctypes.c_char_p, ctypes.POINTER(P)]),
+        "lc_free": (None, [P]),
+        "lc_stream_options_init": (None, [ctypes.POINTER(LcStreamOptions)]),
+        "lc_stream_open": (i, [P, ctypes.c_char_p, ctypes.POINTER(LcStreamOptions), ctypes.POINTER(P)]),
+        "lc_stream_batches_per_epoch": (u64, [P]),
+        "lc_stream_samples_per_epoch": (u64, [P]),
+        "lc_stream_id": (u64, [P]),
+        "lc_stream_ring": (P, [P, ctypes.POINTER(sz)]),
+        "lc_stream_next": (i, [P, i, ctypes.POINTER(P)]),
+        "lc_stream_close": (i, [P]),
+        "lc_batch_rows": (u32, [P]),
+        "lc_batch_epoch": (u64, [P]),
+        "lc_batch_index": (u64, [P]),
+        "lc_batch_slot": (i, [P]),
+        "lc_batch_generation": (u64, [P]),
+        "lc_batch_field_count": (i, [P]),
+        "lc_batch_field": (i, [P, i, ctypes.POINTER(LcField)]),
+        "lc_batch_field_by_name": (i, [P, ctypes.c_char_p, ctypes.POINTER(LcField)]),
+        "lc_batch_valid": (i, [P]),
+        "lc_batch_release": (i, [P]),
+    }
+    for name, (res, args) in protos.items():
+        f = getattr(l, name)
+        f.restype = res
+        f.argtypes = args
+
+
+def _bind_libc():
+    c = ctypes.CDLL(None, use_errno=True)
+    P, sz, i = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int
+    c.mmap.restype = P
+    c.mmap.argtypes = [P, sz, i, i, i, ctypes.c_long]
+    c.munmap.restype = i
+    c.munmap.argtypes = [P, sz]
+    c.mremap.restype = P
+    c.mremap.argtypes = [P, sz, sz, i, P]   # variadic in glibc; the 5th is the new address
+    c.mprotect.restype = i
+    c.mprotect.argtypes = [P, sz, i]
+    return c
+
+
+lib, library_path = find_library()
+_bind(lib)
+libc = _bind_libc()

@@ -1,0 +1,876 @@
+"""Client, Stream, Batch: loaderd's batches as zero-copy numpy arrays and torch tensors.
+
+A thin layer over libloaderclient (ctypes): the C library speaks the protocol, maps the
+stream's ring read-only and leases slots; this module turns a leased slot into arrays.
+
+The one thing done here rather than in C is keeping views honest. A numpy array cannot
+be revoked, so "arrays of a released batch must not be used" cannot be enforced by
+checking on access. Instead (``keep_views_safe=True``, the default):
+
+- each slot is seen through a second mapping of the same shared memory, an *alias*
+  (``mremap(slot, 0, len, MREMAP_MAYMOVE)``: same pages, no copy), made once per slot and
+  reused while its page tables stay warm;
+- a batch's arrays and tensors hang off one buffer object, its *lease*, whose reference
+  count therefore says whether any view of the batch is still alive;
+- releasing a batch (the next ``next()``, ``release()``, a ``with`` block's end) gives
+  the slot back to the daemon only once no view of it is left: usually at once, or as
+  soon as the training loop drops its last tensor of the batch;
+- if views are kept longer (more than ``MAX_DEFERRED`` released batches still viewed
+  when the next batch is asked for), the oldest one is *materialized*: its alias is
+  atomically replaced (``mremap(MREMAP_FIXED)``) by a private read-only copy, and the
+  slot goes back to the daemon. The kept arrays go on reading the same bytes.
+
+So an array handed out by this module never shows another batch's data: it is either
+the slot the daemon still leases to us, or our private copy. The cost in the steady state
+is nothing per batch beyond creating the views (no system call: aliases are reused).
+``keep_views_safe=False`` skips the alias and the deferral: views point into the C
+library's mapping, the slot is released at once, and a kept view may show later batches.
+"""
+import collections
+import ctypes
+import json
+import mmap
+import os
+import struct
+import threading
+
+import numpy as np
+
+from ._lib import LcField, LcStreamOptions, lib, libc
+from . import errors
+from .errors import (ConnectError, EndOfStream, InvalidArgument, LoaderdError, ReleasedError, Timeout,
+                     make_error)
+
+__all__ = ["Client", "Stream", "Batch", "RaggedField", "MAX_DEFERRED", "default_socket"]
+
+# Released batches whose views may stay alive at once before the oldest is copied. One is
+# the usual training loop: `x` of step n is still bound while step n+1's batch is fetched.
+# The daemon's ring has prefetch + 2 slots (the trainer's batch and one in flight), so one
+# deferred slot does not shorten the prefetch.
+MAX_DEFERRED = 1
+
+# Slices of a long wait for a batch, so that Ctrl-C interrupts it within this long.
+_WAIT_SLICE_MS = 250
+
+_PAGE = mmap.PAGESIZE
+_PROT_READ, _PROT_WRITE = 1, 2
+_MAP_PRIVATE, _MAP_ANONYMOUS = 0x02, 0x20
+_MREMAP_MAYMOVE, _MREMAP_FIXED = 1, 2
+_MAP_FAILED = ctypes.c_void_p(-1).value
+_RING_MAGIC = 0x474E524C  # "LRNG", proto/proto.h
+_RING_VERSION = 1
+
+# LC_DTYPE_* -> (numpy dtype, wire name)
+_DTYPES = {
+    1: (np.dtype(np.uint8), "uint8"),
+    2: (np.dtype(np.uint16), "uint16"),
+    3: (np.dtype(np.uint32), "uint32"),
+    4: (np.dtype(np.int32), "int32"),
+    5: (np.dtype(np.int64), "int64"),
+    6: (np.dtype(np.float16), "float16"),
+    7: (np.dtype(np.float32), "float32"),
+}
+_TORCH_DTYPES = frozenset(np.dtype(t) for t in (np.uint8, np.int32, np.int64, np.float16, np.float32))
+_INT64 = np.dtype(np.int64)
+_UINT8 = np.dtype(np.uint8)
+
+_torch = None
+_check_signals = ctypes.pythonapi.PyErr_CheckSignals   # PyDLL: raises what a handler raised
+_check_signals.restype = ctypes.c_int
+_check_signals.argtypes = []
+_unpack_slot_header = struct.Struct("=QQQI").unpack_from   # struct ld_slot_header's first fields
+_unpack_generation = struct.Struct("=Q").unpack_from
+
+
+def _import_torch():
+    global _torch
+    if _torch is None:
+        import torch as t
+        _torch = t
+    return _torch
+
+
+def default_socket():
+    """The socket the C library uses when none is given: $LOADERD_SOCKET, else
+    $XDG_RUNTIME_DIR/loaderd.sock, else /tmp/loaderd-<uid>.sock."""
+    return lib.lc_default_socket().decode()
+
+
+def _ms(seconds, what):
+    if seconds is None:
+        return 0
+    if not isinstance(seconds, (int, float)) or seconds != seconds or seconds <= 0:
+        raise InvalidArgument(errors.EINVAL, "%s must be a positive number of seconds, got %r" % (what, seconds))
+    return max(1, min(int(seconds * 1000 + 0.999), 2**31 - 1))
+
+
+def _uint(name, v, bits):
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0 or v >= 1 << bits:
+        raise InvalidArgument(errors.EFIELD, "field '%s': expected an integer in [0, %d], got %r"
+                              % (name, (1 << bits) - 1, v))
+    return int(v)
+
+
+class _RingHeader(ctypes.Structure):
+    # struct ld_ring_header (proto/proto.h): documented wire layout of the ring's first bytes.
+    _fields_ = [("magic", ctypes.c_uint32), ("version", ctypes.c_uint32), ("slot_count", ctypes.c_uint32),
+                ("reserved0", ctypes.c_uint32), ("slot_size", ctypes.c_uint64), ("slot_offset", ctypes.c_uint64),
+                ("total_size", ctypes.c_uint64), ("stream_id", ctypes.c_uint64)]
+
+
+class _FieldLayout:
+    """One field of a stream's slots, relative to the slot's start (constant per stream)."""
+    __slots__ = ("name", "index", "dtype", "wire", "shape", "ragged", "offset", "offsets_offset", "row_bytes")
+
+    def __init__(self, index, f, slot_start):
+        self.name = f.name.decode()
+        self.index = index
+        self.dtype, self.wire = _DTYPES[f.dtype]
+        self.ragged = bool(f.offsets)
+        self.shape = tuple(f.shape[d] for d in range(1, f.ndim)) if not self.ragged else ()
+        self.offset = f.data - slot_start
+        self.offsets_offset = (f.offsets - slot_start) if self.ragged else None
+        n = 1
+        for d in self.shape:
+            n *= d
+        self.row_bytes = n * self.dtype.itemsize
+
+    def describe(self):
+        return {"name": self.name, "dtype": self.wire, "shape": list(self.shape), "ragged": self.ragged}
+
+
+class _LeaseState:
+    """What a batch's lease needs once its views die: owned by the lease, seen by the stream."""
+    __slots__ = ("stream", "bptr", "slot", "addr", "size", "batch_released", "given_back", "views_dead",
+                 "materialized", "owns_addr")
+
+    def __init__(self, stream, bptr, slot, addr, size, owns_addr):
+        self.stream = stream
+        self.bptr = bptr
+        self.slot = slot
+        self.addr = addr          # start of the alias (or of the library's slot, unguarded)
+        self.size = size
+        self.batch_released = False
+        self.given_back = False   # lc_batch_release done (or the stream closed)
+        self.views_dead = False
+        self.materialized = False
+        self.owns_addr = owns_addr  # the alias is ours to unmap / return to the slot cache
+
+
+_mapping_lock = threading.Lock()
+
+
+def _take_mapping(st):
+    """Takes the address range away from a lease state (True once)."""
+    with _mapping_lock:
+        if not st.owns_addr:
+            return False
+        st.owns_addr = False
+        return True
+
+
+def _drop_mapping(st):
+    """Unmaps a lease state's alias or private copy, once, whichever thread asks."""
+    if _take_mapping(st):
+        libc.munmap(st.addr, st.size)
+
+
+def _lease_del(self):
+    # The last view of a batch is gone (or the batch never had any). Runs wherever the last
+    # reference was dropped, in whatever thread: no blocking here.
+    try:
+        st = self.state
+    except AttributeError:
+        return
+    try:
+        st.views_dead = True
+        st.stream._views_dead(st)
+    except Exception:  # interpreter shutdown, or a bug: never raise from a finalizer
+        pass
+
+
+class RaggedField:
+    """A ragged field of a batch: ``offsets`` (int64, rows + 1) and ``data`` (uint8): sample i
+    is ``data[offsets[i]:offsets[i+1]]``. Both are numpy arrays, or torch tensors when it comes
+    from ``Batch.torch``; they are views of the slot with the same lifetime as other views."""
+    __slots__ = ("offsets", "data", "name")
+
+    def __init__(self, offsets, data, name="data"):
+        self.offsets = offsets
+        self.data = data
+        self.name = name
+
+    def __len__(self):
+        return len(self.offsets) - 1
+
+    def __getitem__(self, i):
+        n = len(self.offsets) - 1
+        if not isinstance(i, (int, np.integer)):
+            raise TypeError("RaggedField indices must be integers, got %s" % type(i).__name__)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError("sample %d out of range for a batch of %d" % (i, n))
+        return self.data[int(self.offsets[i]):int(self.offsets[i + 1])]
+
+    def __iter__(self):
+        for i in range(len(self)):
+            yield self[i]
+
+    def lengths(self):
+        """Bytes of each sample."""
+        return self.offsets[1:] - self.offsets[:-1]
+
+    def tolist(self):
+        """Every sample as ``bytes`` (a copy)."""
+        data = self.data if isinstance(self.data, np.ndarray) else self.data.numpy()
+        off = self.offsets.tolist()
+        return [data[off[i]:off[i + 1]].tobytes() for i in range(len(off) - 1)]
+
+    def copy(self):
+        """A RaggedField that owns its memory (safe to keep)."""
+        return RaggedField(self.offsets.copy() if isinstance(self.offsets, np.ndarray) else self.offsets.clone(),
+                           self.data.copy() if isinstance(self.data, np.ndarray) else self.data.clone(), self.name)
+
+    def __repr__(self):
+        return "RaggedField(%r, %d samples, %d bytes)" % (self.name, len(self), len(self.data))
+
+
+class Batch:
+    """One leased batch. ``epoch``, ``index`` (batch number within the epoch), ``rows``,
+    ``slot``, ``generation``; fields by name: ``batch["data"]`` / ``numpy(name)`` (read-only
+    numpy view, or RaggedField), ``torch(name)`` (tensor sharing the memory).
+
+    After ``release()`` (done by the stream's next ``next()`` unless auto_release=False),
+    every field access raises ReleasedError; arrays taken before stay readable and keep
+    this batch's bytes (see the module documentation), but prefer ``copy()`` for data you
+    keep."""
+    __slots__ = ("_stream", "_state", "_lease", "_ro", "_views", "_tensors", "epoch", "index", "rows", "slot",
+                 "generation", "__weakref__")
+
+    def __init__(self, stream, state, lease, epoch, index, rows, slot, generation):
+        self._stream = stream
+        self._state = state
+        self._lease = lease
+        self._ro = None
+        self._views = {}
+        self._tensors = {}
+        self.epoch = epoch
+        self.index = index
+        self.rows = rows
+        self.slot = slot
+        self.generation = generation
+
+    # -- lifetime ---------------------------------------------------------------------
+
+    @property
+    def released(self):
+        return self._lease is None or self._state.given_back
+
+    def release(self):
+        """Ends this batch: the Batch refuses access from now on, and the slot goes back to
+        the daemon as soon as no array or tensor of it is alive. Idempotent."""
+        if self._lease is None:
+            return
+        st = self._state
+        self._views = self._tensors = None
+        self._ro = None
+        st.batch_released = True
+        self._lease = None     # may run the lease's finalizer right here (no view left)
+        self._stream._batch_released(st)
+
+    close = release
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.release()
+
+    def __del__(self):
+        try:
+            self.release()
+        except Exception:
+            pass
+
+    def _check(self):
+        if self._lease is None or self._state.given_back:
+            raise ReleasedError("batch %d of epoch %d (slot %d) was released; copy what you keep "
+                                "(batch.copy(), np.array(view), tensor.clone()) before releasing"
+                                % (self.index, self.epoch, self.slot))
+
+    @property
+    def valid(self):
+        """True while the slot still holds this batch (its generation matches)."""
+        if self.released:
+            return False
+        return self._header_generation() == self.generation
+
+    def _header_generation(self):
+        return _unpack_generation(self._lease, self._stream._delta[self.slot])[0]
+
+    # -- fields -------------------------------------------------------------------------
+
+    @property
+    def fields(self):
+        """Field names, in the dataset's order."""
+        return [f.name for f in self._stream._layout]
+
+    def keys(self):
+        return self.fields
+
+    def __contains__(self, name):
+        return name in self._stream._by_name
+
+    def __getitem__(self, name):
+        return self.numpy(name)
+
+    def _field(self, name):
+        self._check()
+        f = self._stream._by_name.get(name)
+        if f is None:
+            raise KeyError("no field %r in this batch (fields: %s)" % (name, ", ".join(self.fields)))
+        if self._header_generation() != self.generation:
+            raise LoaderdError(-4007, "slot %d no longer holds batch %d of epoch %d (generation %d, expected %d)"
+                               % (self.slot, self.index, self.epoch, self._header_generation(), self.generation))
+        return f
+
+    def _make(self, f, buf):
+        off = self._stream._delta[self.slot]
+        if not f.ragged:
+            return np.ndarray((self.rows,) + f.shape, f.dtype, buffer=buf, offset=off + f.offset)
+        offsets = np.ndarray((self.rows + 1,), _INT64, buffer=buf, offset=off + f.offsets_offset)
+        data = np.ndarray((int(offsets[self.rows]),), _UINT8, buffer=buf, offset=off + f.offset)
+        return RaggedField(offsets, data, f.name)
+
+    def numpy(self, name):
+        """A read-only numpy view of field `name` (shape (rows, *sample shape)); for a
+        ragged field, a RaggedField of views. No copy."""
+        if self._lease is None or self._state.given_back:
+            self._check()
+        v = self._views.get(name)
+        if v is not None:
+            return v
+        f = self._field(name)
+        if self._ro is None:
+            self._ro = memoryview(self._lease).toreadonly()
+        v = self._make(f, self._ro)
+        self._views[name] = v
+        return v
+
+    def torch(self, name, copy=False):
+        """Field `name` as a torch tensor sharing the slot's memory (no copy), or with
+        copy=True a tensor of its own. The memory is mapped read-only: in-place operations
+        on a shared tensor crash the process (SIGSEGV); use out-of-place ops or copy=True.
+        torch has no uint16/uint32 (1.13): such fields raise TypeError unless copy=True,
+        which converts them to int64. A ragged field gives a RaggedField of tensors."""
+        t = _import_torch()
+        if self._lease is None or self._state.given_back:
+            self._check()
+        if not copy:
+            v = self._tensors.get(name)
+            if v is not None:
+                return v
+        f = self._field(name)
+        if copy:
+            v = self._make(f, self._lease)
+            if f.ragged:
+                return RaggedField(t.from_numpy(v.offsets.copy()), t.from_numpy(v.data.copy()), f.name)
+            if f.dtype not in _TORCH_DTYPES:
+                return t.from_numpy(v.astype(np.int64))
+            return t.from_numpy(v.copy())
+        if not f.ragged and f.dtype not in _TORCH_DTYPES:
+            raise TypeError("field %r is %s, which torch %s has no tensor type for: use batch.numpy(%r) "
+                            "(zero-copy) or batch.torch(%r, copy=True) (an int64 copy)"
+                            % (name, f.wire, t.__version__, name, name))
+        # A writable numpy view, so that torch does not warn about read-only arrays: the
+        # mapping is read-only anyway (see the docstring).
+        v = self._make(f, self._lease)
+        if f.ragged:
+            v = RaggedField(t.from_numpy(v.offsets), t.from_numpy(v.data), f.name)
+        else:
+            v = t.from_numpy(v)
+        self._tensors[name] = v
+        return v
+
+    def _torch_plan(self, plan):
+        """Tensors for [(field layout, copy?)] in one go: LoaderdDataLoader's per-batch path
+        (the checks of torch() done once per batch, no per-field cache)."""
+        t = _torch or _import_torch()
+        self._check()
+        if self._header_generation() != self.generation:
+            self._field(plan[0][0].name)   # raises the stale-generation error
+        lease = self._lease
+        base = self._stream._delta[self.slot]
+        rows = self.rows
+        out = []
+        for f, own in plan:
+            if f.ragged:
+                out.append(self.torch(f.name, copy=own))
+                continue
+            a = np.ndarray((rows,) + f.shape, f.dtype, buffer=lease, offset=base + f.offset)
+            if own:
+                a = a.copy() if f.dtype in _TORCH_DTYPES else a.astype(np.int64)
+            out.append(t.from_numpy(a))
+        return out
+
+    def as_dict(self):
+        """{name: numpy view} for every field."""
+        return {n: self.numpy(n) for n in self.fields}
+
+    def copy(self):
+        """{name: numpy array (or RaggedField) owning its memory}: safe to keep after release."""
+        out = {}
+        for n in self.fields:
+            v = self.numpy(n)
+            out[n] = v.copy() if isinstance(v, RaggedField) else np.array(v)
+        return out
+
+    def __repr__(self):
+        state = "released" if self.released else "leased"
+        return "<Batch epoch=%d index=%d rows=%d slot=%d %s>" % (self.epoch, self.index, self.rows, self.slot, state)
+
+
+class Stream:
+    """An ordered sequence of batches of one dataset (see Client.open). Iterating yields
+    Batch objects until the stream ends (``epochs`` > 0); by default each ``next()``
+    releases the batch the previous one returned."""
+
+    def __init__(self, client, handle, dataset, batch_size, epoch, start_batch, keep_views_safe, auto_release):
+        self._client = client
+        self._h = handle
+        self.dataset = dataset
+        self.batch_size = batch_size
+        self.keep_views_safe = keep_views_safe
+        self.auto_release = auto_release
+        self.id = lib.lc_stream_id(handle)
+        self.batches_per_epoch = lib.lc_stream_batches_per_epoch(handle)
+        self.samples_per_epoch = lib.lc_stream_samples_per_epoch(handle)
+        size = ctypes.c_size_t()
+        self._ring_base = lib.lc_stream_ring(handle, ctypes.byref(size))
+        self._ring_size = size.value
+        hdr = _RingHeader.from_address(self._ring_base)
+        if (hdr.magic != _RING_MAGIC or hdr.version != _RING_VERSION or hdr.slot_count == 0 or
+                hdr.slot_offset + hdr.slot_count * hdr.slot_size > self._ring_size):
+            raise LoaderdError(-71, "ring of stream %d has an unexpected header (magic 0x%08x version %d)"
+                               % (self.id, hdr.magic, hdr.version))
+        self.slot_count = hdr.slot_count
+        self._slot_size = hdr.slot_size
+        self._slot_offset = hdr.slot_offset
+        starts = [self._ring_base + hdr.slot_offset + s * hdr.slot_size for s in range(hdr.slot_count)]
+        self._delta = [st % _PAGE for st in starts]               # slot start within its alias
+        self._alias_src = [st - st % _PAGE for st in starts]
+        self._alias_len = max(-(-(d + hdr.slot_size) // _PAGE) * _PAGE for d in self._delta)
+        self._alias = [None] * hdr.slot_count                    # warm, idle aliases by slot
+        self._lease_type = type("_Lease", (ctypes.c_uint8 * self._alias_len,),
+                                {"__slots__": ("state",), "__del__": _lease_del})
+        self._layout = None
+        self._by_name = {}
+        self._held = collections.OrderedDict()                   # id(state) -> state, not given back
+        self._current = None
+        self._closed = False
+        self._bp = ctypes.c_void_p()
+        self._bp_ref = ctypes.byref(self._bp)
+        self.position = (epoch, start_batch)                     # (epoch, batch) of the next batch
+
+    # -- info -------------------------------------------------------------------------------
+
+    @property
+    def closed(self):
+        return self._closed
+
+    @property
+    def ring(self):
+        """(base address, size) of the C library's read-only mapping of the ring."""
+        return self._ring_base, self._ring_size
+
+    @property
+    def fields(self):
+        """[{name, dtype, shape, ragged}] of the dataset, in its order."""
+        if self._layout is not None:
+            return [f.describe() for f in self._layout]
+        for d in self._client.datasets():
+            if d.get("name") == self.dataset:
+                return [{"name": f["name"], "dtype": f["dtype"], "shape": list(f["shape"]),
+                         "ragged": bool(f.get("ragged"))} for f in d.get("fields", [])]
+        return []
+
+    def held_batches(self):
+        """Batches of this stream whose slot is still leased (including released batches
+        whose views are alive)."""
+        return len(self._held)
+
+    def __repr__(self):
+        return "<Stream %d of %r batch_size=%d%s>" % (self.id, self.dataset, self.batch_size,
+                                                     " closed" if self._closed else "")
+
+    # -- batches ----------------------------------------------------------------------------
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        try:
+            return self.next()
+        except EndOfStream:
+            raise StopIteration from None
+
+    def next(self, timeout=None):
+        """The next batch (a Batch). `timeout` in seconds (default: the client's timeout);
+        raises Timeout when it did not come in time (the request stays outstanding: call
+        again to keep waiting), EndOfStream after the last epoch, SampleError when a sample
+        could not be read, ConnectionLost when the daemon went away."""
+        if self._closed:
+            raise ReleasedError("stream %d is closed" % self.id)
+        cur = self._current
+        if cur is not None:
+            self._current = None
+            if self.auto_release:
+                cur.release()
+        client = self._client
+        total_ms = _ms(timeout, "timeout") if timeout is not None else client._timeout_ms
+        bp = self._bp
+        with client._lock:
+            if client._deferred:
+                client._run_deferred()
+            if self._closed:
+                raise ReleasedError("stream %d is closed" % self.id)
+            if len(self._held) > MAX_DEFERRED:
+                self._make_room()
+            rc = lib.lc_stream_next(self._h, min(total_ms, _WAIT_SLICE_MS), self._bp_ref)
+            waited = _WAIT_SLICE_MS
+            while rc == errors.ETIMEDOUT and waited < total_ms:
+                # Short slices, and the signal handlers run between them, so that Ctrl-C
+                # ends a long wait (explicitly: a signal caught by another thread is
+                # otherwise only noticed by the main thread's next eval-breaker check).
+                client._lock.release()
+                client._lock.acquire()
+                _check_signals()
+                if self._closed:
+                    raise ReleasedError("stream %d is closed" % self.id)
+                step = min(total_ms - waited, _WAIT_SLICE_MS)
+                rc = lib.lc_stream_next(self._h, step, self._bp_ref)
+                waited += step
+            if rc < 0:
+                if rc == errors.ETIMEDOUT:
+                    raise Timeout(rc, "no batch from loaderd within %.3g s (stream %d of %r); the request stays "
+                                  "outstanding: call next() again to keep waiting" % (total_ms / 1000, self.id,
+                                                                                       self.dataset))
+                raise client._error(rc)
+            b = self._wrap(bp.value)
+        if client._deferred:
+            client._run_deferred_unlocked()
+        if b.index + 1 >= self.batches_per_epoch:
+            self.position = (b.epoch + 1, 0)
+        else:
+            self.position = (b.epoch, b.index + 1)
+        self._current = b
+        return b
+
+    def _wrap(self, bptr):
+        # Under the client lock.
+        slot = lib.lc_batch_slot(bptr)
+        if self._layout is None:
+            try:
+                self._learn_layout(bptr, slot)
+            except BaseException:
+                lib.lc_batch_release(bptr)
+                raise
+        if self.keep_views_safe:
+            addr = self._alias[slot]
+            if addr is None:
+                addr = libc.mremap(self._alias_src[slot], 0, self._alias_len, _MREMAP_MAYMOVE, None)
+                if addr is None or addr == _MAP_FAILED:
+                    e = ctypes.get_errno()
+                    lib.lc_batch_release(bptr)
+                    raise LoaderdError(-e if e else -12,
+                                       "cannot map a view of slot %d: %s (open the stream with keep_views_safe=False "
+                                       "to use the library's mapping directly)" % (slot, os.strerror(e)))
+            else:
+                self._alias[slot] = None
+            st = _LeaseState(self, bptr, slot, addr, self._alias_len, True)
+        else:
+            st = _LeaseState(self, bptr, slot, self._alias_src[slot], self._alias_len, False)
+        self._held[id(st)] = st
+        lease = self._lease_type.from_address(st.addr)
+        lease.state = st
+        # The slot header (struct ld_slot_header: generation, epoch, batch, rows), which the
+        # library has just checked against the daemon's reply: one read instead of four calls.
+        gen, epoch, index, rows = _unpack_slot_header(lease, self._delta[slot])
+        return Batch(self, st, lease, epoch, index, rows, slot, gen)
+
+    def _learn_layout(self, bptr, slot):
+        start = self._ring_base + self._slot_offset + slot * self._slot_size
+        f = LcField()
+        layout = []
+        for i in range(lib.lc_batch_field_count(bptr)):
+            if lib.lc_batch_field(bptr, i, ctypes.byref(f)) < 0:
+                raise LoaderdError(-71, "field %d of stream %d cannot be read" % (i, self.id))
+            if f.dtype not in _DTYPES:
+                raise LoaderdError(-71, "field %r has an unknown dtype %d" % (f.name, f.dtype))
+            layout.append(_FieldLayout(i, f, start))
+        self._layout = layout
+        self._by_name = {fl.name: fl for fl in layout}
+
+    def _make_room(self):
+        # Under the client lock. Released batches whose views live on: keep at most
+        # MAX_DEFERRED of them leased; copy the oldest out of the ring beyond that.
+        deferred = [st for st in self._held.values() if st.batch_released and not st.given_back]
+        for st in deferred[:max(0, len(deferred) - MAX_DEFERRED)]:
+            self._materialize(st)
+        if len(self._held) >= self.slot_count:
+            raise LoaderdError(-4012, "all %d slots of stream %d are held by batches not released (auto_release="
+                               "False?): release one before asking for the next" % (self.slot_count, self.id))
+
+    def _materialize(self, st):
+        # Under the client lock: replace the alias under the live views by a private copy,
+        # then give the slot back. Atomic for the views: mremap(MREMAP_FIXED) swaps the
+        # pages behind st.addr in one step.
+        size = st.size
+        new = libc.mmap(None, size, _PROT_READ | _PROT_WRITE, _MAP_PRIVATE | _MAP_ANONYMOUS, -1, 0)
+        if new is None or new == _MAP_FAILED:
+            raise LoaderdError(-12, "cannot copy a kept batch out of the ring: %s" % os.strerror(ctypes.get_errno()))
+        ctypes.memmove(new, st.addr, size)
+        libc.mprotect(new, size, _PROT_READ)
+        r = libc.mremap(new, size, size, _MREMAP_MAYMOVE | _MREMAP_FIXED, st.addr)
+        if r != st.addr:
+            e = ctypes.get_errno()
+            libc.munmap(new, size)
+            raise LoaderdError(-e if e else -12, "cannot swap a kept batch's copy in: %s" % os.strerror(e))
+        st.materialized = True
+        self._give_back_locked(st)
+
+    def _batch_released(self, st):
+        # Guarded streams give the slot back when the lease dies (_views_dead), which
+        # Batch.release may just have caused; unguarded ones at once.
+        if not self.keep_views_safe:
+            self._client._defer_or_run(self, st)
+
+    def _views_dead(self, st):
+        # Any thread (the lease's finalizer). `views_dead` is set before `given_back` is
+        # read here, and _give_back_locked sets `given_back` before it reads `views_dead`,
+        # so of two racing threads at least one sees both and frees the mapping
+        # (_drop_mapping is idempotent).
+        if st.given_back:
+            if st.materialized or self._closed:
+                _drop_mapping(st)
+            return
+        if st.batch_released:
+            self._client._defer_or_run(self, st)
+
+    def _give_back_locked(self, st):
+        # Under the client lock.
+        if st.given_back:
+            return
+        st.given_back = True
+        self._held.pop(id(st), None)
+        if not self._closed:
+            lib.lc_batch_release(st.bptr)   # pipelined: does not wait for the daemon's reply
+        if st.views_dead:
+            if st.materialized or self._closed:
+                _drop_mapping(st)
+            elif _take_mapping(st):
+                if self._alias[st.slot] is not None:   # cannot happen: one lease per slot at a time
+                    libc.munmap(self._alias[st.slot], self._alias_len)
+                self._alias[st.slot] = st.addr   # warm for the slot's next batch
+
+    def close(self):
+        """Closes the stream (its batches are released). Arrays of its batches that are still
+        alive stay readable (the daemon does not write to a closed stream's leased slots).
+        Idempotent."""
+        if self._closed:
+            return
+        with self._client._lock:
+            self._close_locked(remote=True)
+
+    def _close_locked(self, remote):
+        if self._closed:
+            return
+        cur = self._current
+        if cur is not None:
+            cur._views = cur._tensors = cur._ro = None
+            cur._lease = None
+            self._current = None
+        self._closed = True
+        for st in list(self._held.values()):
+            self._give_back_locked(st)   # no release sent: the stream's close frees the slots
+        for s, addr in enumerate(self._alias):
+            if addr is not None:
+                libc.munmap(addr, self._alias_len)
+                self._alias[s] = None
+        if remote:
+            lib.lc_stream_close(self._h)
+        self._client._streams.discard(self)
+        self._h = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+
+class Client:
+    """One connection to loaderd. ``socket``: its path (default: $LOADERD_SOCKET, else
+    $XDG_RUNTIME_DIR/loaderd.sock, else /tmp/loaderd-<uid>.sock); ``timeout`` in seconds
+    bounds the connect and every later call; ``name`` shows in ``loaderctl streams``.
+    Usable from several threads (calls are serialized); for parallel streams use one
+    Client per thread."""
+
+    def __init__(self, socket=None, timeout=30.0, name="python"):
+        self._h = None
+        self._lock = threading.Lock()
+        self._deferred = collections.deque()
+        self._streams = set()   # strong: a stream lives until closed, or its client is
+        self._timeout_ms = _ms(timeout, "timeout")
+        self.timeout = timeout
+        self.socket = os.fspath(socket) if socket is not None else default_socket()
+        errbuf = ctypes.create_string_buffer(1024)
+        h = ctypes.c_void_p()
+        rc = lib.lc_connect(self.socket.encode(), self._timeout_ms, str(name).encode()[:63], ctypes.byref(h),
+                            errbuf, len(errbuf))
+        if rc < 0:
+            msg = errbuf.value.decode(errors="replace")
+            if rc == errors.ETIMEDOUT:
+                raise Timeout(rc, msg)
+            raise ConnectError(rc, msg)
+        self._h = h.value
+
+    # -- plumbing -----------------------------------------------------------------------------
+
+    def _error(self, rc):
+        # Under the lock: the library's message of the last failure.
+        return make_error(rc, lib.lc_client_error(self._h).decode(errors="replace"))
+
+    def _check(self):
+        if self._h is None:
+            raise ReleasedError("the client is closed")
+
+    def _defer_or_run(self, stream, st):
+        # Give a slot back now when the connection is free, else at the next call. Never blocks.
+        if self._lock.acquire(blocking=False):
+            try:
+                stream._give_back_locked(st)
+                self._run_deferred()
+            finally:
+                self._lock.release()
+        else:
+            self._deferred.append((stream, st))
+
+    def _run_deferred(self):
+        # Under the lock.
+        while self._deferred:
+            stream, st = self._deferred.popleft()
+            stream._give_back_locked(st)   # a closed stream: only the mapping is dealt with
+
+    def _run_deferred_unlocked(self):
+        if self._deferred and self._lock.acquire(blocking=False):
+            try:
+                self._run_deferred()
+            finally:
+                self._lock.release()
+
+    # -- requests -------------------------------------------------------------------------------
+
+    def request(self, obj):
+        """Sends one request (a dict without "id") and returns the reply as a dict. Daemon
+        errors raise. For the read-only ops: status, datasets, streams."""
+        self._check()
+        out = ctypes.c_void_p()
+        with self._lock:
+            self._run_deferred()
+            rc = lib.lc_request_json(self._h, json.dumps(obj).encode(), ctypes.byref(out))
+            if rc < 0:
+                raise self._error(rc)
+        try:
+            return json.loads(ctypes.string_at(out.value).decode())
+        finally:
+            lib.lc_free(out)
+
+    def datasets(self):
+        """The daemon's datasets: [{name, kind, source, samples, fields: [{name, dtype, shape, ragged}]}]."""
+        return self.request({"op": "datasets"})["datasets"]
+
+    def status(self):
+        """The daemon's status (server, pid, uptime_s, clients, streams, samples_per_s, slots, ...)."""
+        r = self.request({"op": "status"})
+        r.pop("id", None)
+        r.pop("ok", None)
+        return r
+
+    def streams(self):
+        """Every stream of the daemon, with its slot states."""
+        return self.request({"op": "streams"})["streams"]
+
+    def open(self, dataset, batch_size, shuffle=True, seed=0, epoch=0, rank=None, world_size=None,
+             drop_last=False, start_batch=0, prefetch=None, epochs=0, keep_views_safe=True, auto_release=True):
+        """Opens a stream of `dataset`: batches of `batch_size`, shuffled with (seed, epoch)
+        unless shuffle=False, this rank's share (rank, world_size; default 0, 1), starting at
+        batch `start_batch` of `epoch`, `prefetch` batches prepared ahead (default: the
+        daemon's), `epochs` epochs then end (0: unbounded). See the module documentation for
+        keep_views_safe; auto_release=False keeps every batch until batch.release()."""
+        self._check()
+        o = LcStreamOptions()
+        lib.lc_stream_options_init(ctypes.byref(o))
+        o.batch_size = _uint("batch_size", batch_size, 32)
+        o.shuffle = 1 if shuffle else 0
+        o.seed = _uint("seed", seed, 64)
+        o.epoch = _uint("epoch", epoch, 64)
+        if rank is not None:
+            o.rank = _uint("rank", rank, 31)
+        if world_size is not None:
+            o.world_size = _uint("world_size", world_size, 31)
+        o.drop_last = 1 if drop_last else 0
+        o.start_batch = _uint("start_batch", start_batch, 64)
+        if prefetch is not None:
+            o.prefetch = _uint("prefetch", prefetch, 32)
+            if o.prefetch == 0:
+                raise InvalidArgument(errors.EFIELD, "field 'prefetch': expected an integer in [1, 64], got 0")
+        o.epochs = _uint("epochs", epochs, 64)
+        h = ctypes.c_void_p()
+        with self._lock:
+            self._run_deferred()
+            rc = lib.lc_stream_open(self._h, str(dataset).encode(), ctypes.byref(o), ctypes.byref(h))
+            if rc < 0:
+                raise self._error(rc)
+            try:
+                s = Stream(self, h.value, str(dataset), int(batch_size), int(epoch), int(start_batch),
+                           bool(keep_views_safe), bool(auto_release))
+            except BaseException:
+                lib.lc_stream_close(h.value)
+                raise
+            self._streams.add(s)
+        return s
+
+    # -- lifetime -------------------------------------------------------------------------------
+
+    @property
+    def closed(self):
+        return self._h is None
+
+    def close(self):
+        """Closes every stream and the connection. Idempotent."""
+        if self._h is None:
+            return
+        with self._lock:
+            for s in list(self._streams):
+                s._close_locked(remote=False)
+            self._deferred.clear()
+            lib.lc_client_close(self._h)
+            self._h = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def __repr__(self):
+        return "<loaderclient.Client %s%s>" % (self.socket, " closed" if self._h is None else "")

@@ -1,0 +1,586 @@
+"""Client, Stream and Batch against a real loaderd: bytes, zero-copy, release, errors."""
+import ctypes
+import os
+import signal
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import support
+from conftest import REC, TOK, VAR
+
+import loaderclient
+from loaderclient import _lib
+
+
+# -- helpers ------------------------------------------------------------------------------------
+
+def mapping_of(addr):
+    """The /proc/self/maps entry holding addr."""
+    with open("/proc/self/maps") as f:
+        for line in f:
+            parts = line.split(None, 5)
+            lo, hi = (int(x, 16) for x in parts[0].split("-"))
+            if lo <= addr < hi:
+                return {"start": lo, "end": hi, "perms": parts[1], "offset": int(parts[2], 16),
+                        "file": (parts[3], int(parts[4])), "path": parts[5].strip() if len(parts) > 5 else ""}
+    return None
+
+
+def shm_position(addr):
+    """(file identity, offset in the file) of the shared memory behind addr."""
+    m = mapping_of(addr)
+    assert m is not None, "address 0x%x is not mapped" % addr
+    return m["file"], addr - m["start"] + m["offset"], m
+
+
+def library_pointer(batch, name):
+    f = _lib.LcField()
+    assert _lib.lib.lc_batch_field_by_name(batch._state.bptr, name.encode(), ctypes.byref(f)) == 0
+    return f.data
+
+
+def assert_zero_copy(batch, name, addr):
+    """addr (an array's data) is the very shared memory the C library sees for the field."""
+    lib_ptr = library_pointer(batch, name)
+    base, size = batch._stream.ring
+    assert base <= lib_ptr < base + size
+    ours, lib_side = shm_position(addr), shm_position(lib_ptr)
+    assert ours[0] == lib_side[0], "not the same shared-memory object"
+    assert ours[1] == lib_side[1], "not the same offset in it"
+    assert "loaderd." in ours[2]["path"] and ours[2]["perms"].startswith("r-") and ours[2]["perms"][3] == "s"
+
+
+def file_of(row, index):
+    return index[int(np.frombuffer(row[:8].tobytes(), "<u8")[0])]
+
+
+def check_rec_batch(b, index):
+    x, y = b["data"], b["label"]
+    assert x.shape == (b.rows, REC["size"]) and x.dtype == np.uint8
+    assert y.shape == (b.rows,) and y.dtype == np.int64
+    got = []
+    for r in range(b.rows):
+        i = file_of(x[r], index)
+        assert (x[r] == support.file_bytes(i, REC["size"])).all()
+        assert y[r] == i % REC["classes"]
+        got.append(i)
+    return got
+
+
+def leased_on_daemon(client, stream):
+    for st in client.streams():
+        if st["id"] == stream.id:
+            return st["leased"]
+    raise AssertionError("stream %d not listed" % stream.id)
+
+
+# -- information ------------------------------------------------------------------------------------
+
+def test_datasets_and_status(client, daemon):
+    ds = {d["name"]: d for d in client.datasets()}
+    assert set(ds) == {"rec", "var", "tok"}
+    assert ds["rec"]["samples"] == REC["n"] and ds["rec"]["kind"] == "files"
+    assert [f["name"] for f in ds["rec"]["fields"]] == ["data", "label"]
+    assert ds["var"]["fields"][0]["ragged"] is True
+    assert ds["tok"]["fields"] == [{"name": "tokens", "dtype": "uint16", "shape": [TOK["context"] + 1],
+                                    "ragged": False}]
+    st = client.status()
+    assert st["pid"] == daemon.pid and "id" not in st and st["clients"] >= 1
+    assert client.request({"op": "status"})["ok"] is True
+
+
+def test_default_socket_follows_env(monkeypatch):
+    monkeypatch.setenv("LOADERD_SOCKET", "/tmp/some.sock")
+    assert loaderclient.default_socket() == "/tmp/some.sock"
+
+
+# -- content ----------------------------------------------------------------------------------------
+
+def test_views_match_the_files(client, rec_index):
+    with client.open("rec", 64, seed=3, epochs=2) as s:
+        assert (s.batches_per_epoch, s.samples_per_epoch) == (16, REC["n"])
+        assert s.fields == [{"name": "data", "dtype": "uint8", "shape": [REC["size"]], "ragged": False},
+                            {"name": "label", "dtype": "int64", "shape": [], "ragged": False}]
+        seen = {0: [], 1: []}
+        for b in s:
+            assert b.index == len(seen[b.epoch]) // 64 and b.valid
+            assert b.rows == (64 if b.index < 15 else REC["n"] - 15 * 64)
+            seen[b.epoch] += check_rec_batch(b, rec_index)
+            x = b["data"]
+            assert not x.flags.writeable and not x.flags.owndata
+            with pytest.raises(ValueError):
+                x[0, 0] = 1
+    for e in (0, 1):
+        assert sorted(seen[e]) == list(range(REC["n"]))   # each epoch exactly once
+    assert seen[0] != seen[1]                             # shuffled differently
+    assert seen[0] != sorted(seen[0])
+
+
+def test_unshuffled_order_and_options(client, rec_index):
+    # start_batch, epochs, prefetch and drop_last all reach the daemon (the options struct).
+    with client.open("rec", 100, shuffle=False, start_batch=3, epochs=1, prefetch=1, drop_last=True) as s:
+        st = [x for x in client.streams() if x["id"] == s.id][0]
+        assert st["prefetch"] == 1 and st["slots"] == 3 and st["batch"] == 3
+        got = [(b.epoch, b.index, check_rec_batch(b, rec_index)) for b in s]
+    assert [(e, i) for e, i, _ in got] == [(0, i) for i in range(3, 10)]
+    # Dataset order is path order: class_003/ holds files 3, 13, ..., 993 (positions 300-399).
+    assert got[0][2] == list(range(3, REC["n"], 10))
+    with client.open("rec", 64, drop_last=True, world_size=3, rank=2, epochs=1) as s:
+        assert s.samples_per_epoch == REC["n"] // 3 and s.batches_per_epoch == (REC["n"] // 3) // 64
+
+
+def test_ragged_field(client):
+    n, size = VAR["n"], VAR["size"]
+    index = {support.file_word0(i): i for i in range(n)}
+    seen = []
+    with client.open("var", 32, seed=1, epochs=1) as s:
+        for b in s:
+            rf = b["data"]
+            assert isinstance(rf, loaderclient.RaggedField) and len(rf) == b.rows
+            assert rf.offsets.dtype == np.int64 and rf.offsets.shape == (b.rows + 1,) and rf.offsets[0] == 0
+            assert rf.data.dtype == np.uint8 and len(rf.data) == rf.offsets[-1]
+            assert not rf.offsets.flags.writeable and not rf.data.flags.writeable
+            as_bytes = rf.tolist()
+            for r in range(b.rows):
+                i = file_of(rf[r], index)
+                want = support.file_bytes(i, size, vary=True)
+                assert len(rf[r]) == len(want) == rf.lengths()[r]
+                assert (rf[r] == want).all() and as_bytes[r] == want.tobytes()
+                assert b["label"][r] == i % VAR["classes"]
+                seen.append(i)
+            assert (rf[-1] == rf[b.rows - 1]).all()
+            with pytest.raises(IndexError):
+                rf[b.rows]
+            assert_zero_copy(b, "data", rf.data.ctypes.data)
+            t = b.torch("data")
+            assert t.data.dtype.__str__() == "torch.uint8" and bytes(t[0].numpy()) == as_bytes[0]
+            kept = b.copy()["data"]
+        assert kept.tolist() == as_bytes
+    assert sorted(seen) == list(range(n))
+
+
+def test_tokens_uint16(client):
+    ctx = TOK["context"]
+    with client.open("tok", 8, shuffle=False, epochs=1) as s:
+        b = s.next()
+        x = b["tokens"]
+        assert x.dtype == np.uint16 and x.shape == (8, ctx + 1)
+        for r in range(8):
+            assert (x[r] == support.tokens(r * ctx, ctx + 1)).all()
+        with pytest.raises(TypeError, match=r"uint16.*numpy\('tokens'\).*copy=True"):
+            b.torch("tokens")
+        t = b.torch("tokens", copy=True)
+        assert str(t.dtype) == "torch.int64" and (t.numpy() == x.astype(np.int64)).all()
+
+
+# -- zero copy ----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("safe", [True, False])
+def test_zero_copy(client, safe):
+    with client.open("rec", 64, keep_views_safe=safe) as s:
+        for _ in range(s.slot_count + 2):   # every slot, and reused aliases
+            b = s.next()
+            x, y = b["data"], b["label"]
+            assert_zero_copy(b, "data", x.ctypes.data)
+            assert_zero_copy(b, "label", y.ctypes.data)
+            t = b.torch("data")
+            assert t.data_ptr() == x.ctypes.data
+            if not safe:    # unguarded: straight into the library's mapping
+                assert x.ctypes.data == library_pointer(b, "data")
+            else:           # guarded: an alias of the same pages
+                assert x.ctypes.data != library_pointer(b, "data")
+            del x, y, t
+
+
+# -- release ----------------------------------------------------------------------------------------
+
+def test_next_releases_previous(client):
+    with client.open("rec", 64) as s:
+        b1 = s.next()
+        b1["data"]
+        b1.torch("label")
+        b2 = s.next()
+        assert b1.released and not b2.released
+        for access in (lambda: b1["data"], lambda: b1.numpy("label"), lambda: b1.torch("data"), b1.copy,
+                       lambda: b1.fields and b1["label"]):
+            with pytest.raises(loaderclient.ReleasedError, match="released"):
+                access()
+        assert not b1.valid
+        assert (b1.epoch, b1.index) == (0, 0)     # metadata stays readable
+        assert leased_on_daemon(client, s) == 1   # b1's slot is back: its views died with b1's cache
+
+
+def test_explicit_release_and_context_manager(client):
+    with client.open("rec", 64, auto_release=False) as s:
+        b = s.next()
+        b.release()
+        b.release()   # idempotent
+        assert b.released
+        with pytest.raises(loaderclient.ReleasedError):
+            b["data"]
+        with s.next() as b2:
+            assert b2["data"].shape[0] == 64
+        assert b2.released
+        assert leased_on_daemon(client, s) == 0
+        # Hold every slot: `prefetch` batches are ready; releasing one makes the daemon
+        # fill the free slots again (see test_daemon_refills_while_batches_are_held).
+        held = [s.next() for _ in range(4)]
+        held.pop().release()
+        held += [s.next() for _ in range(s.slot_count - len(held))]
+        assert len(held) == s.slot_count and leased_on_daemon(client, s) == s.slot_count
+        # Every slot held and nothing released: an error, not a wait for a batch that cannot come.
+        with pytest.raises(loaderclient.LoaderdError, match="release one") as ei:
+            s.next()
+        assert ei.value.code == -4012
+        last = held[-1].index
+        for h in held:
+            h.release()
+        assert s.next().index == last + 1
+
+
+@pytest.mark.xfail(reason="daemon/stream.c: deliver() leases a READY slot without calling schedule(), so "
+                          "nothing is prefetched while the trainer holds batches until one is released",
+                   strict=False)
+def test_daemon_refills_while_batches_are_held(client):
+    with client.open("rec", 64, prefetch=2, auto_release=False) as s:
+        held = [s.next(timeout=1) for _ in range(s.slot_count - 1)]   # 3 of 4 slots held, 1 free
+        assert len(held) == 3
+
+
+def test_kept_views_keep_their_bytes(client, rec_index):
+    """An array kept past its batch's release never shows another batch's data."""
+    with client.open("rec", 64, seed=5) as s:
+        b = s.next()
+        x = b["data"]
+        t = b.torch("data")
+        want = np.array(x)
+        assert check_rec_batch(b, rec_index)
+        b2 = s.next()      # b released; x alive: the slot stays leased (deferred)
+        assert leased_on_daemon(client, s) == 2
+        del b2
+        for _ in range(3 * s.slot_count):   # the ring turns over many times
+            nb = s.next()
+            nb["data"]
+            assert s.held_batches() <= 2
+            assert leased_on_daemon(client, s) <= 2
+        assert (x == want).all() and (t.numpy() == want).all()
+        for r in range(x.shape[0]):
+            assert (x[r] == support.file_bytes(file_of(x[r], rec_index), REC["size"])).all()
+        # One kept batch holds its slot (no copy: still the shared memory).
+        assert "loaderd." in mapping_of(x.ctypes.data)["path"]
+        assert leased_on_daemon(client, s) == 2
+        # Keep a second one: the oldest is copied out of the ring, its slot given back.
+        b3 = s.next()
+        x3 = b3["data"]
+        s.next()
+        assert "loaderd." not in mapping_of(x.ctypes.data)["path"]
+        assert "loaderd." in mapping_of(x3.ctypes.data)["path"]
+        assert leased_on_daemon(client, s) == 2
+        assert (x == want).all() and (t.numpy() == want).all()
+        del x, t
+
+
+def test_views_dying_give_the_slot_back(client):
+    with client.open("rec", 64) as s:
+        b = s.next()
+        x = b["data"]
+        s.next()
+        assert leased_on_daemon(client, s) == 2
+        del x               # last view of the first batch: its slot goes back now
+        assert leased_on_daemon(client, s) == 1
+
+
+def test_many_kept_batches(client, rec_index):
+    with client.open("rec", 64, seed=9, epochs=1) as s:
+        kept = [(b["data"], np.array(b["data"])) for b in s]
+        assert len(kept) == 16 and s.held_batches() <= 1
+    for view, want in kept:
+        assert (view == want).all()
+    ids = [file_of(v[r], rec_index) for v, _ in kept for r in range(v.shape[0])]
+    assert sorted(ids) == list(range(REC["n"]))
+
+
+def test_unguarded_release_is_immediate(client):
+    with client.open("rec", 64, keep_views_safe=False) as s:
+        b = s.next()
+        x = b["data"]
+        s.next()
+        assert b.released and leased_on_daemon(client, s) == 1   # x alive, slot back anyway
+        with pytest.raises(loaderclient.ReleasedError):
+            b["data"]
+        del x
+
+
+def test_stream_and_client_close(daemon):
+    c = loaderclient.Client(daemon.socket, timeout=10)
+    with c:
+        with c.open("rec", 64) as s:
+            b = s.next()
+            x = b["data"]
+            want = np.array(x)
+        assert s.closed and b.released
+        with pytest.raises(loaderclient.ReleasedError):
+            s.next()
+        with pytest.raises(loaderclient.ReleasedError):
+            b["data"]
+        assert (x == want).all()   # a closed stream's slots are not written again
+        s2 = c.open("rec", 64)
+        b2 = s2.next()
+    assert c.closed and s2.closed and b2.released
+    with pytest.raises(loaderclient.ReleasedError):
+        c.datasets()
+    with pytest.raises(loaderclient.ReleasedError):
+        c.open("rec", 4)
+    c.close()   # idempotent
+
+
+# -- errors -------------------------------------------------------------------------------------------
+
+def test_error_no_dataset(client):
+    with pytest.raises(loaderclient.DatasetNotFound) as ei:
+        client.open("nope", 4)
+    assert ei.value.code == -4004 and ei.value.name == "no_such_dataset" and "nope" in ei.value.message
+
+
+@pytest.mark.parametrize("kw, code, name, text", [
+    (dict(batch_size=0), -4003, "bad_field", "batch_size"),
+    (dict(batch_size=4, rank=2, world_size=2), -22, "invalid_argument", "rank"),
+    (dict(batch_size=4, start_batch=10 ** 6), -22, "invalid_argument", "start_batch"),
+    (dict(batch_size=4, prefetch=65), -4003, "bad_field", "prefetch"),
+    (dict(batch_size=-1), -4003, "bad_field", "batch_size"),      # refused before it wraps around
+    (dict(batch_size=4, seed=-5), -4003, "bad_field", "seed"),
+    (dict(batch_size=4, seed=2 ** 60), -4003, "bad_field", "seed"),
+    (dict(batch_size=4, prefetch=0), -4003, "bad_field", "prefetch"),
+])
+def test_error_bad_arguments(client, kw, code, name, text):
+    with pytest.raises(loaderclient.InvalidArgument) as ei:
+        client.open("rec", **kw)
+    assert (ei.value.code, ei.value.name) == (code, name) and text in ei.value.message
+    assert isinstance(ei.value, ValueError)
+    assert client.datasets()   # the connection is still fine
+
+
+def test_error_connect(scratch):
+    with pytest.raises(loaderclient.ConnectError) as ei:
+        loaderclient.Client(str(scratch / "none.sock"), timeout=2)
+    assert ei.value.code in (-2, -111) and "loaderd running" in ei.value.message
+    with pytest.raises(loaderclient.InvalidArgument):
+        loaderclient.Client(str(scratch / "none.sock"), timeout=0)
+
+
+def test_daemon_killed_mid_epoch(spare_daemon, rec_index):
+    c = loaderclient.Client(spare_daemon.socket, timeout=5)
+    s = c.open("rec", 16)
+    b = s.next()
+    x = b["data"]
+    os.kill(spare_daemon.pid, signal.SIGKILL)
+    spare_daemon.proc.wait()
+    t0 = time.monotonic()
+    with pytest.raises(loaderclient.ConnectionLost) as ei:
+        for _ in range(100):
+            s.next()
+    assert time.monotonic() - t0 < 4
+    assert isinstance(ei.value, ConnectionError)
+    with pytest.raises(loaderclient.ConnectionLost):
+        c.status()
+    check_rec_batch_rows = [file_of(x[r], rec_index) for r in range(x.shape[0])]   # still readable
+    assert len(check_rec_batch_rows) == 16
+    c.close()
+
+
+def test_daemon_stopped_times_out_then_resumes(spare_daemon):
+    c = loaderclient.Client(spare_daemon.socket, timeout=5)
+    s = c.open("rec", 16, prefetch=1)
+    s.next()
+    os.kill(spare_daemon.pid, signal.SIGSTOP)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(loaderclient.Timeout) as ei:
+            for _ in range(10):
+                s.next(timeout=0.6)
+        assert 0.5 < time.monotonic() - t0 < 3.5
+        assert ei.value.code == -110 and isinstance(ei.value, TimeoutError)
+    finally:
+        os.kill(spare_daemon.pid, signal.SIGCONT)
+    b = s.next(timeout=5)   # the outstanding request's batch
+    assert b.rows == 16
+    c.close()
+
+
+def test_ctrl_c_interrupts_a_wait(spare_daemon):
+    c = loaderclient.Client(spare_daemon.socket, timeout=30)
+    s = c.open("rec", 16, prefetch=1)
+    s.next()
+    os.kill(spare_daemon.pid, signal.SIGSTOP)
+    timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT))
+    try:
+        t0 = time.monotonic()
+        timer.start()
+        with pytest.raises(KeyboardInterrupt):
+            s.next()            # would wait 30 s: Ctrl-C ends it within a wait slice
+        assert time.monotonic() - t0 < 2
+    finally:
+        timer.cancel()
+        os.kill(spare_daemon.pid, signal.SIGCONT)
+    assert s.next(timeout=5).rows == 16   # still usable afterwards
+    c.close()
+
+
+def test_release_from_a_busy_moment_is_deferred(client):
+    """A view dying while the connection is in use (another thread's call, or inside our
+    own code) queues its slot's release for the next call instead of blocking."""
+    with client.open("rec", 64) as s:
+        b = s.next()
+        x = b["data"]
+        s.next()
+        assert leased_on_daemon(client, s) == 2
+        with client._lock:          # the connection is busy
+            del x
+            assert len(client._deferred) == 1
+        assert leased_on_daemon(client, s) == 1   # sent before this request
+        assert not client._deferred
+
+
+# -- concurrency ----------------------------------------------------------------------------------------
+
+def test_two_clients_in_threads(daemon, rec_index):
+    results, failures = {}, []
+
+    def reader(k):
+        try:
+            with loaderclient.Client(daemon.socket, timeout=10, name="t%d" % k) as c:
+                with c.open("rec", 50, seed=k, epochs=2) as s:
+                    ids = []
+                    for b in s:
+                        ids += check_rec_batch(b, rec_index)
+                    results[k] = ids
+        except BaseException as e:   # reported below
+            failures.append(e)
+
+    threads = [threading.Thread(target=reader, args=(k,)) for k in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not failures, failures
+    for k in range(2):
+        assert sorted(results[k][:REC["n"]]) == list(range(REC["n"]))
+        assert sorted(results[k][REC["n"]:]) == list(range(REC["n"]))
+    assert results[0] != results[1]
+
+
+def test_two_processes(daemon):
+    code = """
+import loaderclient, numpy as np
+with loaderclient.Client(%r) as c, c.open("rec", 64, seed=7, epochs=1) as s:
+    print(sum(int(b["label"].sum()) for b in s))
+""" % daemon.socket
+    procs = [support.run_python(code) for _ in range(2)]
+    want = sum(i % REC["classes"] for i in range(REC["n"]))
+    for p in procs:
+        assert p.returncode == 0, p.stderr
+        assert int(p.stdout) == want
+
+
+def test_same_seed_same_order(client, rec_index):
+    def order(seed, epoch):
+        with client.open("rec", 64, seed=seed, epoch=epoch, epochs=1) as s:
+            return [i for b in s for i in check_rec_batch(b, rec_index)]
+    a = order(1, 0)
+    assert order(1, 0) == a
+    assert order(2, 0) != a and order(1, 1) != a
+
+
+def _maps():
+    with open("/proc/self/maps") as f:
+        lines = f.read().splitlines()
+    return len(lines), sum("loaderd." in ln for ln in lines)
+
+
+def test_no_mapping_left_behind(client):
+    import gc
+    gc.collect()
+    total0, shm0 = _maps()
+    assert shm0 == 0
+    with client.open("rec", 64, epochs=3) as s:
+        kept = []
+        for b in s:
+            if b.index % 3 == 0:
+                kept.append(b["data"])      # kept views: deferred, then copied out
+            if len(kept) > 4:
+                kept.pop(0)
+        assert _maps()[1] >= 1
+    unguarded = client.open("rec", 64, keep_views_safe=False)
+    unguarded.next()
+    unguarded.close()
+    del kept, b
+    gc.collect()
+    total1, shm1 = _maps()
+    assert shm1 == 0
+    assert total1 <= total0 + 2, (total0, total1)
+
+
+def test_views_handed_to_another_thread(client, rec_index):
+    """A consumer thread checks and drops views at its own pace while the main thread
+    iterates: releases come from finalizers in that thread, kept views get copied out; every
+    view it reads holds its batch's bytes."""
+    import gc
+    import queue
+    q = queue.Queue(maxsize=6)
+    bad, checked = [], []
+
+    def consumer():
+        while True:
+            item = q.get()
+            if item is None:
+                return
+            x, ids = item
+            time.sleep(0.002 * (len(checked) % 4))
+            got = [file_of(x[r], rec_index) for r in range(x.shape[0])]
+            if got != ids or any((x[r] != support.file_bytes(i, REC["size"])).any() for r, i in enumerate(got)):
+                bad.append(ids)
+            checked.append(len(got))
+            del x, item
+
+    t = threading.Thread(target=consumer)
+    t.start()
+    try:
+        with client.open("rec", 32, seed=11, epochs=2) as s:
+            for b in s:
+                x = b["data"]
+                q.put((x, [file_of(x[r], rec_index) for r in range(b.rows)]))
+                del x
+                assert s.held_batches() <= s.slot_count - 1
+    finally:
+        q.put(None)
+        t.join(30)
+    assert not bad and sum(checked) == 2 * REC["n"]
+    gc.collect()
+    assert _maps()[1] == 0
+
+
+def test_bad_sample_raises_sample_error():
+    d = support.short_tmpdir("lc-bad.")
+    try:
+        support.gen_files(os.path.join(d, "few"), 40, 64, 2)
+        dm = support.Daemon(d, "  few:\n    kind: files\n    path: few\n")
+        dm.start()
+        try:
+            victim = os.path.join(d, "few", "class_001", "0000007.bin")
+            os.unlink(victim)     # listed at start, gone when read
+            with loaderclient.Client(dm.socket, timeout=5) as c, c.open("few", 8, shuffle=False) as s:
+                with pytest.raises(loaderclient.SampleError) as ei:
+                    for _ in range(10):
+                        s.next()
+                assert ei.value.code == -4010 and ei.value.name == "bad_sample"
+                assert "0000007.bin" in ei.value.message
+                with pytest.raises(loaderclient.SampleError):
+                    s.next()      # the stream stays failed
+        finally:
+            assert dm.stop() == 0
+            assert support.shm_left(dm.pid) == []
+    finally:
+        support.rmtree(d)
