@@ -366,9 +366,16 @@ static void client_settle(lc_client *c, const struct client_pending *p, cJSON *r
         break;
     }
     case CLIENT_PENDING_NEXT:
-        if (p->stream && !p->stream->next_reply) {
-            p->stream->next_reply = reply;
-            reply = NULL;
+        if (p->stream) {
+            lc_stream *st = p->stream;
+            for (unsigned k = 0; k < st->ahead_count; k++) {
+                unsigned i = (st->ahead_head + k) % CLIENT_READ_AHEAD;
+                if (st->ahead_id[i] == p->id && !st->ahead_reply[i]) {
+                    st->ahead_reply[i] = reply;
+                    reply = NULL;
+                    break;
+                }
+            }
         }
         break;
     default:
@@ -627,7 +634,8 @@ static void client_free(lc_client *c)
         }
         if (s->map)
             munmap((void *)s->map, s->map_size);
-        cJSON_Delete(s->next_reply);
+        for (unsigned k = 0; k < CLIENT_READ_AHEAD; k++)
+            cJSON_Delete(s->ahead_reply[k]);
         free(s);
     }
     if (c->fd >= 0)
@@ -1090,7 +1098,6 @@ LC_EXPORT int lc_stream_open(lc_client *c, const char *dataset, const lc_stream_
         goto out;
     }
     s->client = c;
-    s->next_id = -1;
     /* Once the daemon holds a stream for us, every failure below must close it. */
     if (proto_get_int(reply, "stream", 0, LD_JSON_SAFE_INT, &sid, msg) == 0)
         remote = true;
@@ -1179,9 +1186,14 @@ static int client_send_next(lc_stream *s, int64_t deadline, int timeout_ms)
         client_seterr(c, "out of memory building 'next'");
         return LC_ENOMEM;
     }
-    int ret = client_send(c, req, CLIENT_PENDING_NEXT, LD_OP_NEXT, s, deadline, timeout_ms, &s->next_id);
-    if (ret == 0)
-        s->next_outstanding = true;
+    int64_t id;
+    int ret = client_send(c, req, CLIENT_PENDING_NEXT, LD_OP_NEXT, s, deadline, timeout_ms, &id);
+    if (ret == 0) {
+        unsigned i = (s->ahead_head + s->ahead_count) % CLIENT_READ_AHEAD;
+        s->ahead_id[i] = id;
+        s->ahead_reply[i] = NULL;
+        s->ahead_count++;
+    }
     return ret;
 }
 
@@ -1200,22 +1212,25 @@ LC_EXPORT int lc_stream_next(lc_stream *s, int timeout_ms, lc_batch **ret_batch)
     }
     timeout_ms = client_effective_timeout(c, timeout_ms);
     int64_t deadline = client_now_ms() + timeout_ms;
-    if (s->next_reply) {
-        reply = s->next_reply;
-        s->next_reply = NULL;
-    } else {
+    if (!s->ahead_count) {
         if ((ret = client_check_usable(c)) < 0)
             return ret;
-        if (!s->next_outstanding) {
-            ret = client_send_next(s, deadline, timeout_ms);
-            if (ret < 0)
-                return ret;
-        }
-        ret = client_wait(c, s->next_id, deadline, timeout_ms, &reply);
+        ret = client_send_next(s, deadline, timeout_ms);
+        if (ret < 0)
+            return ret;
+    }
+    unsigned head = s->ahead_head;
+    if (!s->ahead_reply[head]) {
+        if ((ret = client_check_usable(c)) < 0)
+            return ret;
+        ret = client_wait(c, s->ahead_id[head], deadline, timeout_ms, &s->ahead_reply[head]);
         if (ret < 0)
             return ret; /* on a timeout the request stays outstanding for the next call */
     }
-    s->next_outstanding = false;
+    reply = s->ahead_reply[head];
+    s->ahead_reply[head] = NULL;
+    s->ahead_head = (head + 1) % CLIENT_READ_AHEAD;
+    s->ahead_count--;
     ret = proto_reply_status(reply, msg);
     if (ret < 0) {
         client_seterr(c, "%s", msg);
@@ -1275,8 +1290,9 @@ LC_EXPORT int lc_stream_next(lc_stream *s, int timeout_ms, lc_batch **ret_batch)
      * Only while the trainer holds just this batch of the stream: one that keeps batches
      * never has a request waiting on the daemon for a slot that it holds itself. A send
      * that fails here breaks the connection, and the next call reports it. */
-    if (!s->next_outstanding && !s->batches->next)
-        (void)client_send_next(s, deadline, timeout_ms);
+    if (!s->batches->next)
+        while (s->ahead_count < CLIENT_READ_AHEAD && !c->broken && client_send_next(s, deadline, timeout_ms) == 0)
+            ;
 out:
     /* A batch we could not hand out still holds its slot on the daemon: give it back. */
     if (b) {
@@ -1318,8 +1334,11 @@ LC_EXPORT int lc_stream_close(lc_stream *s)
         free(b);
     }
     client_pending_forget_stream(c, s);
-    cJSON_Delete(s->next_reply);
-    s->next_reply = NULL;
+    for (unsigned k = 0; k < CLIENT_READ_AHEAD; k++) {
+        cJSON_Delete(s->ahead_reply[k]);
+        s->ahead_reply[k] = NULL;
+    }
+    s->ahead_count = 0;
     if (!c->broken) {
         cJSON *req = cJSON_CreateObject();
         if (!req || !cJSON_AddStringToObject(req, "op", LD_OP_CLOSE) ||

@@ -14,6 +14,7 @@
 #define CLIENT_ERRMSG_MAX (2 * LD_ERRMSG_MAX) /* room for our prefix + the daemon's message */
 #define CLIENT_REPLY_LIMIT LD_FRAME_MAX_LIMIT /* largest reply frame we accept: 64 MiB */
 #define CLIENT_DEFAULT_TIMEOUT_MS 30000
+#define CLIENT_READ_AHEAD 2          /* next requests a stream keeps ahead of the trainer */
 #define CLIENT_DEFER_MAX_FRAMES 32     /* releases queued before they are sent on their own */
 
 /* What to do with a reply when it arrives. Replies come in request order, so the
@@ -75,9 +76,11 @@ struct lc_stream {
     int n_fields;
     struct client_field fields[LD_MAX_FIELDS];
     lc_batch *batches;          /* held (not yet released) batches */
-    bool next_outstanding;      /* a next was sent and its reply not yet taken */
-    int64_t next_id;            /* its id */
-    cJSON *next_reply;          /* its reply, when it arrived while waiting for another */
+    /* next requests sent and not yet handed out, oldest first (a ring of
+     * CLIENT_READ_AHEAD): their ids, and their replies once read. */
+    int64_t ahead_id[CLIENT_READ_AHEAD];
+    cJSON *ahead_reply[CLIENT_READ_AHEAD];
+    unsigned ahead_head, ahead_count;
 };
 
 struct lc_client {

@@ -35,8 +35,11 @@
 
 typedef struct conn conn;
 
+struct conn_stream;
+
 struct reply {
     struct reply *next;
+    struct conn_stream *cs;         /* a waiting next: the stream it waits on */
     int64_t id;
     char *frame;                    /* NULL while a deferred reply waits */
     size_t len;
@@ -48,7 +51,6 @@ struct conn_stream {
     stream *s;
     uint64_t id;
     uint64_t ring_bytes;
-    struct reply *waiting;          /* the outbox entry of a next that waits */
 };
 
 struct conn {
@@ -401,13 +403,13 @@ static void op_open(conn *c, const cJSON *req, int64_t id)
     reply_send(c, r);
 }
 
+/* A next's answer: ctx is its outbox entry, which the connection keeps until the
+ * stream has answered (closing a stream answers its waiting nexts first). */
 static void on_next(void *ctx, int rc, const struct stream_batch *b, const char *message)
 {
-    struct conn_stream *cs = ctx;
-    conn *c = cs->c;
-    struct reply *r = cs->waiting;
-    cs->waiting = NULL;
-    if (!r || c->closing)
+    struct reply *r = ctx;
+    conn *c = r->cs->c;
+    if (c->closing)
         return; /* the connection is going away; its outbox is freed with it */
     cJSON *msg;
     if (rc < 0) {
@@ -432,22 +434,21 @@ static void op_next(conn *c, const cJSON *req, int64_t id)
     struct conn_stream *cs = find_stream(c, req, id);
     if (!cs)
         return;
-    if (cs->waiting) {
-        char err[LD_ERRMSG_MAX];
-        snprintf(err, sizeof err, "a next request is already waiting on stream %" PRIu64, cs->id);
-        reply_error(c, id, LD_EBUSY, err);
-        return;
-    }
     struct reply *r = outbox_add(c, id);
     if (!r) {
         conn_doom(c);
         return;
     }
-    cs->waiting = r;
-    int rc = stream_next(cs->s, on_next, cs);
+    r->cs = cs;
+    int rc = stream_next(cs->s, on_next, r);
     if (rc < 0) {
-        cs->waiting = NULL;
-        reply_fill(c, r, proto_reply_error(id, rc, ld_strerror(rc)));
+        char err[LD_ERRMSG_MAX];
+        if (rc == LD_EBUSY)
+            snprintf(err, sizeof err, "%d next requests already wait on stream %" PRIu64, STREAM_MAX_WAITING,
+                     cs->id);
+        else
+            snprintf(err, sizeof err, "%s", ld_strerror(rc));
+        reply_fill(c, r, proto_reply_error(id, rc, err));
     }
 }
 

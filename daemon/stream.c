@@ -33,7 +33,9 @@
  * carries at least this much work: bytes written plus the dataset's per-sample
  * overhead (system calls) counted in bytes. */
 #define CHUNK_MIN_BYTES (256u * 1024u)
-#define SLOTS_BEYOND_PREFETCH 2u /* the batch the trainer holds, and one whose release is in flight */
+/* Slots beyond `prefetch`: the batch the trainer holds, the one it asked for ahead,
+ * and one whose release is still on its way. */
+#define SLOTS_BEYOND_PREFETCH 3u
 
 struct stream_hub {
     uv_async_t async;
@@ -87,8 +89,11 @@ struct stream {
     char fail_msg[LD_ERRMSG_MAX];
     uint32_t busy_slots;
     bool closing, unlinked;
-    stream_next_cb waiter;
-    void *waiter_ctx;
+    struct {
+        stream_next_cb cb;
+        void *ctx;
+    } waiters[STREAM_MAX_WAITING];  /* next requests in arrival order (a client may ask ahead) */
+    uint32_t w_head, w_count;
     uint64_t wait_start_ns;
     uint64_t batches_served, samples_served, bytes_served, wait_ns;
 };
@@ -325,29 +330,42 @@ static void schedule(stream *s)
     }
 }
 
-/* Answers the waiting next, if the answer is known. */
+/* Pops the oldest waiting next. */
+static void pop_waiter(stream *s, stream_next_cb *ret_cb, void **ret_ctx)
+{
+    *ret_cb = s->waiters[s->w_head].cb;
+    *ret_ctx = s->waiters[s->w_head].ctx;
+    s->w_head = (s->w_head + 1) % STREAM_MAX_WAITING;
+    s->w_count--;
+}
+
+/* Answers the waiting next requests, oldest first, as far as the answers are known. */
 static void deliver(stream *s)
 {
-    if (!s->waiter)
-        return;
-    stream_next_cb cb = s->waiter;
-    void *ctx = s->waiter_ctx;
-    if (s->next_deliver >= s->total_seq) {
-        s->waiter = NULL;
-        cb(ctx, LD_EEND, NULL, "the stream has delivered all its epochs");
-        return;
-    }
-    if (s->next_deliver >= s->failed_seq) {
-        s->waiter = NULL;
-        cb(ctx, s->fail_rc, NULL, s->fail_msg);
-        return;
-    }
-    for (uint32_t i = 0; i < s->n_slots; i++) {
-        struct stream_slot *sl = &s->slots[i];
-        if (ring_state(s->ring, i) != RING_READY || sl->seq != s->next_deliver)
+    while (s->w_count && !s->closing) {
+        stream_next_cb cb;
+        void *ctx;
+        if (s->next_deliver >= s->total_seq) {
+            pop_waiter(s, &cb, &ctx);
+            cb(ctx, LD_EEND, NULL, "the stream has delivered all its epochs");
             continue;
-        int rc = ring_lease(s->ring, i);
-        if (rc < 0)
+        }
+        if (s->next_deliver >= s->failed_seq) {
+            pop_waiter(s, &cb, &ctx);
+            cb(ctx, s->fail_rc, NULL, s->fail_msg);
+            continue;
+        }
+        uint32_t i;
+        for (i = 0; i < s->n_slots; i++)
+            if (ring_state(s->ring, i) == RING_READY && s->slots[i].seq == s->next_deliver)
+                break;
+        if (i == s->n_slots) {
+            if (!s->wait_start_ns)
+                s->wait_start_ns = now_ns();
+            return;
+        }
+        struct stream_slot *sl = &s->slots[i];
+        if (ring_lease(s->ring, i) < 0)
             abort(); /* READY was just checked: the ring's bookkeeping is broken */
         struct stream_batch b = {
             .slot = i,
@@ -365,12 +383,9 @@ static void deliver(stream *s)
             s->wait_ns += now_ns() - s->wait_start_ns;
             s->wait_start_ns = 0;
         }
-        s->waiter = NULL;
+        pop_waiter(s, &cb, &ctx);
         cb(ctx, 0, &b, NULL);
-        return;
     }
-    if (!s->wait_start_ns)
-        s->wait_start_ns = now_ns();
 }
 
 static void slot_filled(stream *s, uint32_t slot)
@@ -518,10 +533,11 @@ void stream_close(stream *s)
     if (!s || s->closing)
         return;
     s->closing = true;
-    if (s->waiter) {
-        stream_next_cb cb = s->waiter;
-        s->waiter = NULL;
-        cb(s->waiter_ctx, LD_ECLOSED, NULL, "the stream was closed");
+    while (s->w_count) {
+        stream_next_cb cb;
+        void *ctx;
+        pop_waiter(s, &cb, &ctx);
+        cb(ctx, LD_ECLOSED, NULL, "the stream was closed");
     }
     pool_cancel(s->hub->workers, s, chunk_cancelled);
     if (s->busy_slots == 0)
@@ -533,7 +549,7 @@ int stream_next(stream *s, stream_next_cb cb, void *ctx)
 {
     if (s->closing)
         return LD_ECLOSED;
-    if (s->waiter)
+    if (s->w_count == STREAM_MAX_WAITING)
         return LD_EBUSY;
     if (!s->unlinked) {
         /* The client maps the ring before its first next: from now on the name is not
@@ -541,9 +557,12 @@ int stream_next(stream *s, stream_next_cb cb, void *ctx)
         ring_unlink(s->ring);
         s->unlinked = true;
     }
-    s->waiter = cb;
-    s->waiter_ctx = ctx;
+    uint32_t tail = (s->w_head + s->w_count) % STREAM_MAX_WAITING;
+    s->waiters[tail].cb = cb;
+    s->waiters[tail].ctx = ctx;
+    s->w_count++;
     deliver(s);
+    schedule(s); /* a batch leased just now leaves room for one more ahead */
     return 0;
 }
 
@@ -640,5 +659,5 @@ const ring *stream_ring(const stream *s)
 
 uint64_t stream_wait_ns(const stream *s)
 {
-    return s->wait_ns + (s->waiter && s->wait_start_ns ? now_ns() - s->wait_start_ns : 0);
+    return s->wait_ns + (s->w_count && s->wait_start_ns ? now_ns() - s->wait_start_ns : 0);
 }

@@ -60,6 +60,8 @@ typedef void (*stream_next_cb)(void *ctx, int rc, const struct stream_batch *b, 
 
 typedef struct stream stream;
 
+#define STREAM_MAX_WAITING 8
+
 /* Lays out the slot, creates and commits the ring. errbuf gets the reason on failure
  * (LD_ERANGE: no batch with these settings; LD_ENOSPC: /dev/shm too small; LD_EINVAL:
  * start_batch past the epoch; LD_EBUDGET: the ring needs more than budget_left bytes). */
@@ -69,8 +71,9 @@ int stream_open(stream_hub *h, dataset *d, uint64_t id, const struct stream_para
  * dropped; the memory is freed once work already running finishes. */
 void stream_close(stream *s);
 
-/* Asks for the next batch; cb runs now or when it is ready. LD_EBUSY when a next is
- * already waiting on this stream (cb is not called then). */
+/* Asks for the next batch; cb runs now or when it is ready. Several requests may wait
+ * (a client asking ahead); they are answered in order. LD_EBUSY when
+ * STREAM_MAX_WAITING already wait (cb is not called then). */
 int stream_next(stream *s, stream_next_cb cb, void *ctx);
 /* Gives a leased slot back (LD_ENOTLEASED / LD_ESTALE / LD_EINVAL change nothing). */
 int stream_release(stream *s, uint32_t slot, uint64_t generation);
