@@ -16,7 +16,7 @@ CUDA     ?= auto
 CUDA_HOME ?= /usr/local/cuda
 CC       ?= cc
 
-PKGS := libuv libcjson yaml-0.1 libsystemd
+PKGS := libuv libcjson yaml-0.1 libsystemd libxxhash libturbojpeg libpng
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 CMOCKA_LIBS := $(shell pkg-config --libs cmocka 2>/dev/null)
@@ -59,10 +59,14 @@ CLIENT_SO := $(BUILD)/lib/libloaderclient.so
 CLIENT_A  := $(BUILD)/lib/libloaderclient.a
 CORE_A    := $(BUILD)/lib/libloaderd_core.a
 UNIT_BIN  := $(patsubst tests/unit/%.c,$(BUILD)/test/%,$(UNIT_SRC))
+# Transform plug-ins: examples/plugins/NAME.c becomes $(BUILD)/lib/ld-plugin-NAME.so.
+PLUGINS   := $(patsubst examples/plugins/%.c,$(BUILD)/lib/ld-plugin-%.so,$(sort $(wildcard examples/plugins/*.c)))
+# Broken plug-ins for test_transform's error paths (tests/unit/plugin_fixture.c).
+TEST_PLUGINS := $(patsubst %,$(BUILD)/test/plugins/fixture-%.so,nosym badabi v2only failinit failapply)
 ITEST_BIN := $(patsubst tests/integration/%.c,$(BUILD)/test/%,$(ITEST_SRC))
 
 .PHONY: all deps test test-unit test-integration test-tsan test-python demo bench clean tests
-all: $(LOADERD) $(LOADERCTL) $(GENDATA) $(CLIENT_SO) $(CLIENT_A)
+all: $(LOADERD) $(LOADERCTL) $(GENDATA) $(CLIENT_SO) $(CLIENT_A) $(PLUGINS)
 tests: $(UNIT_BIN) $(ITEST_BIN)
 
 # Rebuild everything when the flags change.
@@ -88,7 +92,7 @@ $(CLIENT_SO): $(CLIENT_OBJ) $(PROTO_OBJ)
 
 $(LOADERD): $(call obj,daemon/main.c) $(CORE_A)
 	@mkdir -p $(dir $@)
-	$(CC) -o $@ $^ $(LDFLAGS_ALL) $(PKG_LIBS) -lm
+	$(CC) -o $@ $^ $(LDFLAGS_ALL) $(PKG_LIBS) -ldl -lm
 
 $(LOADERCTL): $(call obj,tools/loaderctl.c) $(CLIENT_A)
 	@mkdir -p $(dir $@)
@@ -102,7 +106,21 @@ $(GENDATA): $(call obj,tools/gendata.c)
 # only the public client library and drive a real loaderd.
 $(BUILD)/test/test_%: $(call obj,tests/unit/test_%.c) $(CORE_A)
 	@mkdir -p $(dir $@)
-	$(CC) -o $@ $^ $(LDFLAGS_ALL) $(PKG_LIBS) $(CMOCKA_LIBS) -lm
+	$(CC) -o $@ $^ $(LDFLAGS_ALL) $(PKG_LIBS) $(CMOCKA_LIBS) -ldl -lm
+
+# Plug-ins are loaded with dlopen; no --no-undefined, since a sanitized plug-in leaves
+# the sanitizer's symbols to the process that loads it.
+$(BUILD)/lib/ld-plugin-%.so: $(call obj,examples/plugins/%.c)
+	@mkdir -p $(dir $@)
+	$(CC) -shared -o $@ $^ $(LDFLAGS_ALL)
+
+$(BUILD)/test/plugins/fixture-%.so: tests/unit/plugin_fixture.c $(FLAGS_FILE)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) -DFIXTURE_$* -shared -o $@ $< $(LDFLAGS_ALL)
+
+# test_transform dlopens the example plug-in and the broken ones (order-only: they
+# are not linked in).
+$(BUILD)/test/test_transform: | $(PLUGINS) $(TEST_PLUGINS)
 
 $(BUILD)/test/itest_%: $(call obj,tests/integration/itest_%.c) $(call obj,tests/integration/harness.c) $(CLIENT_A)
 	@mkdir -p $(dir $@)

@@ -1233,6 +1233,7 @@ LC_EXPORT int lc_stream_next(lc_stream *s, int timeout_ms, lc_batch **ret_batch)
     s->ahead_count--;
     ret = proto_reply_status(reply, msg);
     if (ret < 0) {
+        s->ahead_stop = true; /* end of stream or a failed stream: every later answer is the same */
         client_seterr(c, "%s", msg);
         goto out;
     }
@@ -1290,7 +1291,7 @@ LC_EXPORT int lc_stream_next(lc_stream *s, int timeout_ms, lc_batch **ret_batch)
      * Only while the trainer holds just this batch of the stream: one that keeps batches
      * never has a request waiting on the daemon for a slot that it holds itself. A send
      * that fails here breaks the connection, and the next call reports it. */
-    if (!s->batches->next)
+    if (!s->batches->next && !s->ahead_stop)
         while (s->ahead_count < CLIENT_READ_AHEAD && !c->broken && client_send_next(s, deadline, timeout_ms) == 0)
             ;
 out:
@@ -1431,6 +1432,13 @@ LC_EXPORT int lc_batch_release(lc_batch *b)
                 p->slot = b->slot;
                 p->generation = b->generation;
             }
+            /* The trainer is down to at most one batch of this stream (a training loop that
+             * keeps the previous batch's tensors until the next step): ask ahead now,
+             * in the same write as the release. */
+            if ((!s->batches || !s->batches->next) && !s->ahead_stop)
+                while (s->ahead_count < CLIENT_READ_AHEAD && !c->broken &&
+                       client_send_next(s, deadline, c->timeout_ms) == 0)
+                    ;
             /* A trainer that only releases: send them now and then, and settle the
              * replies that have arrived so they do not pile up. */
             if (c->deferred_frames >= CLIENT_DEFER_MAX_FRAMES && client_flush_deferred(c, deadline, c->timeout_ms) == 0)

@@ -81,6 +81,7 @@ struct lc_stream {
     int64_t ahead_id[CLIENT_READ_AHEAD];
     cJSON *ahead_reply[CLIENT_READ_AHEAD];
     unsigned ahead_head, ahead_count;
+    bool ahead_stop;            /* an error answered a next: ask no more ahead */
 };
 
 struct lc_client {

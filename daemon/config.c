@@ -46,6 +46,7 @@ enum key_type {
     KEY_INT,    /* decimal integer in [min, max], into a uint32_t */
     KEY_SIZE,   /* bytes, plain or with a binary suffix, in [min, max], into uint32/64 */
     KEY_ENUM,   /* one of `choices`, mapped to an int by from_name */
+    KEY_TABLE,  /* a nested mapping, walked against `sub` into the same struct */
 };
 
 #define KEY_REQUIRED 1u
@@ -61,6 +62,8 @@ struct key {
     const char *choices;                /* KEY_ENUM: the accepted names, for messages */
     unsigned flags;                     /* KEY_REQUIRED */
     unsigned kinds;                     /* dataset keys: bit (1 << kind) per accepting kind */
+    const struct key *sub;              /* KEY_TABLE: the nested mapping's keys */
+    size_t n_sub;
 };
 
 #define SERVER_AT(f) .offset = offsetof(struct config, f), .width = sizeof(((struct config *)0)->f)
@@ -69,9 +72,21 @@ struct key {
     .width = sizeof(((struct config_dataset *)0)->f)
 #define FILES (1u << CONFIG_DATASET_FILES)
 #define TOKENS (1u << CONFIG_DATASET_TOKEN_WINDOWS)
+#define PACKED (1u << CONFIG_DATASET_PACKED)
 
 static int kind_from_name(const char *name);
 static int dtype_from_name(const char *name);
+static int cache_mode_from_name(const char *name);
+static int fingerprint_from_name(const char *name);
+
+/* datasets.NAME.cache (files only). Present means mode auto unless it says otherwise. */
+static const struct key cache_keys[] = {
+    {.name = "path", .type = KEY_PATH, DATASET_AT(cache_path), .flags = KEY_REQUIRED},
+    {.name = "mode", .type = KEY_ENUM, .def = CONFIG_CACHE_AUTO, DATASET_AT(cache_mode),
+     .from_name = cache_mode_from_name, .choices = "auto, off, rebuild"},
+    {.name = "fingerprint", .type = KEY_ENUM, .def = 0, DATASET_AT(cache_fingerprint),
+     .from_name = fingerprint_from_name, .choices = "stat, content"},
+};
 
 /* workers = 0 and the socket's NULL default are resolved after the walk (one thread
  * per online core; config_default_socket). */
@@ -94,9 +109,9 @@ static const struct key server_keys[] = {
 /* stride's default 0 means "same as context" (min is 1, so YAML cannot say 0). */
 static const struct key dataset_keys[] = {
     {.name = "kind", .type = KEY_ENUM, DATASET_AT(kind), .from_name = kind_from_name,
-     .choices = "files, token_windows", .flags = KEY_REQUIRED, .kinds = FILES | TOKENS},
+     .choices = "files, token_windows, packed", .flags = KEY_REQUIRED, .kinds = FILES | TOKENS | PACKED},
     {.name = "path", .type = KEY_PATH, DATASET_AT(path), .flags = KEY_REQUIRED,
-     .kinds = FILES | TOKENS},
+     .kinds = FILES | TOKENS | PACKED},
     {.name = "pattern", .type = KEY_STRING, .def_str = "*", DATASET_AT(pattern), .kinds = FILES},
     {.name = "dtype", .type = KEY_ENUM, .def = LD_DTYPE_UINT16, DATASET_AT(token_dtype),
      .from_name = dtype_from_name, .choices = "uint16, uint32", .kinds = TOKENS},
@@ -104,6 +119,8 @@ static const struct key dataset_keys[] = {
      .flags = KEY_REQUIRED, .kinds = TOKENS},
     {.name = "stride", .type = KEY_INT, .min = 1, .max = 1 << 30, .def = 0, DATASET_AT(stride),
      .kinds = TOKENS},
+    {.name = "cache", .type = KEY_TABLE, .sub = cache_keys, .n_sub = sizeof cache_keys / sizeof cache_keys[0],
+     .kinds = FILES},
 };
 
 #define N_KEYS(t) (sizeof(t) / sizeof((t)[0]))
@@ -114,7 +131,28 @@ _Static_assert(N_KEYS(server_keys) <= 64 && N_KEYS(dataset_keys) <= 64, "key tab
 static const char *const kind_names[] = {
     [CONFIG_DATASET_FILES] = "files",
     [CONFIG_DATASET_TOKEN_WINDOWS] = "token_windows",
+    [CONFIG_DATASET_PACKED] = "packed",
 };
+
+static int cache_mode_from_name(const char *name)
+{
+    if (strcmp(name, "auto") == 0)
+        return CONFIG_CACHE_AUTO;
+    if (strcmp(name, "off") == 0)
+        return CONFIG_CACHE_OFF;
+    if (strcmp(name, "rebuild") == 0)
+        return CONFIG_CACHE_REBUILD;
+    return -1;
+}
+
+static int fingerprint_from_name(const char *name)
+{
+    if (strcmp(name, "stat") == 0)
+        return 0;
+    if (strcmp(name, "content") == 0)
+        return 1;
+    return -1;
+}
 
 static int kind_from_name(const char *name)
 {
@@ -464,6 +502,11 @@ static int store_path(const struct loader *l, void *base, const struct key *k, c
 }
 
 /* Parses one value node against its row and stores it into base + k->offset. */
+static int apply_defaults(const struct loader *l, const struct key *table, size_t n,
+                          unsigned kinds, void *base);
+static int load_table(const struct loader *l, const yaml_node_t *map, const struct key *table,
+                      size_t n, int kind, const char *where, yaml_mark_t missing_at, void *base);
+
 static int load_value(const struct loader *l, const struct key *k, const yaml_node_t *v,
                       const char *where, void *base)
 {
@@ -497,6 +540,17 @@ static int load_value(const struct loader *l, const struct key *k, const yaml_no
                            k->choices, describe(v, got, sizeof got));
         memcpy((char *)base + k->offset, &e, sizeof e);
         return 0;
+    }
+    case KEY_TABLE: {
+        char sub_where[LD_NAME_MAX + 40];
+        snprintf(sub_where, sizeof sub_where, "%s.%s", where, k->name);
+        if (v->type != YAML_MAPPING_NODE)
+            return fail_at(l, v->start_mark, "%s: expected a mapping, got %s", sub_where,
+                           describe(v, got, sizeof got));
+        int ret = apply_defaults(l, k->sub, k->n_sub, 0, base);
+        if (ret < 0)
+            return ret;
+        return load_table(l, v, k->sub, k->n_sub, 0, sub_where, v->start_mark, base);
     }
     case KEY_STRING:
     case KEY_PATH:
@@ -986,6 +1040,7 @@ void config_free(struct config *c)
         free(c->datasets[i].name);
         free(c->datasets[i].path);
         free(c->datasets[i].pattern);
+        free(c->datasets[i].cache_path);
     }
     free(c->datasets);
     free(c->socket_path);

@@ -15,12 +15,22 @@
 enum config_dataset_kind {
     CONFIG_DATASET_FILES = 1,
     CONFIG_DATASET_TOKEN_WINDOWS = 2,
+    CONFIG_DATASET_PACKED = 3,
+};
+
+/* cache.mode: off (no `cache:` section), auto (build when a stream first needs it,
+ * serve it once valid), rebuild (build a new one once per daemon run, even over a
+ * valid one: the forced re-cache). */
+enum config_cache_mode {
+    CONFIG_CACHE_OFF = 0,
+    CONFIG_CACHE_AUTO = 1,
+    CONFIG_CACHE_REBUILD = 2,
 };
 
 struct config_dataset {
     char *name;                     /* the key under `datasets:` */
     int kind;                       /* enum config_dataset_kind */
-    char *path;                     /* files: directory; token_windows: the token file */
+    char *path;                     /* files: directory; token_windows: the token file; packed: the cache file */
     int line, column;               /* where the dataset is defined, for later messages */
     /* files */
     char *pattern;                  /* fnmatch(3) glob on the path relative to `path`; default "*" */
@@ -28,6 +38,10 @@ struct config_dataset {
     int token_dtype;                /* LD_DTYPE_UINT16 or LD_DTYPE_UINT32 */
     uint32_t context;               /* N: a sample is N+1 tokens */
     uint32_t stride;                /* tokens between window starts; default = context */
+    /* files: the single-file cache (the `cache:` mapping) */
+    char *cache_path;               /* cache.path: the packed file (NULL: no cache) */
+    int cache_mode;                 /* enum config_cache_mode */
+    int cache_fingerprint;          /* DATASET_FINGERPRINT_STAT (0) or _CONTENT (1) */
 };
 
 struct config {

@@ -12,6 +12,7 @@
 #ifndef LD_DATASET_H
 #define LD_DATASET_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -45,6 +46,36 @@ struct dataset_ops {
      * concurrently from worker threads; may block on I/O. On failure returns LD_ESAMPLE
      * (or -errno) with errbuf naming the sample and the path. */
     int (*read)(const dataset *d, uint64_t index, void *const dst[], char *errbuf);
+
+    /* The three members below serve the cache file (cache.c). Each is optional: a kind
+     * that leaves them NULL cannot be cached (cache_build answers LD_ENOTSUP). */
+
+    /* A 64-bit fingerprint of the source as it is on disk now, never 0. mode is a
+     * DATASET_FINGERPRINT_*: STAT covers the list of samples (relative paths), their
+     * sizes and modification times, so a file added, removed, resized or touched
+     * changes it; CONTENT hashes every sample's bytes instead of the times, so only a
+     * change of content (or of the list) changes it. The root's own path is not
+     * covered: a moved or copied tree keeps its cache. Blocking (STAT: one stat per
+     * sample; CONTENT: reads the whole source): call it from a thread that may block,
+     * never the loop thread. Thread-safe. On failure errbuf names the dataset and the
+     * file. */
+    int (*fingerprint)(const dataset *d, int mode, uint64_t *ret_fingerprint, char *errbuf);
+    /* The byte length of sample `index`'s raw bytes, which read_raw() returns: the
+     * bytes of the first field, as the scan recorded them. Must not block. */
+    uint64_t (*raw_bytes)(const dataset *d, uint64_t index);
+    /* Reads sample `index`'s raw bytes (the first field: for `files`, the file's
+     * content) into buf, which holds cap bytes (the caller owns it; LD_ERANGE when
+     * raw_bytes() exceeds cap), and its label (the int64 field named "label", or -1
+     * when the kind has none). Same threading and blocking as read(). ret_* are set
+     * on success only; on failure errbuf names the sample and the path. */
+    int (*read_raw)(const dataset *d, uint64_t index, void *buf, uint64_t cap,
+                    uint64_t *ret_len, int64_t *ret_label, char *errbuf);
+};
+
+/* Modes of dataset_ops.fingerprint. */
+enum dataset_fingerprint_mode {
+    DATASET_FINGERPRINT_STAT = 0,
+    DATASET_FINGERPRINT_CONTENT = 1,
 };
 
 /* The common part every kind embeds first. */
@@ -57,7 +88,19 @@ struct dataset {
                                      * bytes of memcpy that take as long; cuts batches into chunks */
     int n_fields;
     struct dataset_field fields[LD_MAX_FIELDS];
+    /* The packed cache of this dataset once it is valid (cache_keeper.c attaches it;
+     * workers read it through dataset_read). Never freed while the daemon runs: a
+     * replaced cache stays mapped until shutdown, so a worker never reads freed memory. */
+    _Atomic(struct cache *) cached;
+    _Atomic(bool) cache_advise;     /* ask the kernel for the next batches' pages (a
+                                     * cache much larger than memory) */
 };
+
+/* Reads sample `index` into dst[] like ops->read, from the attached cache when there
+ * is one (its field 0 bytes and its label), else from the source. Worker threads. */
+int dataset_read(const dataset *d, uint64_t index, void *const dst[], char *errbuf);
+/* The index of the int64 field named "label", or -1. */
+int dataset_label_field(const dataset *d);
 
 /* Opens a dataset of any kind from its config. */
 int dataset_open(const struct config_dataset *cfg, dataset **ret_dataset, char *errbuf);
@@ -68,5 +111,6 @@ uint64_t dataset_row_bytes(const dataset *d, int field);
 
 extern const struct dataset_ops source_files_ops;
 extern const struct dataset_ops source_tokens_ops;
+extern const struct dataset_ops source_packed_ops;
 
 #endif

@@ -21,6 +21,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include "cache_keeper.h"
 #include "log.h"
 #include "notify.h"
 #include "proto.h"
@@ -81,6 +82,7 @@ struct server {
     const struct config *cfg;
     dataset **datasets;
     size_t n_datasets;
+    cache_keeper **keepers;         /* per dataset; NULL where the dataset has no cache */
     pool *workers;
     stream_hub *hub;
     uv_pipe_t listener;
@@ -263,6 +265,14 @@ static dataset *find_dataset(server *srv, const char *name)
     return NULL;
 }
 
+static cache_keeper *keeper_of(server *srv, const dataset *d)
+{
+    for (size_t i = 0; i < srv->n_datasets; i++)
+        if (srv->datasets[i] == d)
+            return srv->keepers[i];
+    return NULL;
+}
+
 /* ---- operations ----------------------------------------------------------------- */
 
 static void op_hello(conn *c, const cJSON *req, int64_t id)
@@ -324,6 +334,8 @@ static void op_datasets(conn *c, const cJSON *req, int64_t id)
                 cJSON_AddNumberToObject(jf, "max_bytes", (double)df->max_item_bytes);
             cJSON_AddItemToArray(fields, jf);
         }
+        if (srv->keepers[i])
+            cache_keeper_describe(srv->keepers[i], cJSON_AddObjectToObject(jd, "cache"));
         cJSON_AddItemToArray(list, jd);
     }
     reply_send(c, r);
@@ -401,6 +413,9 @@ static void op_open(conn *c, const cJSON *req, int64_t id)
     cJSON *r = proto_reply_ok(id);
     stream_describe_layout(cs->s, r);
     reply_send(c, r);
+    cache_keeper *k = keeper_of(srv, d);
+    if (k)
+        cache_keeper_stream_opened(k);
 }
 
 /* A next's answer: ctx is its outbox entry, which the connection keeps until the
@@ -546,7 +561,120 @@ static void op_status(conn *c, const cJSON *req, int64_t id)
     cJSON_AddNumberToObject(r, "memory_budget", (double)srv->cfg->memory_budget);
     cJSON_AddNumberToObject(r, "memory_used", (double)srv->memory_used);
     add_slot_counts(cJSON_AddObjectToObject(r, "slots"), counts);
+    cJSON *caches = cJSON_AddArrayToObject(r, "caches");
+    for (size_t i = 0; i < srv->n_datasets; i++) {
+        if (!srv->keepers[i])
+            continue;
+        cJSON *jc = cJSON_CreateObject();
+        cJSON_AddStringToObject(jc, "dataset", srv->datasets[i]->name);
+        cache_keeper_describe(srv->keepers[i], jc);
+        cJSON_DeleteItemFromObjectCaseSensitive(jc, "file");
+        cJSON_AddItemToArray(caches, jc);
+    }
     reply_send(c, r);
+}
+
+/* The dataset a cache request names, and its keeper; replies the error when there is none. */
+static cache_keeper *cache_request(conn *c, const cJSON *req, int64_t id, dataset **ret_d)
+{
+    char err[LD_ERRMSG_MAX];
+    const char *name;
+    int rc = proto_get_str(req, "dataset", LD_NAME_MAX - 1, &name, err);
+    if (rc < 0) {
+        reply_error(c, id, rc, err);
+        return NULL;
+    }
+    dataset *d = find_dataset(c->srv, name);
+    if (!d) {
+        snprintf(err, sizeof err, "no dataset named '%s' (see `loaderctl datasets`)", name);
+        reply_error(c, id, LD_ENODATASET, err);
+        return NULL;
+    }
+    cache_keeper *k = keeper_of(c->srv, d);
+    if (!k) {
+        snprintf(err, sizeof err, "dataset '%s' has no cache configured (add a `cache: {path: ...}` mapping to it)",
+                 name);
+        reply_error(c, id, LD_ENOTSUP, err);
+        return NULL;
+    }
+    *ret_d = d;
+    return k;
+}
+
+static void op_cache_build(conn *c, const cJSON *req, int64_t id)
+{
+    char err[LD_ERRMSG_MAX];
+    dataset *d;
+    cache_keeper *k = cache_request(c, req, id, &d);
+    bool force;
+    int rc;
+    if (!k)
+        return;
+    if ((rc = proto_opt_bool(req, "force", false, &force, err)) < 0 || (rc = cache_keeper_build(k, force, err)) < 0) {
+        reply_error(c, id, rc, err);
+        return;
+    }
+    cJSON *r = proto_reply_ok(id);
+    cache_keeper_describe(k, r);
+    reply_send(c, r);
+}
+
+static void op_cache_info(conn *c, const cJSON *req, int64_t id)
+{
+    dataset *d;
+    cache_keeper *k = cache_request(c, req, id, &d);
+    if (!k)
+        return;
+    cJSON *r = proto_reply_ok(id);
+    cJSON_AddStringToObject(r, "dataset", d->name);
+    cache_keeper_describe(k, r);
+    reply_send(c, r);
+}
+
+/* A verify answers when the keeper's thread is done; the connection may be gone by
+ * then, so the request remembers it by id and checks its outbox entry is still there. */
+struct verify_wait {
+    server *srv;
+    uint64_t conn_id;
+    struct reply *r;
+};
+
+static void verify_done(void *ctx, int rc, const char *message)
+{
+    struct verify_wait *w = ctx;
+    conn *c = w->srv->conns;
+    while (c && c->id != w->conn_id)
+        c = c->next;
+    struct reply *r = c ? c->out_head : NULL;
+    while (r && r != w->r)
+        r = r->next;
+    if (c && r && !c->closing && !c->doomed)
+        reply_fill(c, r, rc < 0 ? proto_reply_error(r->id, rc, message) : proto_reply_ok(r->id));
+    free(w);
+}
+
+static void op_cache_verify(conn *c, const cJSON *req, int64_t id)
+{
+    char err[LD_ERRMSG_MAX];
+    dataset *d;
+    cache_keeper *k = cache_request(c, req, id, &d);
+    if (!k)
+        return;
+    struct verify_wait *w = calloc(1, sizeof *w);
+    struct reply *r = w ? outbox_add(c, id) : NULL;
+    if (!r) {
+        free(w);
+        conn_doom(c);
+        return;
+    }
+    w->srv = c->srv;
+    w->conn_id = c->id;
+    w->r = r;
+    int rc = cache_keeper_verify(k, verify_done, w, err);
+    if (rc < 0) {
+        free(w);
+        reply_fill(c, r, proto_reply_error(id, rc, err));
+    }
 }
 
 static void op_streams(conn *c, const cJSON *req, int64_t id)
@@ -571,6 +699,8 @@ static const struct {
     {LD_OP_HELLO, op_hello},     {LD_OP_DATASETS, op_datasets}, {LD_OP_OPEN, op_open},
     {LD_OP_NEXT, op_next},       {LD_OP_RELEASE, op_release},   {LD_OP_CLOSE, op_close},
     {LD_OP_STATUS, op_status},   {LD_OP_STREAMS, op_streams},
+    {LD_OP_CACHE_BUILD, op_cache_build}, {LD_OP_CACHE_INFO, op_cache_info},
+    {LD_OP_CACHE_VERIFY, op_cache_verify},
 };
 
 static void handle_frame(conn *c, const char *payload, size_t len)
@@ -600,7 +730,7 @@ static void handle_frame(conn *c, const char *payload, size_t len)
             ops[i].run(c, req, id);
         } else {
             snprintf(err, sizeof err, "unknown op '%s' (expected hello, datasets, open, next, release, "
-                                      "close, status or streams)", op);
+                                      "close, status, streams, cache_build, cache_info or cache_verify)", op);
             reply_error(c, id, LD_EUNKNOWNOP, err);
         }
     }
@@ -887,6 +1017,12 @@ int server_new(uv_loop_t *loop, const struct config *cfg, dataset **datasets, si
     srv->n_datasets = n_datasets;
     srv->workers = workers;
     srv->started_ns = uv_hrtime();
+    srv->keepers = calloc(n_datasets ? n_datasets : 1, sizeof *srv->keepers);
+    if (!srv->keepers) {
+        free(srv);
+        snprintf(errbuf, LD_ERRMSG_MAX, "out of memory");
+        return LD_ENOMEM;
+    }
     int rc = stream_hub_new(loop, workers, &srv->hub);
     if (rc < 0) {
         snprintf(errbuf, LD_ERRMSG_MAX, "cannot start the worker hub: %s", uv_strerror(rc));
@@ -915,8 +1051,16 @@ int server_new(uv_loop_t *loop, const struct config *cfg, dataset **datasets, si
         uv_close((uv_handle_t *)&srv->reaper, NULL);
         stream_hub_close(srv->hub);
         uv_run(loop, UV_RUN_NOWAIT); /* let the handles close before srv goes */
+        free(srv->keepers);
         free(srv);
         return rc;
+    }
+    for (size_t i = 0; i < n_datasets; i++) {
+        if (cfg->datasets[i].cache_mode == CONFIG_CACHE_OFF)
+            continue;
+        char err[LD_ERRMSG_MAX];
+        if (cache_keeper_new(loop, datasets[i], &cfg->datasets[i], &srv->keepers[i], err) < 0)
+            ld_log(LD_LOG_WARN, "%s; serving from the source", err); /* a cache is an optimisation */
     }
     srv->watchdog_ns = notify_watchdog_usec() * 1000;
     uv_timer_start(&srv->tick, on_tick, 1000, 1000);
@@ -943,6 +1087,11 @@ static void maybe_done(server *srv)
     uv_close((uv_handle_t *)&srv->tick, handle_closed);
 }
 
+static void keeper_closed(void *ctx)
+{
+    closed_one(ctx);
+}
+
 void server_stop(server *srv, void (*done)(void *ctx), void *ctx)
 {
     if (srv->stopping)
@@ -963,6 +1112,12 @@ void server_stop(server *srv, void (*done)(void *ctx), void *ctx)
     }
     while (srv->conns)
         conn_close(srv->conns);
+    for (size_t i = 0; i < srv->n_datasets; i++) {
+        if (srv->keepers[i]) {
+            srv->pending_closes++;
+            cache_keeper_close(srv->keepers[i], keeper_closed, srv);
+        }
+    }
     /* Streams with work still running are freed as it comes back; the tick checks. */
     uv_timer_stop(&srv->tick);
     uv_timer_start(&srv->tick, on_tick, 10, 10);
@@ -971,6 +1126,11 @@ void server_stop(server *srv, void (*done)(void *ctx), void *ctx)
 
 void server_free(server *srv)
 {
+    if (!srv)
+        return;
+    for (size_t i = 0; i < srv->n_datasets; i++)
+        cache_keeper_free(srv->keepers[i]);
+    free(srv->keepers);
     free(srv);
 }
 

@@ -22,7 +22,15 @@
  * relative part, one pread() straight into the batch slot, one close(). The scan
  * records each file's size, which is what the batch layout relies on; a file that has
  * shrunk since is a bad sample, one that has grown is read up to its recorded size.
- * Everything read() touches is immutable after open(), so workers share it freely. */
+ * Everything read() touches is immutable after open(), so workers share it freely.
+ *
+ * For the cache file (cache.c) the kind also offers read_raw(), the same read into one
+ * buffer, and a fingerprint of the tree: per sample, in sample order, its relative
+ * path, the size the scan recorded and a fresh stat's size and modification time (or,
+ * in content mode, a hash of its bytes instead of the time). A file added or removed
+ * changes the list at the next scan, one touched or resized changes its stat, and a
+ * file that changed between the scan and the fingerprint shows as recorded size !=
+ * stat size; the root's path is left out, so a moved tree keeps its cache. */
 #include "dataset.h"
 
 #include <dirent.h>
@@ -36,6 +44,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 #include "log.h"
 
@@ -511,10 +520,161 @@ out:
     return r;
 }
 
+static uint64_t files_raw_bytes(const dataset *d, uint64_t index)
+{
+    return files_item_bytes(d, index, FIELD_DATA);
+}
+
+static int files_read_raw(const dataset *d, uint64_t index, void *buf, uint64_t cap,
+                          uint64_t *ret_len, int64_t *ret_label, char *errbuf)
+{
+    const struct files_dataset *fd = (const struct files_dataset *)d;
+    int64_t label;
+    void *dst[2] = {buf, &label};
+
+    if (index < d->count && fd->entries[index].size > cap) {
+        ld_errorf(errbuf, "sample %" PRIu64 " (%s): %" PRIu64
+                 " bytes do not fit a buffer of %" PRIu64, index,
+                 fd->arena + fd->entries[index].path_off, fd->entries[index].size, cap);
+        return LD_ERANGE;
+    }
+    int r = files_read(d, index, dst, errbuf);
+    if (r < 0)
+        return r;
+    *ret_len = fd->entries[index].size;
+    *ret_label = label;
+    return 0;
+}
+
+/* What the fingerprint hashes per sample after its path and NUL, little-endian. A
+ * file that has gone is hashed with stat_size = UINT64_MAX: the fingerprint then
+ * differs from any a cache was built with, and the sample's read reports the error. */
+struct files_fp_record {
+    uint64_t scan_size;
+    uint64_t stat_size;
+    int64_t mtime_sec;              /* STAT mode; 0 in CONTENT mode */
+    int64_t mtime_nsec;
+    uint64_t content;               /* CONTENT mode: XXH3-64 of the bytes; 0 in STAT mode */
+};
+_Static_assert(sizeof(struct files_fp_record) == 40, "no padding may reach the hash");
+
+/* XXH3-64 of a file's bytes, read in chunks through buf. */
+static int files_hash_content(const struct files_dataset *fd, const char *rel, uint8_t *buf,
+                              size_t cap, uint64_t *ret_hash, char *errbuf)
+{
+    char ebuf[128];
+    XXH3_state_t *st = XXH3_createState();
+    int f = -1, r = 0;
+
+    if (!st) {
+        r = LD_ENOMEM;
+        ld_errorf(errbuf, "dataset '%s': out of memory", fd->base.name);
+        goto out;
+    }
+    XXH3_64bits_reset(st);
+    f = openat(fd->rootfd, rel, O_RDONLY | O_CLOEXEC | O_NOCTTY);
+    if (f < 0) {
+        r = ld_from_errno(errno);
+        goto out;
+    }
+    for (;;) {
+        ssize_t n = read(f, buf, cap);
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            r = ld_from_errno(errno);
+            goto out;
+        }
+        if (n == 0)
+            break;
+        XXH3_64bits_update(st, buf, (size_t)n);
+    }
+    *ret_hash = XXH3_64bits_digest(st);
+
+out:
+    if (r < 0 && r != LD_ENOMEM)
+        ld_errorf(errbuf, "dataset '%s': cannot read '%s/%s' for its fingerprint: %s",
+                  fd->base.name, fd->base.source, rel, strerror_r(-r, ebuf, sizeof ebuf));
+    if (f >= 0)
+        close(f);
+    XXH3_freeState(st);
+    return r;
+}
+
+static int files_fingerprint(const dataset *d, int mode, uint64_t *ret_fingerprint, char *errbuf)
+{
+    const struct files_dataset *fd = (const struct files_dataset *)d;
+    /* The tag names the kind, the mode and this record's layout: bump "v1" when what
+     * is hashed changes, so old caches turn stale instead of matching by accident. */
+    static const char tag_stat[] = "loaderd files fingerprint v1 stat";
+    static const char tag_content[] = "loaderd files fingerprint v1 content";
+    const size_t buf_cap = 1u << 20;
+    uint8_t *buf = NULL;
+    char ebuf[128];
+    int r = 0;
+
+    if (mode != DATASET_FINGERPRINT_STAT && mode != DATASET_FINGERPRINT_CONTENT) {
+        ld_errorf(errbuf, "dataset '%s': unknown fingerprint mode %d", d->name, mode);
+        return LD_EINVAL;
+    }
+    XXH3_state_t *st = XXH3_createState();
+    if (mode == DATASET_FINGERPRINT_CONTENT)
+        buf = malloc(buf_cap);
+    if (!st || (mode == DATASET_FINGERPRINT_CONTENT && !buf)) {
+        r = LD_ENOMEM;
+        ld_errorf(errbuf, "dataset '%s': out of memory", d->name);
+        goto out;
+    }
+    XXH3_64bits_reset(st);
+    if (mode == DATASET_FINGERPRINT_STAT)
+        XXH3_64bits_update(st, tag_stat, sizeof tag_stat);
+    else
+        XXH3_64bits_update(st, tag_content, sizeof tag_content);
+
+    for (uint64_t i = 0; i < d->count; i++) {
+        const struct files_entry *e = &fd->entries[i];
+        const char *rel = fd->arena + e->path_off;
+        struct files_fp_record rec = {.scan_size = e->size};
+        struct stat sb;
+
+        /* Follow links as read() does: a link's target is the sample. */
+        if (fstatat(fd->rootfd, rel, &sb, 0) < 0) {
+            if (errno != ENOENT) {
+                r = ld_from_errno(errno);
+                ld_errorf(errbuf, "dataset '%s': cannot stat '%s/%s': %s",
+                         d->name, d->source, rel, strerror_r(errno, ebuf, sizeof ebuf));
+                goto out;
+            }
+            rec.stat_size = UINT64_MAX;
+        } else if (mode == DATASET_FINGERPRINT_STAT) {
+            rec.stat_size = (uint64_t)sb.st_size;
+            rec.mtime_sec = (int64_t)sb.st_mtim.tv_sec;
+            rec.mtime_nsec = (int64_t)sb.st_mtim.tv_nsec;
+        } else {
+            rec.stat_size = (uint64_t)sb.st_size;
+            r = files_hash_content(fd, rel, buf, buf_cap, &rec.content, errbuf);
+            if (r < 0)
+                goto out;
+        }
+        XXH3_64bits_update(st, rel, strlen(rel) + 1);
+        XXH3_64bits_update(st, &rec, sizeof rec);
+    }
+    uint64_t h = XXH3_64bits_digest(st);
+    *ret_fingerprint = h ? h : 1;   /* 0 means "do not check" to cache_open() */
+
+out:
+    XXH3_freeState(st);
+    free(buf);
+    return r;
+}
+
 const struct dataset_ops source_files_ops = {
     .kind = "files",
     .open = files_open,
     .free = files_free,
     .item_bytes = files_item_bytes,
     .read = files_read,
+    .fingerprint = files_fingerprint,
+    .raw_bytes = files_raw_bytes,
+    .read_raw = files_read_raw,
 };

@@ -25,6 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cache.h"
 #include "log.h"
 #include "sampler.h"
 
@@ -217,7 +218,7 @@ static void chunk_run(struct pool_task *t)
                 dst[f] = base + l->offset + (uint64_t)row * l->row_bytes;
             }
         }
-        int rc = d->ops->read(d, idx, dst, err);
+        int rc = dataset_read(d, idx, dst, err);
         if (rc < 0) {
             int expected = 0;
             if (atomic_compare_exchange_strong(&sl->err, &expected, rc))
@@ -276,6 +277,19 @@ static void start_fill(stream *s, uint32_t slot, uint64_t seq)
     hdr->epoch = sl->epoch;
     hdr->batch = sl->batch;
     hdr->rows = sl->rows;
+
+    /* A cache much larger than memory: tell the kernel which samples this batch will
+     * read, a prefetch depth before the workers get to them. */
+    struct cache *cached = atomic_load_explicit(&s->ds->cached, memory_order_acquire);
+    if (cached && atomic_load_explicit(&s->ds->cache_advise, memory_order_relaxed)) {
+        uint64_t idx[256];
+        for (uint32_t row = 0; row < sl->rows;) {
+            size_t n = 0;
+            for (; row < sl->rows && n < 256; row++)
+                idx[n++] = sampler_index(&s->smp, sl->epoch, sl->batch, row);
+            cache_advise(cached, idx, n);
+        }
+    }
 
     /* Ragged fields: the offsets come from the sizes known since the dataset was
      * opened, so every worker can write its samples at their final place at once. */

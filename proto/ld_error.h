@@ -58,7 +58,11 @@
     X(ESHM, -4013, "shm_error", "shared memory error")                                   \
     X(EHELLO, -4014, "hello_required", "the first request must be hello")                \
     X(ECLOSED, -4015, "closed", "closed")                                                \
-    X(EDATASET, -4016, "bad_dataset", "the dataset cannot be served")
+    X(EDATASET, -4016, "bad_dataset", "the dataset cannot be served")                    \
+    X(ECACHE, -4017, "cache_corrupt", "the cache file is corrupt or truncated")          \
+    X(ECACHESTALE, -4018, "cache_stale", "the cache file does not match its source")     \
+    X(ECACHEVERSION, -4019, "cache_version", "cache file format version not supported")  \
+    X(ECANCELED, -ECANCELED, "canceled", "operation canceled")
 
 enum ld_error {
     LD_OK = 0,

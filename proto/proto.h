@@ -38,6 +38,9 @@
 #define LD_OP_CLOSE "close"
 #define LD_OP_STATUS "status"
 #define LD_OP_STREAMS "streams"
+#define LD_OP_CACHE_BUILD "cache_build"
+#define LD_OP_CACHE_INFO "cache_info"
+#define LD_OP_CACHE_VERIFY "cache_verify"
 
 /* Element types of batch fields. Never renumber: the wire carries the names, the
  * Python binding the numbers. */

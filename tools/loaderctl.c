@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #define CTL_DEFAULT_TIMEOUT_MS 30000
 
@@ -40,6 +41,10 @@ static void ctl_usage(FILE *f)
             "  read DATASET [--epochs N] [--batch-size B] [--no-shuffle] [--seed S] [--epoch E]\n"
             "       [--rank R] [--world-size W] [--drop-last] [--start-batch K] [--prefetch P]\n"
             "       [--touch]         attach as a trainer, consume N epochs, print samples/s\n"
+            "  cache build DATASET [--force]   build the dataset's cache file now (--force: even\n"
+            "                         over a valid one) and wait for it, showing progress\n"
+            "  cache verify DATASET   check every sample of the cache against its checksum\n"
+            "  cache info DATASET     the cache's state, header fields, size and hits\n"
             "\n"
             "options:\n"
             "  --socket PATH          loaderd's socket (default: %s)\n"
@@ -165,6 +170,20 @@ static void ctl_fmt_bytes(double b, char *buf, size_t size)
 
 /* ---- status ------------------------------------------------------------------------ */
 
+/* "ready", "building 42%", "failed: why", ... */
+static void ctl_cache_state(const cJSON *cache, char *buf, size_t size)
+{
+    const char *state = ctl_str(cache, "state", "?");
+    const cJSON *progress = cJSON_GetObjectItemCaseSensitive(cache, "progress");
+    const char *error = ctl_str(cache, "error", NULL);
+    if (strcmp(state, "building") == 0 && cJSON_IsNumber(progress))
+        snprintf(buf, size, "building %.0f%%", 100 * progress->valuedouble);
+    else if (error && strcmp(state, "ready") != 0)
+        snprintf(buf, size, "%s (%s)", state, error);
+    else
+        snprintf(buf, size, "%s", state);
+}
+
 static int ctl_status(lc_client *c, const struct ctl_opts *o)
 {
     cJSON *r = ctl_request(c, "status");
@@ -196,6 +215,14 @@ static int ctl_status(lc_client *c, const struct ctl_opts *o)
     const cJSON *slots = cJSON_GetObjectItemCaseSensitive(r, "slots");
     printf("%-16s %.0f free, %.0f filling, %.0f ready, %.0f leased\n", "slots", ctl_num(slots, "free", 0),
            ctl_num(slots, "filling", 0), ctl_num(slots, "ready", 0), ctl_num(slots, "leased", 0));
+    const cJSON *cache;
+    cJSON_ArrayForEach(cache, cJSON_GetObjectItemCaseSensitive(r, "caches")) {
+        char line[160], hb[32];
+        ctl_cache_state(cache, line, sizeof line);
+        ctl_fmt_bytes(ctl_num(cache, "hit_bytes", 0), hb, sizeof hb);
+        printf("%-16s %s: %s, %.0f samples (%s) served from it\n", "cache", ctl_str(cache, "dataset", "?"), line,
+               ctl_num(cache, "hits", 0), hb);
+    }
     cJSON_Delete(r);
     return 0;
 }
@@ -607,6 +634,130 @@ static int ctl_cmd_read(lc_client **pc, struct ctl_opts *o, int argc, char **arg
     return ctl_read(*pc, o, dataset, &so, touch);
 }
 
+/* ---- cache ------------------------------------------------------------------------- */
+
+/* Sends {"op": op, "dataset": name[, "force": true]} and returns the reply, or NULL
+ * after printing why. */
+static cJSON *ctl_cache_request(lc_client *c, const char *op, const char *dataset, bool force)
+{
+    cJSON *req = cJSON_CreateObject();
+    cJSON_AddStringToObject(req, "op", op);
+    cJSON_AddStringToObject(req, "dataset", dataset);
+    if (force)
+        cJSON_AddBoolToObject(req, "force", true);
+    char *text = cJSON_PrintUnformatted(req), *reply_text = NULL, what[96];
+    cJSON_Delete(req);
+    snprintf(what, sizeof what, "%s %s", op, dataset);
+    int r = text ? lc_request_json(c, text, &reply_text) : LC_ENOMEM;
+    cJSON_free(text);
+    if (r < 0) {
+        ctl_fail(what, r == LC_ENOMEM ? "out of memory" : lc_client_error(c));
+        return NULL;
+    }
+    cJSON *reply = cJSON_Parse(reply_text);
+    lc_free(reply_text);
+    if (!cJSON_IsObject(reply)) {
+        cJSON_Delete(reply);
+        ctl_fail(what, "the reply is not a JSON object");
+        return NULL;
+    }
+    return reply;
+}
+
+static void ctl_cache_print(const cJSON *r)
+{
+    char state[160], size[32], hb[32];
+    ctl_cache_state(r, state, sizeof state);
+    ctl_fmt_bytes(ctl_num(r, "hit_bytes", 0), hb, sizeof hb);
+    printf("%-14s %s\n", "dataset", ctl_str(r, "dataset", "?"));
+    printf("%-14s %s\n", "state", state);
+    printf("%-14s %s (mode %s)\n", "path", ctl_str(r, "path", "?"), ctl_str(r, "mode", "?"));
+    printf("%-14s %.0f samples, %s\n", "served", ctl_num(r, "hits", 0), hb);
+    const cJSON *f = cJSON_GetObjectItemCaseSensitive(r, "file");
+    if (f) {
+        ctl_fmt_bytes(ctl_num(f, "file_size", 0), size, sizeof size);
+        printf("%-14s %.0f (format version %.0f)\n", "samples", ctl_num(f, "count", 0), ctl_num(f, "version", 0));
+        printf("%-14s %s\n", "size", size);
+        printf("%-14s %s\n", "fingerprint", ctl_str(f, "fingerprint", "?"));
+        printf("%-14s %s\n", "built", ctl_str(f, "build_time", "?"));
+        printf("%-14s %s (%s)\n", "source", ctl_str(f, "source", "?"), ctl_str(f, "kind", "?"));
+    }
+}
+
+static int ctl_cmd_cache(lc_client **pc, struct ctl_opts *o, int argc, char **argv)
+{
+    const char *sub = argc > 1 ? argv[1] : NULL, *dataset = NULL;
+    bool force = false;
+    if (!sub || (strcmp(sub, "build") && strcmp(sub, "verify") && strcmp(sub, "info")))
+        return ctl_usage_error("cache: expected build, verify or info");
+    for (int i = 2; i < argc; i++) {
+        if (strcmp(argv[i], "--force") == 0 && strcmp(sub, "build") == 0)
+            force = true;
+        else if (strcmp(argv[i], "--json") == 0)
+            o->json = true;
+        else if (argv[i][0] == '-')
+            return ctl_usage_error("cache %s: unknown option %s", sub, argv[i]);
+        else if (dataset)
+            return ctl_usage_error("cache %s: one dataset only (got %s and %s)", sub, dataset, argv[i]);
+        else
+            dataset = argv[i];
+    }
+    if (!dataset)
+        return ctl_usage_error("cache %s: which dataset?", sub);
+    if (strcmp(sub, "verify") == 0 && o->timeout_ms == CTL_DEFAULT_TIMEOUT_MS)
+        o->timeout_ms = 24 * 3600 * 1000; /* a verify reads the whole cache */
+    lc_client *c = *pc = ctl_connect(o);
+    if (!c)
+        return 1;
+    cJSON *r;
+    if (strcmp(sub, "info") == 0) {
+        if (!(r = ctl_cache_request(c, "cache_info", dataset, false)))
+            return 1;
+    } else if (strcmp(sub, "verify") == 0) {
+        if (!(r = ctl_cache_request(c, "cache_verify", dataset, false)))
+            return 1;
+        cJSON_Delete(r);
+        if (!(r = ctl_cache_request(c, "cache_info", dataset, false)))
+            return 1;
+        if (!o->json)
+            printf("cache of %s: every sample matches its checksum\n", dataset);
+    } else {
+        /* Start the build, then follow it until it is ready or has failed. */
+        if (!(r = ctl_cache_request(c, "cache_build", dataset, force)))
+            return 1;
+        for (;;) {
+            const char *state = ctl_str(r, "state", "?");
+            if (strcmp(state, "building") && strcmp(state, "checking") && strcmp(state, "absent") &&
+                strcmp(state, "stale"))
+                break;
+            if (!o->json) {
+                char line[160];
+                ctl_cache_state(r, line, sizeof line);
+                fprintf(stderr, "\r%s: %s   ", dataset, line);
+            }
+            usleep(200000);
+            cJSON_Delete(r);
+            if (!(r = ctl_cache_request(c, "cache_info", dataset, false)))
+                return 1;
+        }
+        if (!o->json)
+            fprintf(stderr, "\n");
+        if (strcmp(ctl_str(r, "state", "?"), "ready") != 0) {
+            char what[96];
+            snprintf(what, sizeof what, "cache build %s", dataset);
+            ctl_fail(what, ctl_str(r, "error", "the build did not finish"));
+            cJSON_Delete(r);
+            return 1;
+        }
+    }
+    if (o->json)
+        ctl_print_json(r);
+    else
+        ctl_cache_print(r);
+    cJSON_Delete(r);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     struct ctl_opts o = { .socket = NULL, .timeout_ms = CTL_DEFAULT_TIMEOUT_MS, .json = false };
@@ -642,6 +793,11 @@ int main(int argc, char **argv)
     char **cargv = argv + i;
     if (strcmp(cmd, "read") == 0) {
         ret = ctl_cmd_read(&c, &o, cargc, cargv);
+        lc_client_close(c);
+        return ret;
+    }
+    if (strcmp(cmd, "cache") == 0) {
+        ret = ctl_cmd_cache(&c, &o, cargc, cargv);
         lc_client_close(c);
         return ret;
     }

@@ -523,8 +523,10 @@ static void test_daemon_goes_away(void **state)
         assert_true(delivered <= 2); /* the read-ahead depth */
         lc_batch_release(b2);
     }
-    assert_int_equal(r, LC_ECONNRESET);
-    assert_string_equal(lc_client_error(c), "loaderd closed the connection");
+    /* Found by this next, or already by the release before it (which asks ahead in
+     * the same write): either way the reason is the hang-up. */
+    assert_true(r == LC_ECONNRESET || r == LC_ECLOSED);
+    assert_non_null(strstr(lc_client_error(c), "loaderd closed the connection"));
     r = lc_stream_next(s, 2000, &b2);
     assert_int_equal(r, LC_ECLOSED);
     assert_non_null(strstr(lc_client_error(c), "loaderd closed the connection"));

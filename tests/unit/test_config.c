@@ -395,7 +395,7 @@ static void test_unknown_keys(void **state)
                     "    kind: files\n"
                     "    path: x\n"
                     "    patern: \"*.bin\"\n",
-                    5, 5, "unknown key 'patern' in 'datasets.a' (expected one of: kind, path, pattern)",
+                    5, 5, "unknown key 'patern' in 'datasets.a' (expected one of: kind, path, pattern, cache)",
                     NULL);
     expect_error_at(ONE_DATASET "servers:\n  workers: 1\n", 3, 1,
                     "unknown top-level key 'servers' (expected one of: server, datasets)", NULL);
@@ -456,7 +456,7 @@ static void test_bad_values(void **state)
                     5, 12, "datasets.tokens.dtype: expected one of uint16, uint32, got 'int8'",
                     NULL);
     expect_error_at("datasets:\n  a: {kind: folder, path: x}\n", 2, 13,
-                    "datasets.a.kind: expected one of files, token_windows, got 'folder'", NULL);
+                    "datasets.a.kind: expected one of files, token_windows, packed, got 'folder'", NULL);
     expect_error_at("datasets:\n  t: {kind: token_windows, path: x, context: 0}\n", 2, 46,
                     "datasets.t.context: expected an integer in [1, 1048576], got '0'", NULL);
     expect_error_at("datasets:\n  t: {kind: token_windows, path: x, context: 8, stride: 1073741825}\n",
@@ -526,7 +526,7 @@ static void test_missing_keys(void **state)
     expect_error_at("datasets:\n  a:\n    kind: files\n", 2, 3,
                     "datasets.a: missing required key 'path'", NULL);
     expect_error_at("datasets:\n  a:\n    path: x\n", 2, 3,
-                    "datasets.a: missing required key 'kind' (one of files, token_windows)", NULL);
+                    "datasets.a: missing required key 'kind' (one of files, token_windows, packed)", NULL);
     expect_error_at("datasets:\n  ok: {kind: files, path: x}\n  t:\n    kind: token_windows\n"
                     "    path: t.bin\n",
                     3, 3, "datasets.t: missing required key 'context'", NULL);
@@ -545,7 +545,7 @@ static void test_kind_specific_keys(void **state)
                     "    path: x\n"
                     "    context: 8\n",
                     5, 5, "datasets.records: key 'context' is not valid for kind 'files'",
-                    "(expected one of: kind, path, pattern)", NULL);
+                    "(expected one of: kind, path, pattern, cache)", NULL);
     /* The kind is read first even when it comes last. */
     expect_error_at("datasets:\n"
                     "  t:\n"
@@ -555,6 +555,51 @@ static void test_kind_specific_keys(void **state)
                     "    kind: token_windows\n",
                     3, 5, "key 'pattern' is not valid for kind 'token_windows'",
                     "kind, path, dtype, context, stride", NULL);
+}
+
+static void test_cache_section(void **state)
+{
+    char path[PATH_MAX];
+    /* Present means auto, stat fingerprint; the path is resolved like the dataset's. */
+    struct config *c = load_ok("datasets:\n"
+                               "  a:\n"
+                               "    kind: files\n"
+                               "    path: x\n"
+                               "    cache: {path: cache/a.ldcache}\n"
+                               "  b:\n"
+                               "    kind: files\n"
+                               "    path: y\n"
+                               "    cache:\n"
+                               "      path: /var/cache/b.ldcache\n"
+                               "      mode: rebuild\n"
+                               "      fingerprint: content\n"
+                               "  c: {kind: files, path: z}\n"
+                               "  d: {kind: packed, path: /data/shipped.ldcache}\n",
+                               path, sizeof path);
+    assert_int_equal(c->n_datasets, 4);
+    assert_int_equal(c->datasets[0].cache_mode, CONFIG_CACHE_AUTO);
+    assert_int_equal(c->datasets[0].cache_fingerprint, 0);
+    assert_non_null(strstr(c->datasets[0].cache_path, "/cache/a.ldcache"));
+    assert_true(c->datasets[0].cache_path[0] == '/');
+    assert_int_equal(c->datasets[1].cache_mode, CONFIG_CACHE_REBUILD);
+    assert_int_equal(c->datasets[1].cache_fingerprint, 1);
+    assert_string_equal(c->datasets[1].cache_path, "/var/cache/b.ldcache");
+    assert_int_equal(c->datasets[2].cache_mode, CONFIG_CACHE_OFF);
+    assert_null(c->datasets[2].cache_path);
+    assert_int_equal(c->datasets[3].kind, CONFIG_DATASET_PACKED);
+    assert_string_equal(c->datasets[3].path, "/data/shipped.ldcache");
+    config_free(c);
+
+    expect_error_at("datasets:\n  a:\n    kind: files\n    path: x\n    cache: {path: p, mode: sometimes}\n", 5, 28,
+                    "datasets.a.cache.mode: expected one of auto, off, rebuild, got 'sometimes'", NULL);
+    expect_error_at("datasets:\n  a:\n    kind: files\n    path: x\n    cache: {mode: auto}\n", 5, 12,
+                    "datasets.a.cache: missing required key 'path'", NULL);
+    expect_error_at("datasets:\n  a:\n    kind: files\n    path: x\n    cache: {path: p, size: 3}\n", 5, 22,
+                    "unknown key 'size' in 'datasets.a.cache' (expected one of: path, mode, fingerprint)", NULL);
+    expect_error_at("datasets:\n  a:\n    kind: files\n    path: x\n    cache: yes\n", 5, 12,
+                    "datasets.a.cache: expected a mapping", NULL);
+    expect_error_at("datasets:\n  t:\n    kind: token_windows\n    path: x\n    context: 4\n    cache: {path: p}\n", 6, 5,
+                    "key 'cache' is not valid for kind 'token_windows'", NULL);
 }
 
 static void test_dataset_names(void **state)
@@ -641,6 +686,7 @@ int main(void)
         cmocka_unit_test(test_duplicates),
         cmocka_unit_test(test_missing_keys),
         cmocka_unit_test(test_kind_specific_keys),
+        cmocka_unit_test(test_cache_section),
         cmocka_unit_test(test_dataset_names),
         cmocka_unit_test(test_too_many_datasets),
         cmocka_unit_test(test_syntax_errors),

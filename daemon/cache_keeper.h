@@ -1,0 +1,51 @@
+/* cache_keeper — one dataset's single-file cache while the daemon runs: is there a valid
+ * one (checked against the source's fingerprint), build it when a stream first needs it
+ * or when `loaderctl cache build` asks, attach it so workers read it instead of the
+ * source, notice when the source changed, verify it on request.
+ *
+ * Everything slow (fingerprinting thousands of files, building, verifying) runs on the
+ * keeper's own thread, one job at a time; results come back to the loop thread through
+ * a uv_async handle. All functions here are called on the loop thread. */
+#ifndef LD_CACHE_KEEPER_H
+#define LD_CACHE_KEEPER_H
+
+#include <stdbool.h>
+#include <cJSON.h>
+#include <uv.h>
+
+#include "config.h"
+#include "dataset.h"
+
+typedef struct cache_keeper cache_keeper;
+
+/* Starts checking the cache of dataset d (cfg->cache_mode must not be off): sweeps temp
+ * files left by dead builders, fingerprints the source and opens the cache if there is
+ * one; a corrupt cache is set aside, a stale one left for a rebuild. */
+int cache_keeper_new(uv_loop_t *loop, dataset *d, const struct config_dataset *cfg, cache_keeper **ret_keeper,
+                     char *errbuf);
+/* Cancels a running job, waits for the thread, closes the handle; on_closed runs (on
+ * the loop) when the keeper's handle is closed. The caches it attached stay mapped until
+ * cache_keeper_free. */
+void cache_keeper_close(cache_keeper *k, void (*on_closed)(void *ctx), void *ctx);
+/* After the loop has finished and the workers are idle: unmaps its caches, frees. */
+void cache_keeper_free(cache_keeper *k);
+
+/* A stream was opened on the dataset: in mode auto, build when there is no valid cache;
+ * in mode rebuild, build once per daemon run; when a cache is attached, check that the
+ * source has not changed since (and detach it, then rebuild, when it has). */
+void cache_keeper_stream_opened(cache_keeper *k);
+/* `loaderctl cache build [--force]`: starts a build (force: even over a valid cache).
+ * 0 when a build was started or is already running; errbuf says why not otherwise. */
+int cache_keeper_build(cache_keeper *k, bool force, char *errbuf);
+/* `loaderctl cache verify`: checks every sample's checksum on the keeper's thread and
+ * calls done (on the loop) with 0, or the error and a message naming the first bad
+ * sample. LD_ENOENT when no cache is attached, LD_EBUSY when a job runs: done is not
+ * called then. */
+int cache_keeper_verify(cache_keeper *k, void (*done)(void *ctx, int rc, const char *message), void *ctx,
+                        char *errbuf);
+/* Adds the state to o: {"state": "absent|checking|building|ready|stale|failed",
+ * "progress": 0..1, "path", "mode", "hits", "hit_bytes", "error", and the header's
+ * fields when ready}. */
+void cache_keeper_describe(const cache_keeper *k, cJSON *o);
+
+#endif

@@ -1,0 +1,378 @@
+/* itest_cache — the single-file dataset cache inside a real loaderd.
+ *
+ * A first stream triggers the build while it is served from the files; later epochs,
+ * streams and daemon runs are served from the cache with the same bytes and labels;
+ * touching a file makes it stale and it is rebuilt; a corrupt or truncated cache is
+ * never served (set aside, rebuilt); `verify` finds a flipped byte; mode rebuild builds
+ * again; two streams share one build; a cache directory that cannot be written gives a
+ * clear error while the source keeps being served; a `packed` dataset serves a shipped
+ * cache file on its own. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <cJSON.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "harness.h"
+#include "loaderclient.h"
+
+#define N_FILES 400
+#define FILE_SIZE 200
+#define N_CLASSES 4
+
+static int setup(void **state)
+{
+    struct harness *h = harness_new();
+    harness_gen_files(h, "rec", N_FILES, FILE_SIZE, N_CLASSES, false);
+    *state = h;
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    harness_free(*state);
+    return 0;
+}
+
+static void start_with_cache(struct harness *h, const char *mode)
+{
+    char ds[512];
+    snprintf(ds, sizeof ds,
+             "  records:\n    kind: files\n    path: rec\n    cache: {path: cache/rec.ldcache, mode: %s}\n", mode);
+    char dir[200];
+    snprintf(dir, sizeof dir, "%s/cache", h->dir);
+    mkdir(dir, 0755);
+    harness_write_config(h, "  workers: 2\n", ds);
+    harness_start(h);
+}
+
+static cJSON *cache_call(lc_client *c, const char *op, const char *extra)
+{
+    char req[256], *text = NULL;
+    snprintf(req, sizeof req, "{\"op\":\"%s\",\"dataset\":\"records\"%s}", op, extra ? extra : "");
+    int r = lc_request_json(c, req, &text);
+    if (r < 0)
+        fail_msg("%s: %s", op, lc_client_error(c));
+    cJSON *j = cJSON_Parse(text);
+    lc_free(text);
+    assert_non_null(j);
+    return j;
+}
+
+static const char *state_of(const cJSON *j)
+{
+    return cJSON_GetStringValue(cJSON_GetObjectItem(j, "state"));
+}
+
+/* Waits until the cache's state is `want` (up to 20 s); returns the last info. */
+static cJSON *wait_state(lc_client *c, const char *want)
+{
+    for (int i = 0; i < 400; i++) {
+        cJSON *j = cache_call(c, "cache_info", NULL);
+        if (strcmp(state_of(j), want) == 0)
+            return j;
+        cJSON_Delete(j);
+        usleep(50000);
+    }
+    cJSON *j = cache_call(c, "cache_info", NULL);
+    char *s = cJSON_Print(j);
+    fail_msg("cache state never became %s: %s", want, s);
+    return NULL;
+}
+
+static double num(const cJSON *j, const char *a, const char *b)
+{
+    const cJSON *o = cJSON_GetObjectItem(j, a);
+    if (b)
+        o = cJSON_GetObjectItem(o, b);
+    assert_true(cJSON_IsNumber(o));
+    return o->valuedouble;
+}
+
+/* Reads one whole epoch and checks every sample's bytes and label; returns how many. */
+static uint64_t read_epoch_checked(lc_client *c, uint64_t seed)
+{
+    lc_stream_options o;
+    lc_stream_options_init(&o);
+    o.batch_size = 32;
+    o.seed = seed;
+    o.epochs = 1;
+    lc_stream *s = NULL;
+    if (lc_stream_open(c, "records", &o, &s) < 0)
+        fail_msg("open: %s", lc_client_error(c));
+    char *seen = calloc(N_FILES, 1);
+    uint64_t n = 0;
+    lc_batch *b;
+    int r;
+    while ((r = lc_stream_next(s, 10000, &b)) == 0) {
+        lc_field data, label;
+        assert_int_equal(lc_batch_field_by_name(b, "data", &data), 0);
+        assert_int_equal(lc_batch_field_by_name(b, "label", &label), 0);
+        for (uint32_t row = 0; row < lc_batch_rows(b); row++) {
+            const uint8_t *buf = (const uint8_t *)data.data + (size_t)row * FILE_SIZE;
+            int64_t lab = ((const int64_t *)label.data)[row];
+            int64_t found = -1;
+            for (uint64_t i = (uint64_t)lab; i < N_FILES; i += N_CLASSES)
+                if (harness_file_matches(i, buf, FILE_SIZE, FILE_SIZE, false)) {
+                    found = (int64_t)i;
+                    break;
+                }
+            if (found < 0)
+                fail_msg("a sample with label %lld matches no file of that class", (long long)lab);
+            assert_int_equal(seen[found], 0);
+            seen[found] = 1;
+            n++;
+        }
+        lc_batch_release(b);
+    }
+    assert_int_equal(r, LC_EEND);
+    free(seen);
+    lc_stream_close(s);
+    return n;
+}
+
+static void test_build_serve_restart(void **state)
+{
+    struct harness *h = *state;
+    start_with_cache(h, "auto");
+    lc_client *c = harness_connect(h, 10000, "itest_cache");
+    cJSON *j = wait_state(c, "absent"); /* checked at start: none yet */
+    cJSON_Delete(j);
+    /* The first stream is served from the files and starts the build. */
+    assert_int_equal(read_epoch_checked(c, 1), N_FILES);
+    j = wait_state(c, "ready");
+    assert_int_equal((int)num(j, "file", "count"), N_FILES);
+    cJSON_Delete(j);
+    /* Later epochs come from the cache: same bytes, same labels, and the hits count. */
+    assert_int_equal(read_epoch_checked(c, 2), N_FILES);
+    j = cache_call(c, "cache_info", NULL);
+    assert_true(num(j, "hits", NULL) >= N_FILES);
+    cJSON_Delete(j);
+    j = cache_call(c, "cache_verify", NULL);
+    assert_true(cJSON_IsTrue(cJSON_GetObjectItem(j, "ok")));
+    cJSON_Delete(j);
+    lc_client_close(c);
+    harness_stop_clean(h);
+
+    /* A later daemon run finds it valid and serves from it at once. */
+    harness_start(h);
+    c = harness_connect(h, 10000, "itest_cache");
+    j = wait_state(c, "ready");
+    cJSON_Delete(j);
+    assert_int_equal(read_epoch_checked(c, 3), N_FILES);
+    j = cache_call(c, "cache_info", NULL);
+    assert_true(num(j, "hits", NULL) >= N_FILES);
+    cJSON_Delete(j);
+
+    /* Touching a file makes it stale: detected when a stream opens, rebuilt. */
+    char path[4300];
+    snprintf(path, sizeof path, "%s/rec/class_001/0000005.bin", h->dir);
+    struct timespec times[2] = {{.tv_sec = 1000000000, .tv_nsec = 0}, {.tv_sec = 1000000000, .tv_nsec = 0}};
+    assert_int_equal(utimensat(AT_FDCWD, path, times, 0), 0);
+    j = cache_call(c, "cache_info", NULL);
+    char *fp_before = strdup(cJSON_GetStringValue(cJSON_GetObjectItem(cJSON_GetObjectItem(j, "file"), "fingerprint")));
+    cJSON_Delete(j);
+    assert_int_equal(read_epoch_checked(c, 4), N_FILES);
+    for (int i = 0; i < 400; i++) {
+        j = cache_call(c, "cache_info", NULL);
+        const cJSON *f = cJSON_GetObjectItem(j, "file");
+        const char *fp = f ? cJSON_GetStringValue(cJSON_GetObjectItem(f, "fingerprint")) : NULL;
+        bool rebuilt = strcmp(state_of(j), "ready") == 0 && fp && strcmp(fp, fp_before) != 0;
+        cJSON_Delete(j);
+        if (rebuilt)
+            break;
+        assert_true(i < 399);
+        usleep(50000);
+    }
+    free(fp_before);
+    assert_int_equal(read_epoch_checked(c, 5), N_FILES);
+    lc_client_close(c);
+    harness_stop_clean(h);
+    char *log = harness_log(h);
+    assert_non_null(strstr(log, "the source changed since the cache was built"));
+    free(log);
+}
+
+/* Flips one byte at `offset` from the end (negative) or the start of the cache file. */
+static void flip_byte(struct harness *h, long offset)
+{
+    char path[300];
+    snprintf(path, sizeof path, "%s/cache/rec.ldcache", h->dir);
+    int fd = open(path, O_RDWR);
+    assert_true(fd >= 0);
+    off_t at = offset >= 0 ? offset : lseek(fd, 0, SEEK_END) + offset;
+    uint8_t b;
+    assert_int_equal(pread(fd, &b, 1, at), 1);
+    b ^= 0x5a;
+    assert_int_equal(pwrite(fd, &b, 1, at), 1);
+    close(fd);
+}
+
+static bool bad_copy_exists(struct harness *h)
+{
+    char path[300];
+    snprintf(path, sizeof path, "%s/cache/rec.ldcache.bad", h->dir);
+    return access(path, F_OK) == 0;
+}
+
+static void build_now(struct harness *h)
+{
+    lc_client *c = harness_connect(h, 10000, "itest_cache");
+    cJSON *j = wait_state(c, "absent");
+    cJSON_Delete(j);
+    j = cache_call(c, "cache_build", NULL);
+    cJSON_Delete(j);
+    j = wait_state(c, "ready");
+    cJSON_Delete(j);
+    lc_client_close(c);
+}
+
+static void test_corruption_is_never_served(void **state)
+{
+    struct harness *h = *state;
+    start_with_cache(h, "auto");
+    build_now(h);
+    /* A flipped data byte: verify names the sample, the cache is set aside, rebuilt. */
+    flip_byte(h, 4096 + 70);
+    lc_client *c = harness_connect(h, 10000, "itest_cache");
+    char *text = NULL;
+    int r = lc_request_json(c, "{\"op\":\"cache_verify\",\"dataset\":\"records\"}", &text);
+    assert_true(r < 0);
+    assert_non_null(strstr(lc_client_error(c), "sample"));
+    assert_true(bad_copy_exists(h));
+    cJSON *j = wait_state(c, "ready"); /* rebuilt */
+    cJSON_Delete(j);
+    assert_int_equal(read_epoch_checked(c, 1), N_FILES);
+    lc_client_close(c);
+    harness_stop_clean(h);
+
+    /* A flipped header byte or a truncated file: refused at start, set aside, served
+     * from the source (and rebuilt when a stream needs it). */
+    const long where[] = {20, -10};
+    for (int k = 0; k < 3; k++) {
+        char path[300];
+        snprintf(path, sizeof path, "%s/cache/rec.ldcache", h->dir);
+        if (k < 2) {
+            flip_byte(h, where[k]);
+        } else {
+            struct stat st;
+            assert_int_equal(stat(path, &st), 0);
+            assert_int_equal(truncate(path, st.st_size - 100), 0);
+        }
+        harness_start(h);
+        c = harness_connect(h, 10000, "itest_cache");
+        j = wait_state(c, "absent");
+        assert_non_null(cJSON_GetObjectItem(j, "error"));
+        cJSON_Delete(j);
+        assert_int_equal(read_epoch_checked(c, 2), N_FILES); /* from the source, and it triggers the build */
+        j = wait_state(c, "ready");
+        cJSON_Delete(j);
+        lc_client_close(c);
+        harness_stop_clean(h);
+        char *log = harness_log(h);
+        assert_non_null(strstr(log, "set aside"));
+        free(log);
+    }
+}
+
+static void test_rebuild_mode_and_shared_build(void **state)
+{
+    struct harness *h = *state;
+    start_with_cache(h, "auto");
+    build_now(h);
+    harness_stop_clean(h);
+
+    /* mode rebuild: a new build at the first stream, over the valid cache. */
+    start_with_cache(h, "rebuild");
+    lc_client *c = harness_connect(h, 10000, "itest_cache");
+    cJSON *j = wait_state(c, "ready");
+    char *built = strdup(cJSON_GetStringValue(cJSON_GetObjectItem(cJSON_GetObjectItem(j, "file"), "build_time")));
+    cJSON_Delete(j);
+    /* Two streams opened together share one build. */
+    lc_client *c2 = harness_connect(h, 10000, "itest_cache");
+    lc_stream_options o;
+    lc_stream_options_init(&o);
+    o.batch_size = 16;
+    lc_stream *s1 = NULL, *s2 = NULL;
+    assert_int_equal(lc_stream_open(c, "records", &o, &s1), 0);
+    assert_int_equal(lc_stream_open(c2, "records", &o, &s2), 0);
+    lc_stream_close(s1);
+    lc_stream_close(s2);
+    for (int i = 0;; i++) {
+        j = cache_call(c, "cache_info", NULL);
+        const cJSON *f = cJSON_GetObjectItem(j, "file");
+        const char *t = f ? cJSON_GetStringValue(cJSON_GetObjectItem(f, "build_time")) : NULL;
+        bool done = strcmp(state_of(j), "ready") == 0 && t && strcmp(t, built) != 0; /* ns resolution */
+        cJSON_Delete(j);
+        if (done)
+            break;
+        assert_true(i < 400);
+        usleep(50000);
+    }
+    free(built);
+    lc_client_close(c);
+    lc_client_close(c2);
+    harness_stop_clean(h);
+    char *log = harness_log(h), *p = log, *run;
+    while ((run = strstr(p, "listening on")) != NULL) /* this run's lines only */
+        p = run + 1;
+    int builds = 0;
+    while ((p = strstr(p, "building the cache")) != NULL) {
+        builds++;
+        p++;
+    }
+    assert_int_equal(builds, 1);
+    free(log);
+}
+
+static void test_unwritable_cache_dir_and_packed(void **state)
+{
+    struct harness *h = *state;
+    /* The cache's directory is a regular file: the build fails with a clear error and
+     * the daemon keeps serving from the source. */
+    harness_write_file(h, "notadir", "x", 1);
+    harness_write_config(h, "  workers: 2\n",
+                         "  records:\n    kind: files\n    path: rec\n    cache: {path: notadir/rec.ldcache}\n");
+    harness_start(h);
+    lc_client *c = harness_connect(h, 10000, "itest_cache");
+    assert_int_equal(read_epoch_checked(c, 1), N_FILES);
+    cJSON *j = wait_state(c, "failed");
+    const char *err = cJSON_GetStringValue(cJSON_GetObjectItem(j, "error"));
+    assert_non_null(err);
+    assert_non_null(strstr(err, "notadir"));
+    cJSON_Delete(j);
+    assert_int_equal(read_epoch_checked(c, 2), N_FILES);
+    lc_client_close(c);
+    harness_stop_clean(h);
+
+    /* Build one, then serve the file alone as a `packed` dataset. */
+    start_with_cache(h, "auto");
+    build_now(h);
+    harness_stop_clean(h);
+    harness_write_config(h, "  workers: 2\n", "  records:\n    kind: packed\n    path: cache/rec.ldcache\n");
+    harness_start(h);
+    c = harness_connect(h, 10000, "itest_cache");
+    assert_int_equal(read_epoch_checked(c, 7), N_FILES);
+    lc_client_close(c);
+    harness_stop_clean(h);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_build_serve_restart, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_corruption_is_never_served, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_rebuild_mode_and_shared_build, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_unwritable_cache_dir_and_packed, setup, teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
