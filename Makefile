@@ -55,6 +55,8 @@ CLIENT_OBJ := $(call obj,$(CLIENT_SRC))
 LOADERD   := $(BUILD)/bin/loaderd
 LOADERCTL := $(BUILD)/bin/loaderctl
 GENDATA   := $(BUILD)/bin/ld-gendata
+GENIMAGES := $(BUILD)/bin/ld-genimages
+IMGFLOOR  := $(BUILD)/bin/ld-imgfloor
 CLIENT_SO := $(BUILD)/lib/libloaderclient.so
 CLIENT_A  := $(BUILD)/lib/libloaderclient.a
 CORE_A    := $(BUILD)/lib/libloaderd_core.a
@@ -66,7 +68,7 @@ TEST_PLUGINS := $(patsubst %,$(BUILD)/test/plugins/fixture-%.so,nosym badabi v2o
 ITEST_BIN := $(patsubst tests/integration/%.c,$(BUILD)/test/%,$(ITEST_SRC))
 
 .PHONY: all deps test test-unit test-integration test-tsan test-python demo bench clean tests
-all: $(LOADERD) $(LOADERCTL) $(GENDATA) $(CLIENT_SO) $(CLIENT_A) $(PLUGINS)
+all: $(LOADERD) $(LOADERCTL) $(GENDATA) $(GENIMAGES) $(IMGFLOOR) $(CLIENT_SO) $(CLIENT_A) $(PLUGINS)
 tests: $(UNIT_BIN) $(ITEST_BIN)
 
 # Rebuild everything when the flags change.
@@ -102,6 +104,15 @@ $(GENDATA): $(call obj,tools/gendata.c)
 	@mkdir -p $(dir $@)
 	$(CC) -o $@ $^ $(LDFLAGS_ALL)
 
+$(GENIMAGES): $(call obj,tools/genimages.c)
+	@mkdir -p $(dir $@)
+	$(CC) -o $@ $^ $(LDFLAGS_ALL) $(shell pkg-config --libs libturbojpeg 2>/dev/null)
+
+# The image benchmark's floor links the daemon's decoder and resampler, as unit tests do.
+$(IMGFLOOR): $(call obj,tools/ld-imgfloor.c) $(CORE_A)
+	@mkdir -p $(dir $@)
+	$(CC) -o $@ $^ $(LDFLAGS_ALL) $(PKG_LIBS) -ldl -lm
+
 # Unit tests link the daemon's modules (no socket, no process); integration tests link
 # only the public client library and drive a real loaderd.
 $(BUILD)/test/test_%: $(call obj,tests/unit/test_%.c) $(CORE_A)
@@ -114,7 +125,7 @@ $(BUILD)/lib/ld-plugin-%.so: $(call obj,examples/plugins/%.c)
 	@mkdir -p $(dir $@)
 	$(CC) -shared -o $@ $^ $(LDFLAGS_ALL)
 
-$(BUILD)/test/plugins/fixture-%.so: tests/unit/plugin_fixture.c $(FLAGS_FILE)
+$(BUILD)/test/plugins/fixture-%.so: tests/unit/plugin_fixture.c daemon/transform_plugin.h $(FLAGS_FILE)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -DFIXTURE_$* -shared -o $@ $< $(LDFLAGS_ALL)
 
@@ -151,6 +162,7 @@ bench:
 	@scripts/deps.sh bench
 	$(MAKE) --no-print-directory all
 	/usr/bin/python3 bench/bench.py
+	/usr/bin/python3 bench/bench_images.py
 
 clean:
 	rm -rf build

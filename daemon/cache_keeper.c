@@ -42,6 +42,8 @@ struct cache_keeper {
     enum keeper_state state;
     bool rebuilt_once;              /* mode rebuild: the forced build of this run is done */
     bool pending_build, pending_force;
+    void (*pending_verify)(void *ctx, int rc, const char *message); /* a verify waiting for the job */
+    void *pending_verify_ctx;
     char error[LD_ERRMSG_MAX];
     cache *caches[MAX_CACHES];      /* every cache attached so far; the last is current */
     int n_caches;
@@ -185,8 +187,23 @@ static void detach(cache_keeper *k)
     k->current = NULL;
 }
 
+static int start_verify(cache_keeper *k, void (*done)(void *ctx, int rc, const char *message), void *ctx);
+
 static void maybe_pending(cache_keeper *k)
 {
+    if (k->pending_verify && !k->thread_live) {
+        void (*done)(void *, int, const char *) = k->pending_verify;
+        void *ctx = k->pending_verify_ctx;
+        k->pending_verify = NULL;
+        char err[LD_ERRMSG_MAX];
+        if (!k->current) {
+            ld_errorf(err, "dataset '%s' has no cache to verify (state: %s)", k->d->name, state_names[k->state]);
+            done(ctx, LD_ENOENT, err);
+        } else if (start_verify(k, done, ctx) < 0) {
+            done(ctx, LD_EAGAIN, k->error);
+        }
+        return;
+    }
     if (k->pending_build && !k->thread_live) {
         bool force = k->pending_force;
         k->pending_build = k->pending_force = false;
@@ -318,6 +335,13 @@ void cache_keeper_close(cache_keeper *k, void (*on_closed)(void *ctx), void *ctx
         if (k->job.opened && k->job.opened != k->current)
             cache_free(k->job.opened);
         k->job.opened = NULL;
+        if (k->job.kind == JOB_VERIFY && k->job.verify_done)
+            k->job.verify_done(k->job.verify_ctx, LD_ECLOSED, "the daemon is stopping");
+    }
+    if (k->pending_verify) {
+        void (*done)(void *, int, const char *) = k->pending_verify;
+        k->pending_verify = NULL;
+        done(k->pending_verify_ctx, LD_ECLOSED, "the daemon is stopping");
     }
     k->on_closed = on_closed;
     k->closed_ctx = ctx;
@@ -365,26 +389,37 @@ int cache_keeper_build(cache_keeper *k, bool force, char *errbuf)
     return 0;
 }
 
+static int start_verify(cache_keeper *k, void (*done)(void *ctx, int rc, const char *message), void *ctx)
+{
+    int rc = start_job(k, JOB_VERIFY, false);
+    if (rc == 0) {
+        k->job.verify_done = done;
+        k->job.verify_ctx = ctx;
+    }
+    return rc;
+}
+
 int cache_keeper_verify(cache_keeper *k, void (*done)(void *ctx, int rc, const char *message), void *ctx,
                         char *errbuf)
 {
-    if (!k->current) {
+    if (!k->current && !k->thread_live) {
         ld_errorf(errbuf, "dataset '%s' has no cache to verify (state: %s)", k->d->name, state_names[k->state]);
         return LD_ENOENT;
     }
-    if (k->thread_live) {
-        ld_errorf(errbuf, "dataset '%s': the cache is busy (%s); try again when it is done", k->d->name,
-                  state_names[k->state]);
+    if (k->pending_verify || (k->thread_live && k->job.kind == JOB_VERIFY)) {
+        ld_errorf(errbuf, "dataset '%s': a verify of the cache is already running", k->d->name);
         return LD_EBUSY;
     }
-    int rc = start_job(k, JOB_VERIFY, false);
-    if (rc < 0) {
-        ld_errorf(errbuf, "%s", k->error);
-        return rc;
+    if (k->thread_live) {
+        /* A check or a build is running: verify what it leaves, right after it. */
+        k->pending_verify = done;
+        k->pending_verify_ctx = ctx;
+        return 0;
     }
-    k->job.verify_done = done;
-    k->job.verify_ctx = ctx;
-    return 0;
+    int rc = start_verify(k, done, ctx);
+    if (rc < 0)
+        ld_errorf(errbuf, "%s", k->error);
+    return rc;
 }
 
 void cache_keeper_describe(const cache_keeper *k, cJSON *o)

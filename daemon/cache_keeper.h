@@ -39,8 +39,9 @@ void cache_keeper_stream_opened(cache_keeper *k);
 int cache_keeper_build(cache_keeper *k, bool force, char *errbuf);
 /* `loaderctl cache verify`: checks every sample's checksum on the keeper's thread and
  * calls done (on the loop) with 0, or the error and a message naming the first bad
- * sample. LD_ENOENT when no cache is attached, LD_EBUSY when a job runs: done is not
- * called then. */
+ * sample (a corrupt cache is then detached, set aside and rebuilt). A check or build
+ * that is running finishes first. LD_ENOENT when there is no cache, LD_EBUSY when a
+ * verify is already under way: done is not called then. */
 int cache_keeper_verify(cache_keeper *k, void (*done)(void *ctx, int rc, const char *message), void *ctx,
                         char *errbuf);
 /* Adds the state to o: {"state": "absent|checking|building|ready|stale|failed",

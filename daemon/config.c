@@ -17,11 +17,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <errno.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 #include <yaml.h>
+#include <cJSON.h>
 
 #include "ld_error.h"
 #include "log.h"
@@ -47,6 +49,7 @@ enum key_type {
     KEY_SIZE,   /* bytes, plain or with a binary suffix, in [min, max], into uint32/64 */
     KEY_ENUM,   /* one of `choices`, mapped to an int by from_name */
     KEY_TABLE,  /* a nested mapping, walked against `sub` into the same struct */
+    KEY_TRANSFORMS, /* image_folder's list of transforms (load_transforms) */
 };
 
 #define KEY_REQUIRED 1u
@@ -73,10 +76,12 @@ struct key {
 #define FILES (1u << CONFIG_DATASET_FILES)
 #define TOKENS (1u << CONFIG_DATASET_TOKEN_WINDOWS)
 #define PACKED (1u << CONFIG_DATASET_PACKED)
+#define IMAGES (1u << CONFIG_DATASET_IMAGE_FOLDER)
 
 static int kind_from_name(const char *name);
 static int dtype_from_name(const char *name);
 static int cache_mode_from_name(const char *name);
+static int on_error_from_name(const char *name);
 static int fingerprint_from_name(const char *name);
 
 /* datasets.NAME.cache (files only). Present means mode auto unless it says otherwise. */
@@ -109,10 +114,14 @@ static const struct key server_keys[] = {
 /* stride's default 0 means "same as context" (min is 1, so YAML cannot say 0). */
 static const struct key dataset_keys[] = {
     {.name = "kind", .type = KEY_ENUM, DATASET_AT(kind), .from_name = kind_from_name,
-     .choices = "files, token_windows, packed", .flags = KEY_REQUIRED, .kinds = FILES | TOKENS | PACKED},
+     .choices = "files, token_windows, packed, image_folder", .flags = KEY_REQUIRED,
+     .kinds = FILES | TOKENS | PACKED | IMAGES},
     {.name = "path", .type = KEY_PATH, DATASET_AT(path), .flags = KEY_REQUIRED,
-     .kinds = FILES | TOKENS | PACKED},
-    {.name = "pattern", .type = KEY_STRING, .def_str = "*", DATASET_AT(pattern), .kinds = FILES},
+     .kinds = FILES | TOKENS | PACKED | IMAGES},
+    {.name = "pattern", .type = KEY_STRING, .def_str = "*", DATASET_AT(pattern), .kinds = FILES | IMAGES},
+    {.name = "on_error", .type = KEY_ENUM, .def = CONFIG_ON_ERROR_REPLACE, DATASET_AT(on_error),
+     .from_name = on_error_from_name, .choices = "replace, fail", .kinds = FILES | IMAGES},
+    {.name = "transforms", .type = KEY_TRANSFORMS, .kinds = IMAGES, .flags = KEY_REQUIRED},
     {.name = "dtype", .type = KEY_ENUM, .def = LD_DTYPE_UINT16, DATASET_AT(token_dtype),
      .from_name = dtype_from_name, .choices = "uint16, uint32", .kinds = TOKENS},
     {.name = "context", .type = KEY_INT, .min = 1, .max = 1 << 20, DATASET_AT(context),
@@ -120,7 +129,7 @@ static const struct key dataset_keys[] = {
     {.name = "stride", .type = KEY_INT, .min = 1, .max = 1 << 30, .def = 0, DATASET_AT(stride),
      .kinds = TOKENS},
     {.name = "cache", .type = KEY_TABLE, .sub = cache_keys, .n_sub = sizeof cache_keys / sizeof cache_keys[0],
-     .kinds = FILES},
+     .kinds = FILES | IMAGES},
 };
 
 #define N_KEYS(t) (sizeof(t) / sizeof((t)[0]))
@@ -132,7 +141,17 @@ static const char *const kind_names[] = {
     [CONFIG_DATASET_FILES] = "files",
     [CONFIG_DATASET_TOKEN_WINDOWS] = "token_windows",
     [CONFIG_DATASET_PACKED] = "packed",
+    [CONFIG_DATASET_IMAGE_FOLDER] = "image_folder",
 };
+
+static int on_error_from_name(const char *name)
+{
+    if (strcmp(name, "replace") == 0)
+        return CONFIG_ON_ERROR_REPLACE;
+    if (strcmp(name, "fail") == 0)
+        return CONFIG_ON_ERROR_FAIL;
+    return -1;
+}
 
 static int cache_mode_from_name(const char *name)
 {
@@ -507,6 +526,8 @@ static int apply_defaults(const struct loader *l, const struct key *table, size_
 static int load_table(const struct loader *l, const yaml_node_t *map, const struct key *table,
                       size_t n, int kind, const char *where, yaml_mark_t missing_at, void *base);
 
+static int load_transforms(const struct loader *l, const yaml_node_t *v, const char *where, void *base);
+
 static int load_value(const struct loader *l, const struct key *k, const yaml_node_t *v,
                       const char *where, void *base)
 {
@@ -552,6 +573,8 @@ static int load_value(const struct loader *l, const struct key *k, const yaml_no
             return ret;
         return load_table(l, v, k->sub, k->n_sub, 0, sub_where, v->start_mark, base);
     }
+    case KEY_TRANSFORMS:
+        return load_transforms(l, v, where, base);
     case KEY_STRING:
     case KEY_PATH:
     case KEY_SOCKET:
@@ -577,6 +600,310 @@ static int load_value(const struct loader *l, const struct key *k, const yaml_no
         return LD_ENOMEM;
     }
     store_string(base, k, s);
+    return 0;
+}
+
+/* ---- image_folder transforms ------------------------------------------------- */
+
+/* The scalar text of a parameter, or NULL (a message is set) when it is not a scalar. */
+static const char *param_text(const struct loader *l, const yaml_node_t *v, const char *where, int *ret)
+{
+    char got[80];
+    if (v->type != YAML_SCALAR_NODE || is_null(v)) {
+        *ret = fail_at(l, v->start_mark, "%s: expected a value, got %s", where, describe(v, got, sizeof got));
+        return NULL;
+    }
+    return (const char *)v->data.scalar.value;
+}
+
+static int param_int(const struct loader *l, const yaml_node_t *v, const char *where, int64_t min, int64_t max,
+                     int64_t *ret)
+{
+    char got[80];
+    int rc = 0;
+    const char *t = param_text(l, v, where, &rc);
+    if (!t)
+        return rc;
+    if (!parse_int(t, ret) || *ret < min || *ret > max)
+        return fail_at(l, v->start_mark, "%s: expected an integer in [%lld, %lld], got %s", where, (long long)min,
+                       (long long)max, describe(v, got, sizeof got));
+    return 0;
+}
+
+static int param_double(const struct loader *l, const yaml_node_t *v, const char *where, double *ret)
+{
+    char got[80], *end = NULL;
+    int rc = 0;
+    const char *t = param_text(l, v, where, &rc);
+    if (!t)
+        return rc;
+    errno = 0;
+    double d = strtod(t, &end);
+    if (errno || end == t || *end || d != d || d > 1e300 || d < -1e300)
+        return fail_at(l, v->start_mark, "%s: expected a number, got %s", where, describe(v, got, sizeof got));
+    *ret = d;
+    return 0;
+}
+
+static int param_bool(const struct loader *l, const yaml_node_t *v, const char *where, bool *ret)
+{
+    char got[80];
+    int rc = 0;
+    const char *t = param_text(l, v, where, &rc);
+    if (!t)
+        return rc;
+    if (!strcmp(t, "true") || !strcmp(t, "yes"))
+        *ret = true;
+    else if (!strcmp(t, "false") || !strcmp(t, "no"))
+        *ret = false;
+    else
+        return fail_at(l, v->start_mark, "%s: expected true or false, got %s", where, describe(v, got, sizeof got));
+    return 0;
+}
+
+/* A list of 1..max numbers (a single number counts as a list of one). */
+static int param_doubles(const struct loader *l, const yaml_node_t *v, const char *where, int min_n, int max_n,
+                         double *out, int *ret_n)
+{
+    char got[80];
+    if (v->type == YAML_SCALAR_NODE && min_n <= 1) {
+        *ret_n = 1;
+        return param_double(l, v, where, out);
+    }
+    if (v->type != YAML_SEQUENCE_NODE)
+        return fail_at(l, v->start_mark, "%s: expected a list of %d to %d numbers, got %s", where, min_n, max_n,
+                       describe(v, got, sizeof got));
+    int n = (int)(v->data.sequence.items.top - v->data.sequence.items.start);
+    if (n < min_n || n > max_n)
+        return fail_at(l, v->start_mark, "%s: expected a list of %d to %d numbers, got %d", where, min_n, max_n, n);
+    for (int i = 0; i < n; i++) {
+        int rc = param_double(l, node(l, v->data.sequence.items.start[i]), where, &out[i]);
+        if (rc < 0)
+            return rc;
+    }
+    *ret_n = n;
+    return 0;
+}
+
+/* A YAML node as JSON text (a plug-in's params): mappings, sequences, scalars (numbers,
+ * booleans and null as such, everything else as strings). */
+static cJSON *node_json(const struct loader *l, const yaml_node_t *v, int depth)
+{
+    if (depth > CONFIG_MAX_DEPTH)
+        return NULL;
+    if (v->type == YAML_MAPPING_NODE) {
+        cJSON *o = cJSON_CreateObject();
+        for (const yaml_node_pair_t *p = v->data.mapping.pairs.start; o && p < v->data.mapping.pairs.top; p++) {
+            const yaml_node_t *k = node(l, p->key);
+            cJSON *val = node_json(l, node(l, p->value), depth + 1);
+            if (k->type != YAML_SCALAR_NODE || !val) {
+                cJSON_Delete(val);
+                cJSON_Delete(o);
+                return NULL;
+            }
+            cJSON_AddItemToObject(o, (const char *)k->data.scalar.value, val);
+        }
+        return o;
+    }
+    if (v->type == YAML_SEQUENCE_NODE) {
+        cJSON *a = cJSON_CreateArray();
+        for (const yaml_node_item_t *i = v->data.sequence.items.start; a && i < v->data.sequence.items.top; i++) {
+            cJSON *val = node_json(l, node(l, *i), depth + 1);
+            if (!val) {
+                cJSON_Delete(a);
+                return NULL;
+            }
+            cJSON_AddItemToArray(a, val);
+        }
+        return a;
+    }
+    const char *t = (const char *)v->data.scalar.value;
+    char *end = NULL;
+    if (is_null(v))
+        return cJSON_CreateNull();
+    if (!strcmp(t, "true") || !strcmp(t, "false"))
+        return cJSON_CreateBool(t[0] == 't');
+    double d = strtod(t, &end);
+    if (v->data.scalar.style == YAML_PLAIN_SCALAR_STYLE && end != t && !*end)
+        return cJSON_CreateNumber(d);
+    return cJSON_CreateString(t);
+}
+
+/* One `- name: {params}` item of `transforms:`. */
+static int load_transform(const struct loader *l, const yaml_node_t *item, const char *where,
+                          struct transform_spec *t)
+{
+    char got[80], pw[160];
+    if (item->type != YAML_MAPPING_NODE || item->data.mapping.pairs.top - item->data.mapping.pairs.start != 1)
+        return fail_at(l, item->start_mark, "%s: expected a mapping with one transform name (e.g. "
+                       "'- random_flip: {p: 0.5}'), got %s", where, describe(item, got, sizeof got));
+    const yaml_node_pair_t *pair = item->data.mapping.pairs.start;
+    const yaml_node_t *kn = node(l, pair->key), *params = node(l, pair->value);
+    const char *name = kn->type == YAML_SCALAR_NODE ? (const char *)kn->data.scalar.value : "";
+    int kind = transform_kind_from_name(name);
+    if (kind < 0)
+        return fail_at(l, kn->start_mark, "%s: unknown transform '%s' (expected one of: decode, resize, "
+                       "center_crop, random_resized_crop, random_flip, normalize, to_dtype, plugin)", where, name);
+    transform_spec_init(t, (enum transform_kind)kind);
+    if (!is_null(params) && params->type != YAML_MAPPING_NODE)
+        return fail_at(l, params->start_mark, "%s.%s: expected a mapping of parameters, got %s", where, name,
+                       describe(params, got, sizeof got));
+    bool have_size = false, have_hw = false;
+    for (const yaml_node_pair_t *p = is_null(params) ? NULL : params->data.mapping.pairs.start;
+         p && p < params->data.mapping.pairs.top; p++) {
+        const yaml_node_t *pk = node(l, p->key), *pv = node(l, p->value);
+        const char *key = pk->type == YAML_SCALAR_NODE ? (const char *)pk->data.scalar.value : "";
+        snprintf(pw, sizeof pw, "%s.%s.%s", where, name, key);
+        int64_t iv;
+        int rc = LD_ECONFIG, n;
+        bool known = true;
+        switch (t->kind) {
+        case TRANSFORM_DECODE:
+            if (!strcmp(key, "max_pixels")) {
+                if ((rc = param_int(l, pv, pw, 1, INT64_MAX, &iv)) == 0)
+                    t->decode.max_pixels = (uint64_t)iv;
+            } else if (!strcmp(key, "strict")) {
+                rc = param_bool(l, pv, pw, &t->decode.strict);
+            } else if (!strcmp(key, "dct_scaling")) {
+                rc = param_bool(l, pv, pw, &t->decode.dct_scaling);
+            } else {
+                known = false;
+            }
+            break;
+        case TRANSFORM_RESIZE:
+        case TRANSFORM_CENTER_CROP:
+        case TRANSFORM_RANDOM_RESIZED_CROP: {
+            int *h = t->kind == TRANSFORM_RESIZE ? &t->resize.height
+                     : t->kind == TRANSFORM_CENTER_CROP ? &t->center_crop.height : &t->random_resized_crop.height;
+            int *w = t->kind == TRANSFORM_RESIZE ? &t->resize.width
+                     : t->kind == TRANSFORM_CENTER_CROP ? &t->center_crop.width : &t->random_resized_crop.width;
+            if (!strcmp(key, "size")) {
+                if ((rc = param_int(l, pv, pw, 1, TRANSFORM_MAX_SIDE, &iv)) == 0) {
+                    have_size = true;
+                    if (t->kind == TRANSFORM_RESIZE)
+                        t->resize.size = (int)iv;
+                    else
+                        *h = *w = (int)iv;
+                }
+            } else if (!strcmp(key, "height") || !strcmp(key, "width")) {
+                if ((rc = param_int(l, pv, pw, 1, TRANSFORM_MAX_SIDE, &iv)) == 0) {
+                    have_hw = true;
+                    *(key[0] == 'h' ? h : w) = (int)iv;
+                }
+            } else if (t->kind == TRANSFORM_RANDOM_RESIZED_CROP && !strcmp(key, "scale")) {
+                rc = param_doubles(l, pv, pw, 2, 2, t->random_resized_crop.scale, &n);
+            } else if (t->kind == TRANSFORM_RANDOM_RESIZED_CROP && !strcmp(key, "ratio")) {
+                rc = param_doubles(l, pv, pw, 2, 2, t->random_resized_crop.ratio, &n);
+            } else {
+                known = false;
+            }
+            break;
+        }
+        case TRANSFORM_RANDOM_FLIP:
+            if (!strcmp(key, "p"))
+                rc = param_double(l, pv, pw, &t->random_flip.p);
+            else
+                known = false;
+            break;
+        case TRANSFORM_NORMALIZE:
+            if (!strcmp(key, "mean"))
+                rc = param_doubles(l, pv, pw, 1, 4, t->normalize.mean, &t->normalize.n_mean);
+            else if (!strcmp(key, "std"))
+                rc = param_doubles(l, pv, pw, 1, 4, t->normalize.std, &t->normalize.n_std);
+            else
+                known = false;
+            break;
+        case TRANSFORM_TO_DTYPE: {
+            if (strcmp(key, "dtype") && strcmp(key, "layout")) {
+                known = false;
+                break;
+            }
+            const char *text = param_text(l, pv, pw, &rc);
+            if (!strcmp(key, "dtype")) {
+                int dt = text ? proto_dtype_from_name(text) : -1;
+                if (text && dt != LD_DTYPE_UINT8 && dt != LD_DTYPE_FLOAT16 && dt != LD_DTYPE_FLOAT32)
+                    return fail_at(l, pv->start_mark, "%s: expected one of uint8, float16, float32, got %s", pw,
+                                   describe(pv, got, sizeof got));
+                if (text) {
+                    t->to_dtype.dtype = dt;
+                    rc = 0;
+                }
+            } else if (!strcmp(key, "layout")) {
+                int lay = text ? transform_layout_from_name(text) : -1;
+                if (text && lay < 0)
+                    return fail_at(l, pv->start_mark, "%s: expected CHW or HWC, got %s", pw,
+                                   describe(pv, got, sizeof got));
+                if (text) {
+                    t->to_dtype.layout = (enum transform_layout)lay;
+                    rc = 0;
+                }
+            }
+            break;
+        }
+        case TRANSFORM_PLUGIN:
+            if (!strcmp(key, "path")) {
+                const char *text = param_text(l, pv, pw, &rc);
+                char *full = NULL;
+                if (!text)
+                    break;
+                if (text[0] != '/' && l->dir) {
+                    if (asprintf(&full, "%s/%s", l->dir, text) < 0)
+                        full = NULL;
+                } else {
+                    full = strdup(text);
+                }
+                if (!full)
+                    return LD_ENOMEM;
+                free((char *)t->plugin.path);
+                t->plugin.path = full;
+                rc = 0;
+            } else if (!strcmp(key, "params")) {
+                cJSON *j = node_json(l, pv, 0);
+                char *text = j ? cJSON_PrintUnformatted(j) : NULL;
+                cJSON_Delete(j);
+                if (!text)
+                    return fail_at(l, pv->start_mark, "%s: cannot turn the parameters into JSON", pw);
+                free((char *)t->plugin.params_json);
+                t->plugin.params_json = text;
+                rc = 0;
+            } else {
+                known = false;
+            }
+            break;
+        }
+        if (!known)
+            return fail_at(l, pk->start_mark, "%s.%s: unknown parameter '%s'", where, name, key);
+        if (rc < 0)
+            return rc;
+    }
+    if (have_size && have_hw)
+        return fail_at(l, kn->start_mark, "%s.%s: give either size or height and width, not both", where, name);
+    if (t->kind == TRANSFORM_PLUGIN && !t->plugin.path)
+        return fail_at(l, kn->start_mark, "%s.plugin: missing required parameter 'path'", where);
+    return 0;
+}
+
+static int load_transforms(const struct loader *l, const yaml_node_t *v, const char *where, void *base)
+{
+    struct config_dataset *d = base;
+    char got[80], iw[LD_NAME_MAX + 48];
+    if (v->type != YAML_SEQUENCE_NODE)
+        return fail_at(l, v->start_mark, "%s.transforms: expected a list of transforms, got %s", where,
+                       describe(v, got, sizeof got));
+    size_t n = (size_t)(v->data.sequence.items.top - v->data.sequence.items.start);
+    if (n == 0 || n > TRANSFORM_MAX)
+        return fail_at(l, v->start_mark, "%s.transforms: expected 1 to %d transforms, got %zu", where, TRANSFORM_MAX,
+                       n);
+    d->transforms = calloc(n, sizeof *d->transforms);
+    if (!d->transforms)
+        return LD_ENOMEM;
+    d->n_transforms = n;
+    for (size_t i = 0; i < n; i++) {
+        snprintf(iw, sizeof iw, "%s.transforms[%zu]", where, i);
+        int rc = load_transform(l, node(l, v->data.sequence.items.start[i]), iw, &d->transforms[i]);
+        if (rc < 0)
+            return rc;
+    }
     return 0;
 }
 
@@ -1041,6 +1368,13 @@ void config_free(struct config *c)
         free(c->datasets[i].path);
         free(c->datasets[i].pattern);
         free(c->datasets[i].cache_path);
+        for (size_t t = 0; t < c->datasets[i].n_transforms; t++) {
+            if (c->datasets[i].transforms[t].kind == TRANSFORM_PLUGIN) {
+                free((char *)c->datasets[i].transforms[t].plugin.path);
+                free((char *)c->datasets[i].transforms[t].plugin.params_json);
+            }
+        }
+        free(c->datasets[i].transforms);
     }
     free(c->datasets);
     free(c->socket_path);

@@ -9,6 +9,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "transform.h"
+
 #define CONFIG_MAX_FILE_BYTES (1u << 20)
 #define CONFIG_MAX_DATASETS 256
 
@@ -16,6 +18,13 @@ enum config_dataset_kind {
     CONFIG_DATASET_FILES = 1,
     CONFIG_DATASET_TOKEN_WINDOWS = 2,
     CONFIG_DATASET_PACKED = 3,
+    CONFIG_DATASET_IMAGE_FOLDER = 4,
+};
+
+/* on_error: what a sample that cannot be read or decoded does to its batch. */
+enum config_on_error {
+    CONFIG_ON_ERROR_REPLACE = 0,    /* another sample, chosen deterministically, takes its place */
+    CONFIG_ON_ERROR_FAIL = 1,       /* the stream fails with an error naming the file */
 };
 
 /* cache.mode: off (no `cache:` section), auto (build when a stream first needs it,
@@ -42,6 +51,10 @@ struct config_dataset {
     char *cache_path;               /* cache.path: the packed file (NULL: no cache) */
     int cache_mode;                 /* enum config_cache_mode */
     int cache_fingerprint;          /* DATASET_FINGERPRINT_STAT (0) or _CONTENT (1) */
+    int on_error;                   /* enum config_on_error (files, image_folder) */
+    /* image_folder: the pipeline, in order (plug-in paths and params are owned here) */
+    struct transform_spec *transforms;
+    size_t n_transforms;
 };
 
 struct config {

@@ -11,6 +11,9 @@
 #include <string.h>
 
 #include "cache.h"
+#include "log.h"
+
+#include <stdlib.h>
 
 int dataset_open(const struct config_dataset *cfg, dataset **ret_dataset, char *errbuf)
 {
@@ -26,18 +29,35 @@ int dataset_open(const struct config_dataset *cfg, dataset **ret_dataset, char *
     case CONFIG_DATASET_PACKED:
         ops = &source_packed_ops;
         break;
+    case CONFIG_DATASET_IMAGE_FOLDER:
+        ops = &source_images_ops;
+        break;
     default:
         snprintf(errbuf, LD_ERRMSG_MAX, "dataset '%s': unknown kind %d",
                  cfg->name ? cfg->name : "?", cfg->kind);
         return LD_EINVAL;
     }
-    return ops->open(cfg, ret_dataset, errbuf);
+    dataset *d = NULL;
+    int rc = ops->open(cfg, &d, errbuf);
+    if (rc < 0)
+        return rc;
+    d->on_error = cfg->on_error;
+    d->bad_seen = calloc(d->count / 64 + 1, sizeof *d->bad_seen);
+    if (!d->bad_seen) {
+        dataset_free(d);
+        ld_errorf(errbuf, "dataset '%s': out of memory", cfg->name);
+        return LD_ENOMEM;
+    }
+    *ret_dataset = d;
+    return 0;
 }
 
 void dataset_free(dataset *d)
 {
-    if (d)
-        d->ops->free(d);
+    if (!d)
+        return;
+    free((void *)d->bad_seen);
+    d->ops->free(d);
 }
 
 const char *dataset_kind(const dataset *d)
@@ -71,8 +91,11 @@ int dataset_label_field(const dataset *d)
 /* The cache holds field 0's bytes and the label of every sample, checked against the
  * source's fingerprint when it was attached; a length that still disagrees with what the
  * slot expects (which would mean a bug, not a changed source) falls back to the source. */
-int dataset_read(const dataset *d, uint64_t index, void *const dst[], char *errbuf)
+static int read_once(const dataset *d, uint64_t index, const struct dataset_read_ctx *ctx, void *const dst[],
+                     char *errbuf)
 {
+    if (d->ops->read_ctx)
+        return d->ops->read_ctx(d, index, ctx, dst, errbuf);
     cache *c = atomic_load_explicit(&d->cached, memory_order_acquire);
     if (c) {
         const void *p;
@@ -88,4 +111,52 @@ int dataset_read(const dataset *d, uint64_t index, void *const dst[], char *errb
         }
     }
     return d->ops->read(d, index, dst, errbuf);
+}
+
+#define REPLACE_TRIES 64
+
+/* Logs a bad sample the first time it is seen, and counts it. */
+static void note_bad(const dataset *d, uint64_t index, const char *msg)
+{
+    dataset *m = (dataset *)d; /* the counters and the log bitmap are atomics */
+    atomic_fetch_add_explicit(&m->bad_samples, 1, memory_order_relaxed);
+    uint64_t bit = UINT64_C(1) << (index % 64);
+    if (m->bad_seen && !(atomic_fetch_or(&m->bad_seen[index / 64], bit) & bit))
+        ld_log(LD_LOG_WARN, "dataset '%s': %s%s", d->name, msg,
+               d->on_error == CONFIG_ON_ERROR_REPLACE ? " (replaced by another sample)" : "");
+}
+
+int dataset_read(const dataset *d, uint64_t index, const struct dataset_read_ctx *ctx, void *const dst[],
+                 char *errbuf)
+{
+    int rc = read_once(d, index, ctx, dst, errbuf);
+    if (rc == 0 || rc == LD_ENOMEM)
+        return rc;
+    note_bad(d, index, errbuf);
+    if (d->on_error != CONFIG_ON_ERROR_REPLACE || d->count < 2)
+        return rc;
+    bool ragged = d->fields[0].ragged;
+    uint64_t need = ragged ? d->ops->item_bytes(d, index, 0) : 0;
+    char err[LD_ERRMSG_MAX];
+    for (uint64_t attempt = 1; attempt <= REPLACE_TRIES; attempt++) {
+        /* A substitute from the index alone: batches stay bit-identical. */
+        uint64_t z = (index + attempt * UINT64_C(0x9e3779b97f4a7c15));
+        z = (z ^ (z >> 30)) * UINT64_C(0xbf58476d1ce4e5b9);
+        z = (z ^ (z >> 27)) * UINT64_C(0x94d049bb133111eb);
+        uint64_t sub = (z ^ (z >> 31)) % d->count;
+        if (sub == index || (ragged && d->ops->item_bytes(d, sub, 0) != need))
+            continue;
+        if (read_once(d, sub, ctx, dst, err) == 0) {
+            atomic_fetch_add_explicit(&((dataset *)d)->replaced_samples, 1, memory_order_relaxed);
+            return 0;
+        }
+        note_bad(d, sub, err);
+    }
+    return rc; /* errbuf still names the original sample */
+}
+
+const char *dataset_sample_name(const dataset *d, uint64_t index)
+{
+    const char *name = d->ops->sample_name ? d->ops->sample_name(d, index) : NULL;
+    return name ? name : "?";
 }

@@ -31,6 +31,12 @@ struct dataset_field {
 
 typedef struct dataset dataset;
 
+/* What a read may depend on besides the sample: the stream's seed and the epoch. */
+struct dataset_read_ctx {
+    uint64_t seed;
+    uint64_t epoch;
+};
+
 struct dataset_ops {
     const char *kind;               /* "files", "token_windows" */
     /* Opens the source described by cfg (scan, map). Runs at daemon start on the main
@@ -46,6 +52,13 @@ struct dataset_ops {
      * concurrently from worker threads; may block on I/O. On failure returns LD_ESAMPLE
      * (or -errno) with errbuf naming the sample and the path. */
     int (*read)(const dataset *d, uint64_t index, void *const dst[], char *errbuf);
+    /* Instead of read, for kinds whose samples depend on the stream (random
+     * augmentation keyed by the stream's seed and the epoch): same contract, plus ctx.
+     * A kind with read_ctx reads its attached cache itself (dataset_read does not). */
+    int (*read_ctx)(const dataset *d, uint64_t index, const struct dataset_read_ctx *ctx, void *const dst[],
+                    char *errbuf);
+    /* The sample's name for messages (a relative path); optional. Any thread. */
+    const char *(*sample_name)(const dataset *d, uint64_t index);
 
     /* The three members below serve the cache file (cache.c). Each is optional: a kind
      * that leaves them NULL cannot be cached (cache_build answers LD_ENOTSUP). */
@@ -94,11 +107,27 @@ struct dataset {
     _Atomic(struct cache *) cached;
     _Atomic(bool) cache_advise;     /* ask the kernel for the next batches' pages (a
                                      * cache much larger than memory) */
+    /* Bad samples (dataset_read): the policy, how many failed and how many were
+     * replaced, and one bit per sample so each bad file is logged once. */
+    /* Class names by label (files, image_folder: the first-level sub-folders, sorted);
+     * owned by the kind. */
+    char **class_names;
+    size_t n_classes;
+    int on_error;                   /* CONFIG_ON_ERROR_* */
+    _Atomic uint64_t bad_samples, replaced_samples;
+    _Atomic uint64_t *bad_seen;
 };
 
 /* Reads sample `index` into dst[] like ops->read, from the attached cache when there
- * is one (its field 0 bytes and its label), else from the source. Worker threads. */
-int dataset_read(const dataset *d, uint64_t index, void *const dst[], char *errbuf);
+ * is one (its field 0 bytes and its label), else from the source. A sample that cannot
+ * be read is, under on_error: replace, replaced by another one chosen from the index
+ * alone (the same whatever the worker or timing; for a ragged field, one of the same
+ * length), counted, and its path logged once; under fail, or when no substitute can be
+ * read either, the error names the file. Worker threads. */
+int dataset_read(const dataset *d, uint64_t index, const struct dataset_read_ctx *ctx, void *const dst[],
+                 char *errbuf);
+/* The sample's name for messages ("class_003/0000042.jpg"), or "?" when the kind has none. */
+const char *dataset_sample_name(const dataset *d, uint64_t index);
 /* The index of the int64 field named "label", or -1. */
 int dataset_label_field(const dataset *d);
 
@@ -112,5 +141,6 @@ uint64_t dataset_row_bytes(const dataset *d, int field);
 extern const struct dataset_ops source_files_ops;
 extern const struct dataset_ops source_tokens_ops;
 extern const struct dataset_ops source_packed_ops;
+extern const struct dataset_ops source_images_ops;
 
 #endif

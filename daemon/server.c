@@ -334,6 +334,13 @@ static void op_datasets(conn *c, const cJSON *req, int64_t id)
                 cJSON_AddNumberToObject(jf, "max_bytes", (double)df->max_item_bytes);
             cJSON_AddItemToArray(fields, jf);
         }
+        if (d->n_classes) {
+            cJSON *cl = cJSON_AddArrayToObject(jd, "classes");
+            for (size_t k = 0; k < d->n_classes; k++)
+                cJSON_AddItemToArray(cl, cJSON_CreateString(d->class_names[k] ? d->class_names[k] : ""));
+        }
+        cJSON_AddNumberToObject(jd, "bad_samples", (double)atomic_load(&srv->datasets[i]->bad_samples));
+        cJSON_AddNumberToObject(jd, "replaced_samples", (double)atomic_load(&srv->datasets[i]->replaced_samples));
         if (srv->keepers[i])
             cache_keeper_describe(srv->keepers[i], cJSON_AddObjectToObject(jd, "cache"));
         cJSON_AddItemToArray(list, jd);
@@ -561,6 +568,13 @@ static void op_status(conn *c, const cJSON *req, int64_t id)
     cJSON_AddNumberToObject(r, "memory_budget", (double)srv->cfg->memory_budget);
     cJSON_AddNumberToObject(r, "memory_used", (double)srv->memory_used);
     add_slot_counts(cJSON_AddObjectToObject(r, "slots"), counts);
+    uint64_t bad = 0, replaced = 0;
+    for (size_t i = 0; i < srv->n_datasets; i++) {
+        bad += atomic_load(&srv->datasets[i]->bad_samples);
+        replaced += atomic_load(&srv->datasets[i]->replaced_samples);
+    }
+    cJSON_AddNumberToObject(r, "bad_samples", (double)bad);
+    cJSON_AddNumberToObject(r, "replaced_samples", (double)replaced);
     cJSON *caches = cJSON_AddArrayToObject(r, "caches");
     for (size_t i = 0; i < srv->n_datasets; i++) {
         if (!srv->keepers[i])

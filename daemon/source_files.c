@@ -327,9 +327,34 @@ static void files_free(dataset *d)
         return;
     if (fd->rootfd >= 0)
         close(fd->rootfd);
+    for (size_t k = 0; fd->base.class_names && k < fd->base.n_classes; k++)
+        free(fd->base.class_names[k]);
+    free(fd->base.class_names);
     free(fd->arena);
     free(fd->entries);
     free(fd);
+}
+
+/* The class names by label: the first path component of any file of that class. */
+static int files_class_names(struct files_dataset *fd)
+{
+    dataset *d = &fd->base;
+    if (!fd->n_classes)
+        return 0;
+    d->class_names = calloc(fd->n_classes, sizeof *d->class_names);
+    if (!d->class_names)
+        return LD_ENOMEM;
+    d->n_classes = fd->n_classes;
+    for (uint64_t i = 0; i < d->count; i++) {
+        int64_t label = fd->entries[i].label;
+        if (label < 0 || d->class_names[label])
+            continue;
+        const char *p = fd->arena + fd->entries[i].path_off;
+        d->class_names[label] = strndup(p, strcspn(p, "/"));
+        if (!d->class_names[label])
+            return LD_ENOMEM;
+    }
+    return 0;
 }
 
 static int files_open(const struct config_dataset *cfg, dataset **ret_dataset, char *errbuf)
@@ -440,6 +465,11 @@ static int files_open(const struct config_dataset *cfg, dataset **ret_dataset, c
     fd->entries = w.entries;
     fd->n_classes = n_classes;
     free(w.dirs);
+    if (files_class_names(fd) < 0) {
+        ld_errorf(errbuf, "dataset '%s': out of memory", cfg->name);
+        files_free(d);
+        return LD_ENOMEM;
+    }
 
     ld_log(LD_LOG_DEBUG, "dataset '%s': %" PRIu64 " files in %" PRIu64 " classes under '%s' (%s)",
            d->name, d->count, n_classes, d->source, same ? "fixed size" : "ragged");
@@ -668,7 +698,14 @@ out:
     return r;
 }
 
+static const char *files_sample_name(const dataset *d, uint64_t index)
+{
+    const struct files_dataset *fd = (const struct files_dataset *)d;
+    return index < d->count ? fd->arena + fd->entries[index].path_off : NULL;
+}
+
 const struct dataset_ops source_files_ops = {
+    .sample_name = files_sample_name,
     .kind = "files",
     .open = files_open,
     .free = files_free,

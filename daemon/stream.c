@@ -34,8 +34,8 @@
  * carries at least this much work: bytes written plus the dataset's per-sample
  * overhead (system calls) counted in bytes. */
 #define CHUNK_MIN_BYTES (256u * 1024u)
-/* Slots beyond `prefetch`: the batch the trainer holds, the one it asked for ahead,
- * and one whose release is still on its way. */
+/* Slots beyond `prefetch`: the batch the trainer holds and the two that libloaderclient
+ * asks for ahead while it holds one, so that asking ahead never eats into prefetch. */
 #define SLOTS_BEYOND_PREFETCH 3u
 
 struct stream_hub {
@@ -204,6 +204,7 @@ static void chunk_run(struct pool_task *t)
     const dataset *d = s->ds;
     void *dst[LD_MAX_FIELDS];
     char err[LD_ERRMSG_MAX];
+    const struct dataset_read_ctx rctx = {.seed = s->p.seed, .epoch = sl->epoch};
 
     for (uint32_t row = k->row_begin; row < k->row_end; row++) {
         if (atomic_load_explicit(&sl->err, memory_order_relaxed))
@@ -218,7 +219,7 @@ static void chunk_run(struct pool_task *t)
                 dst[f] = base + l->offset + (uint64_t)row * l->row_bytes;
             }
         }
-        int rc = dataset_read(d, idx, dst, err);
+        int rc = dataset_read(d, idx, &rctx, dst, err);
         if (rc < 0) {
             int expected = 0;
             if (atomic_compare_exchange_strong(&sl->err, &expected, rc))

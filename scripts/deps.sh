@@ -30,6 +30,7 @@ if [ "$what" = bench ] || [ "$what" = test ]; then
 fi
 if [ "$what" = bench ]; then
   /usr/bin/python3 -c 'import torch' 2>/dev/null || pkgs+=(python3-torch)
+  /usr/bin/python3 -c 'import torchvision' 2>/dev/null || pkgs+=(python3-torchvision)
 fi
 
 if [ ${#pkgs[@]} -eq 0 ]; then exit 0; fi

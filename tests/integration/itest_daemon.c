@@ -34,6 +34,10 @@
 static const char datasets_yaml[] = "  records:\n"
                                     "    kind: files\n"
                                     "    path: rec\n"
+                                    "    on_error: fail\n"
+                                    "  replacing:\n"
+                                    "    kind: files\n"
+                                    "    path: rec\n"
                                     "  tokens:\n"
                                     "    kind: token_windows\n"
                                     "    path: tok.bin\n"
@@ -687,8 +691,36 @@ static void test_missing_sample_is_reported(void **state)
     assert_int_equal(lc_stream_next(s, 5000, &b), 0);
     lc_batch_release(b);
     lc_stream_close(s);
+    /* on_error: replace (the default): every batch is whole, the missing file's place
+     * is taken by another sample, counted, and logged once. */
+    for (int run = 0; run < 2; run++) {
+        s = open_ok(c, "replacing", &o);
+        uint64_t rows = 0;
+        while ((r = lc_stream_next(s, 5000, &b)) == 0) {
+            assert_int_equal(lc_batch_rows(b), 25);
+            rows += lc_batch_rows(b);
+            lc_batch_release(b);
+        }
+        assert_int_equal(r, LC_EEND);
+        assert_int_equal(rows, N_FILES);
+        lc_stream_close(s);
+    }
+    char *json = NULL;
+    assert_int_equal(lc_request_json(c, "{\"op\":\"status\"}", &json), 0);
+    cJSON *st = cJSON_Parse(json);
+    lc_free(json);
+    assert_int_equal((int)cJSON_GetObjectItem(st, "replaced_samples")->valuedouble, 2);
+    cJSON_Delete(st);
     lc_client_close(c);
     harness_stop_clean(h);
+    char *log = harness_log(h), *p = log;
+    int logged = 0;
+    while ((p = strstr(p, "0000008.bin): No such file or directory (replaced")) != NULL) {
+        logged++;
+        p++;
+    }
+    assert_int_equal(logged, 1);
+    free(log);
 }
 
 static void test_budget_and_shm_limits(void **state)

@@ -395,7 +395,7 @@ static void test_unknown_keys(void **state)
                     "    kind: files\n"
                     "    path: x\n"
                     "    patern: \"*.bin\"\n",
-                    5, 5, "unknown key 'patern' in 'datasets.a' (expected one of: kind, path, pattern, cache)",
+                    5, 5, "unknown key 'patern' in 'datasets.a' (expected one of: kind, path, pattern, on_error, cache)",
                     NULL);
     expect_error_at(ONE_DATASET "servers:\n  workers: 1\n", 3, 1,
                     "unknown top-level key 'servers' (expected one of: server, datasets)", NULL);
@@ -456,7 +456,7 @@ static void test_bad_values(void **state)
                     5, 12, "datasets.tokens.dtype: expected one of uint16, uint32, got 'int8'",
                     NULL);
     expect_error_at("datasets:\n  a: {kind: folder, path: x}\n", 2, 13,
-                    "datasets.a.kind: expected one of files, token_windows, packed, got 'folder'", NULL);
+                    "datasets.a.kind: expected one of files, token_windows, packed, image_folder, got 'folder'", NULL);
     expect_error_at("datasets:\n  t: {kind: token_windows, path: x, context: 0}\n", 2, 46,
                     "datasets.t.context: expected an integer in [1, 1048576], got '0'", NULL);
     expect_error_at("datasets:\n  t: {kind: token_windows, path: x, context: 8, stride: 1073741825}\n",
@@ -526,7 +526,7 @@ static void test_missing_keys(void **state)
     expect_error_at("datasets:\n  a:\n    kind: files\n", 2, 3,
                     "datasets.a: missing required key 'path'", NULL);
     expect_error_at("datasets:\n  a:\n    path: x\n", 2, 3,
-                    "datasets.a: missing required key 'kind' (one of files, token_windows, packed)", NULL);
+                    "datasets.a: missing required key 'kind' (one of files, token_windows, packed, image_folder)", NULL);
     expect_error_at("datasets:\n  ok: {kind: files, path: x}\n  t:\n    kind: token_windows\n"
                     "    path: t.bin\n",
                     3, 3, "datasets.t: missing required key 'context'", NULL);
@@ -545,7 +545,7 @@ static void test_kind_specific_keys(void **state)
                     "    path: x\n"
                     "    context: 8\n",
                     5, 5, "datasets.records: key 'context' is not valid for kind 'files'",
-                    "(expected one of: kind, path, pattern, cache)", NULL);
+                    "(expected one of: kind, path, pattern, on_error, cache)", NULL);
     /* The kind is read first even when it comes last. */
     expect_error_at("datasets:\n"
                     "  t:\n"
@@ -600,6 +600,61 @@ static void test_cache_section(void **state)
                     "datasets.a.cache: expected a mapping", NULL);
     expect_error_at("datasets:\n  t:\n    kind: token_windows\n    path: x\n    context: 4\n    cache: {path: p}\n", 6, 5,
                     "key 'cache' is not valid for kind 'token_windows'", NULL);
+}
+
+static void test_transforms(void **state)
+{
+    char path[PATH_MAX];
+    struct config *c = load_ok("datasets:\n"
+                               "  im:\n"
+                               "    kind: image_folder\n"
+                               "    path: imgs\n"
+                               "    on_error: fail\n"
+                               "    transforms:\n"
+                               "      - decode: {max_pixels: 1000000, strict: true}\n"
+                               "      - random_resized_crop: {size: 224, scale: [0.2, 1.0], ratio: [0.75, 1.3333]}\n"
+                               "      - random_flip: {p: 0.25}\n"
+                               "      - plugin: {path: plug/x.so, params: {amount: 3, name: soft, on: true}}\n"
+                               "      - normalize: {mean: [0.485, 0.456, 0.406], std: [0.229, 0.224, 0.225]}\n"
+                               "      - to_dtype: {dtype: float16, layout: HWC}\n",
+                               path, sizeof path);
+    const struct config_dataset *d = &c->datasets[0];
+    assert_int_equal(d->kind, CONFIG_DATASET_IMAGE_FOLDER);
+    assert_int_equal(d->on_error, CONFIG_ON_ERROR_FAIL);
+    assert_int_equal(d->n_transforms, 6);
+    assert_int_equal(d->transforms[0].kind, TRANSFORM_DECODE);
+    assert_true(d->transforms[0].decode.max_pixels == 1000000);
+    assert_true(d->transforms[0].decode.strict);
+    assert_int_equal(d->transforms[1].random_resized_crop.height, 224);
+    assert_int_equal(d->transforms[1].random_resized_crop.width, 224);
+    assert_true(d->transforms[1].random_resized_crop.scale[0] == 0.2);
+    assert_true(d->transforms[1].random_resized_crop.ratio[1] == 1.3333);
+    assert_true(d->transforms[2].random_flip.p == 0.25);
+    assert_non_null(strstr(d->transforms[3].plugin.path, "/plug/x.so"));
+    assert_string_equal(d->transforms[3].plugin.params_json, "{\"amount\":3,\"name\":\"soft\",\"on\":true}");
+    assert_int_equal(d->transforms[4].normalize.n_mean, 3);
+    assert_true(d->transforms[4].normalize.std[2] == 0.225);
+    assert_int_equal(d->transforms[5].to_dtype.dtype, LD_DTYPE_FLOAT16);
+    assert_int_equal(d->transforms[5].to_dtype.layout, TRANSFORM_LAYOUT_HWC);
+    config_free(c);
+
+#define IM "datasets:\n  im:\n    kind: image_folder\n    path: x\n    transforms:\n"
+    expect_error_at(IM "      - blur: {radius: 2}\n", 6, 9, "datasets.im.transforms[0]: unknown transform 'blur'", NULL);
+    expect_error_at(IM "      - random_flip: {q: 1}\n", 6, 23, "datasets.im.transforms[0].random_flip: unknown parameter 'q'",
+                    NULL);
+    expect_error_at(IM "      - resize: {size: -3}\n", 6, 24,
+                    "datasets.im.transforms[0].resize.size: expected an integer in [1, 16384]", NULL);
+    expect_error_at(IM "      - center_crop: {size: 8}\n      - random_resized_crop: {size: 8, ratio: [1]}\n", 7, 47,
+                    "transforms[1].random_resized_crop.ratio: expected a list of 2 to 2 numbers, got 1", NULL);
+    expect_error_at(IM "      - to_dtype: {dtype: int8}\n", 6, 27,
+                    "transforms[0].to_dtype.dtype: expected one of uint8, float16, float32, got 'int8'", NULL);
+    expect_error_at(IM "      - plugin: {params: {a: 1}}\n", 6, 9, "transforms[0].plugin: missing required parameter 'path'",
+                    NULL);
+    expect_error_at(IM "      - center_crop: {size: 8, height: 4}\n", 6, 9, "give either size or height and width", NULL);
+    expect_error_at(IM "      random_flip\n", 6, 7, "datasets.im.transforms: expected a list of transforms", NULL);
+    expect_error_at("datasets:\n  im:\n    kind: image_folder\n    path: x\n", 2, 3,
+                    "datasets.im: missing required key 'transforms'", NULL);
+#undef IM
 }
 
 static void test_dataset_names(void **state)
@@ -687,6 +742,7 @@ int main(void)
         cmocka_unit_test(test_missing_keys),
         cmocka_unit_test(test_kind_specific_keys),
         cmocka_unit_test(test_cache_section),
+        cmocka_unit_test(test_transforms),
         cmocka_unit_test(test_dataset_names),
         cmocka_unit_test(test_too_many_datasets),
         cmocka_unit_test(test_syntax_errors),

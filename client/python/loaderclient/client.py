@@ -45,7 +45,10 @@ __all__ = ["Client", "Stream", "Batch", "RaggedField", "MAX_DEFERRED", "default_
 
 # Released batches whose views may stay alive at once before the oldest is copied. One is
 # the usual training loop: `x` of step n is still bound while step n+1's batch is fetched.
-# The daemon's ring has prefetch + 2 slots (the trainer's batch and one in flight), so one
+# The daemon's ring has prefetch + 3 slots. libloaderclient keeps two `next` requests in
+# flight while the trainer holds at most one batch of the stream, and asks no more ahead
+# while it holds two: the current batch plus the read-ahead's two slots, or plus one
+# deferred batch and the one read-ahead left, is three leased slots either way, so one
 # deferred slot does not shorten the prefetch.
 MAX_DEFERRED = 1
 
@@ -748,7 +751,9 @@ class Client:
             raise ReleasedError("the client is closed")
 
     def _defer_or_run(self, stream, st):
-        # Give a slot back now when the connection is free, else at the next call. Never blocks.
+        # Give a slot back now when the connection is free, else at the next call. Never waits
+        # for the lock or for a reply: lc_batch_release queues the release, or writes it at once
+        # with the read-ahead `next`s it sends when the stream is left holding one batch.
         if self._lock.acquire(blocking=False):
             try:
                 stream._give_back_locked(st)

@@ -53,6 +53,10 @@ CODE_NAMES = {
     -4014: "hello_required",
     -4015: "closed",
     -4016: "bad_dataset",
+    -4017: "cache_corrupt",
+    -4018: "cache_stale",
+    -4019: "cache_version",
+    -125: "canceled",
 }
 NAME_CODES = {v: k for k, v in CODE_NAMES.items()}
 

@@ -70,19 +70,70 @@ def check_rec_batch(b, index):
     return got
 
 
+# The C library's read-ahead (CLIENT_READ_AHEAD in client/client_internal.h): while the
+# trainer holds at most one batch of a stream, the library keeps this many `next` requests
+# in flight, whose answers lease slots before the trainer asks for them. Holding more, it
+# asks no more ahead.
+READ_AHEAD = 2
+# Slots of a stream's ring beyond `prefetch` (SLOTS_BEYOND_PREFETCH in daemon/stream.c):
+# the batch the trainer holds and the read-ahead's (or a deferred batch's) slots.
+SLOTS_BEYOND_PREFETCH = 3
+DEFAULT_PREFETCH = 4   # server.prefetch: the tests' daemon does not set it
+
+
+def stream_entry(client, stream, timeout=5.0):
+    """The stream's entry of the `streams` reply, once the daemon is settled: no fill in
+    progress. The daemon builds the reply when it reads the request but sends it after the
+    replies owed before it (request order), so a read-ahead `next` still waiting for its
+    batch would not be counted yet. With nothing FILLING, no `next` waits (its batch would
+    be filling, or its slot free for a fill) unless every slot is leased: the counts then
+    include every `next` sent, and the library has read their answers. Releases queued in
+    the C library (and by this package) go out before the request."""
+    deadline = time.monotonic() + timeout
+    while True:
+        st = [x for x in client.streams() if x["id"] == stream.id]
+        assert st, "stream %d not listed" % stream.id
+        if st[0]["filling"] == 0 or time.monotonic() > deadline:
+            assert st[0]["filling"] == 0, "the daemon did not settle: %r" % st[0]
+            return st[0]
+        time.sleep(0.005)
+
+
 def leased_on_daemon(client, stream):
-    """Slots of the stream leased to us, as the daemon counts them. Releases queued in the
-    C library go out before the request that asks. Besides the batches we hold, the library
-    may have a read-ahead `next` answered (one more slot) while we hold a single batch."""
-    for st in client.streams():
-        if st["id"] == stream.id:
-            return st["leased"]
-    raise AssertionError("stream %d not listed" % stream.id)
+    """Slots of the stream leased to us, as the settled daemon counts them: the batches we
+    hold (held_batches(), kept ones included), plus the answered read-ahead requests."""
+    return stream_entry(client, stream)["leased"]
+
+
+def slot_generation(stream, slot):
+    """The generation in a slot's header, read through the C library's mapping of the ring.
+    The daemon bumps it when it starts filling the slot again: a slot whose generation has
+    not changed was not given back (or not reused yet)."""
+    base, _ = stream.ring
+    return ctypes.c_uint64.from_address(base + stream._slot_offset + slot * stream._slot_size).value
 
 
 def assert_held(client, stream, n):
     assert stream.held_batches() == n
-    assert leased_on_daemon(client, stream) in ((n, n + 1) if n <= 1 else (n,))
+    # Holding at most one batch, the library has up to READ_AHEAD answers in hand.
+    assert leased_on_daemon(client, stream) in (range(n, n + READ_AHEAD + 1) if n <= 1 else (n,))
+
+
+def wait_stopped(pid, timeout=5.0):
+    """Waits until every thread of a process that was sent SIGSTOP is stopped."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        states = []
+        for tid in os.listdir("/proc/%d/task" % pid):
+            try:
+                with open("/proc/%d/task/%s/stat" % (pid, tid)) as f:
+                    states.append(f.read().rsplit(")", 1)[1].split()[0])
+            except OSError:
+                pass
+        if states and all(st in "Tt" for st in states):
+            return
+        time.sleep(0.005)
+    raise AssertionError("process %d did not stop" % pid)
 
 
 # -- information ------------------------------------------------------------------------------------
@@ -131,7 +182,7 @@ def test_unshuffled_order_and_options(client, rec_index):
     # start_batch, epochs, prefetch and drop_last all reach the daemon (the options struct).
     with client.open("rec", 100, shuffle=False, start_batch=3, epochs=1, prefetch=1, drop_last=True) as s:
         st = [x for x in client.streams() if x["id"] == s.id][0]
-        assert st["prefetch"] == 1 and st["slots"] == 3 and st["batch"] == 3
+        assert st["prefetch"] == 1 and st["slots"] == 1 + 3 and st["batch"] == 3
         got = [(b.epoch, b.index, check_rec_batch(b, rec_index)) for b in s]
     assert [(e, i) for e, i, _ in got] == [(0, i) for i in range(3, 10)]
     # Dataset order is path order: class_003/ holds files 3, 13, ..., 993 (positions 300-399).
@@ -234,8 +285,8 @@ def test_explicit_release_and_context_manager(client):
             assert b2["data"].shape[0] == 64
         assert b2.released
         assert_held(client, s, 0)
-        # Hold every slot: `prefetch` batches are ready; releasing one makes the daemon
-        # fill the free slots again (see test_daemon_refills_while_batches_are_held).
+        # Hold every slot, with a release on the way (the daemon fills while batches are
+        # held: see test_daemon_refills_while_batches_are_held).
         held = [s.next() for _ in range(4)]
         held.pop().release()
         held += [s.next() for _ in range(s.slot_count - len(held))]
@@ -250,45 +301,62 @@ def test_explicit_release_and_context_manager(client):
         assert s.next().index == last + 1
 
 
-@pytest.mark.xfail(reason="daemon/stream.c: deliver() leases a READY slot without calling schedule(), so "
-                          "nothing is prefetched while the trainer holds batches until one is released",
-                   strict=False)
 def test_daemon_refills_while_batches_are_held(client):
+    """The daemon keeps filling while the trainer holds batches without releasing any: each
+    batch it leases makes room for one more ahead."""
     with client.open("rec", 64, prefetch=2, auto_release=False) as s:
+        assert s.slot_count == 2 + SLOTS_BEYOND_PREFETCH
         time.sleep(0.3)   # the first two batches are READY: no fill left to finish
-        held = [s.next(timeout=1) for _ in range(s.slot_count - 1)]   # 3 of 4 slots held, 1 free
-        assert len(held) == 3
+        # Every slot but one held, nothing released: all but the first `prefetch` batches
+        # (and the library's read-ahead) exist only if the daemon refilled meanwhile.
+        held = [s.next(timeout=1) for _ in range(s.slot_count - 1)]
+        assert [(b.epoch, b.index) for b in held] == [(0, i) for i in range(s.slot_count - 1)]
+        # Holding that many, the library has no `next` in flight: the last free slot is
+        # filled ahead all the same.
+        st = stream_entry(client, s)
+        assert (st["leased"], st["ready"], st["free"]) == (s.slot_count - 1, 1, 0)
 
 
 def test_kept_views_keep_their_bytes(client, rec_index):
-    """An array kept past its batch's release never shows another batch's data."""
+    """An array kept past its batch's release never shows another batch's data, and kept
+    arrays never take more slots than the ring keeps beyond the prefetch."""
     with client.open("rec", 64, seed=5) as s:
+        assert s.slot_count == DEFAULT_PREFETCH + SLOTS_BEYOND_PREFETCH
         b = s.next()
+        slot, gen = b.slot, b.generation
         x = b["data"]
         t = b.torch("data")
         want = np.array(x)
         assert check_rec_batch(b, rec_index)
         b2 = s.next()      # b released; x alive: the slot stays leased (deferred)
-        assert leased_on_daemon(client, s) == 2
+        assert s.held_batches() == 2
+        # b, b2 and one read-ahead answer: holding two batches, the library did not ask
+        # ahead again after taking the first answer for b2.
+        assert leased_on_daemon(client, s) == 2 + READ_AHEAD - 1
         del b2
         for _ in range(3 * s.slot_count):   # the ring turns over many times
             nb = s.next()
             nb["data"]
-            assert s.held_batches() <= 2
-            assert leased_on_daemon(client, s) <= 2
+            assert nb.slot != slot           # the kept batch's slot is never handed out again
+            assert s.held_batches() == 2     # the kept batch and this one
+            assert leased_on_daemon(client, s) == 2 + READ_AHEAD - 1 == SLOTS_BEYOND_PREFETCH
+        assert slot_generation(s, slot) == gen
         assert (x == want).all() and (t.numpy() == want).all()
         for r in range(x.shape[0]):
             assert (x[r] == support.file_bytes(file_of(x[r], rec_index), REC["size"])).all()
         # One kept batch holds its slot (no copy: still the shared memory).
         assert "loaderd." in mapping_of(x.ctypes.data)["path"]
-        assert leased_on_daemon(client, s) == 2
         # Keep a second one: the oldest is copied out of the ring, its slot given back.
         b3 = s.next()
         x3 = b3["data"]
         s.next()
         assert "loaderd." not in mapping_of(x.ctypes.data)["path"]
         assert "loaderd." in mapping_of(x3.ctypes.data)["path"]
-        assert leased_on_daemon(client, s) == 2
+        assert s.held_batches() == 2         # b3 (kept) and the current batch
+        assert leased_on_daemon(client, s) == 2 + READ_AHEAD - 1
+        # b's slot is the daemon's again: every slot not leased is filled ahead, so it was
+        # refilled (a new generation), while x goes on showing b's bytes.
+        assert slot_generation(s, slot) != gen
         assert (x == want).all() and (t.numpy() == want).all()
         del x, t
 
@@ -296,11 +364,21 @@ def test_kept_views_keep_their_bytes(client, rec_index):
 def test_views_dying_give_the_slot_back(client):
     with client.open("rec", 64) as s:
         b = s.next()
+        slot, gen = b.slot, b.generation
         x = b["data"]
         s.next()
-        assert leased_on_daemon(client, s) == 2
+        # b (kept by x), the current batch, and one read-ahead answer.
+        assert s.held_batches() == 2
+        assert leased_on_daemon(client, s) == 2 + READ_AHEAD - 1
+        assert slot_generation(s, slot) == gen     # not given back: the daemon did not refill it
         del x               # last view of the first batch: its slot goes back now
-        assert leased_on_daemon(client, s) == 1
+        assert s.held_batches() == 1
+        # The current batch and READ_AHEAD answers: holding one batch again, the library
+        # asked ahead with the release. The count alone cannot tell b's slot from the new
+        # answer's: its generation does. The ring is full (prefetch + the leased slots),
+        # so the daemon refilled b's slot at once.
+        assert leased_on_daemon(client, s) == 1 + READ_AHEAD
+        assert slot_generation(s, slot) != gen
 
 
 def test_many_kept_batches(client, rec_index):
@@ -430,23 +508,35 @@ def test_daemon_stopped_times_out_then_resumes(spare_daemon):
 
 def test_ctrl_c_interrupts_a_wait(spare_daemon):
     c = loaderclient.Client(spare_daemon.socket, timeout=30)
-    s = c.open("rec", 16, prefetch=1)
-    s.next()
+    s = c.open("rec", 16, prefetch=1, auto_release=False)
+    # Hold every slot but the one the next request is for (the package refuses a next when
+    # every slot is held). The library's two read-ahead answers went to the second and third
+    # batches, and holding more than one it asks no more ahead: every leased slot is a batch
+    # we hold, no answer is owed to us, and a stopped daemon cannot answer the next request.
+    # The wait below is a real one.
+    assert s.slot_count == 1 + SLOTS_BEYOND_PREFETCH
+    held = [s.next() for _ in range(s.slot_count - 1)]
+    assert leased_on_daemon(c, s) == s.held_batches() == s.slot_count - 1
     # A shell starts background jobs with SIGINT ignored: make sure Python's handler is in.
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     os.kill(spare_daemon.pid, signal.SIGSTOP)
     timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT))
     try:
+        wait_stopped(spare_daemon.pid)
         t0 = time.monotonic()
         timer.start()
         with pytest.raises(KeyboardInterrupt):
             s.next()            # would wait 30 s: Ctrl-C ends it within a wait slice
-        assert time.monotonic() - t0 < 2
+        waited = time.monotonic() - t0
+        assert 0.25 < waited < 2, waited   # it did wait, until the signal
     finally:
         timer.cancel()
         signal.signal(signal.SIGINT, previous)
         os.kill(spare_daemon.pid, signal.SIGCONT)
-    assert s.next(timeout=5).rows == 16   # still usable afterwards
+    for b in held:
+        b.release()
+    b = s.next(timeout=5)   # the interrupted request's batch: the next in order
+    assert (b.epoch, b.index, b.rows) == (0, s.slot_count - 1, 16)
     c.close()
 
 
@@ -455,14 +545,18 @@ def test_release_from_a_busy_moment_is_deferred(client):
     own code) queues its slot's release for the next call instead of blocking."""
     with client.open("rec", 64) as s:
         b = s.next()
+        slot, gen = b.slot, b.generation
         x = b["data"]
         s.next()
-        assert leased_on_daemon(client, s) == 2
+        assert leased_on_daemon(client, s) == 2 + READ_AHEAD - 1   # b, the current batch, a read-ahead answer
         with client._lock:          # the connection is busy
             del x
             assert len(client._deferred) == 1
-        assert leased_on_daemon(client, s) == 1   # sent before this request
-        assert not client._deferred
+            assert s.held_batches() == 2            # not given back yet
+        # Sent before this request (with the read-ahead it lets the library send).
+        assert leased_on_daemon(client, s) == 1 + READ_AHEAD
+        assert not client._deferred and s.held_batches() == 1
+        assert slot_generation(s, slot) != gen      # the daemon has the slot back, refilled
 
 
 # -- concurrency ----------------------------------------------------------------------------------------
@@ -587,7 +681,7 @@ def test_bad_sample_raises_sample_error():
     d = support.short_tmpdir("lc-bad.")
     try:
         support.gen_files(os.path.join(d, "few"), 40, 64, 2)
-        dm = support.Daemon(d, "  few:\n    kind: files\n    path: few\n")
+        dm = support.Daemon(d, "  few:\n    kind: files\n    path: few\n    on_error: fail\n")
         dm.start()
         try:
             victim = os.path.join(d, "few", "class_001", "0000007.bin")

@@ -1,0 +1,553 @@
+/* image — decodes one JPEG or PNG sample into 8-bit RGB (see image.h for the contract).
+ *
+ * This is the first half of the image pipeline's hot path: a worker calls it once per
+ * sample with its own struct image_buf, so nothing here is shared between threads and
+ * the large buffers (the decoded image, the CMYK staging area, PNG row pointers) are
+ * reused from sample to sample.
+ *
+ * JPEG: TurboJPEG reads the header, our own marker walk tells whether the image is
+ * progressive or multi-scan (libjpeg then holds the whole image's coefficients in
+ * memory, whatever the output scale) and whether an Adobe marker says CMYK is stored
+ * inverted, then TurboJPEG decodes straight into the output at the chosen DCT scale.
+ * Only the power-of-two reductions are offered: libjpeg-turbo has SIMD inverse DCTs
+ * for 8x8, 4x4 and 2x2 blocks (1x1 is the DC term alone), while 7/8, 3/4 and the
+ * like run in plain C and are slower than a full-size SIMD decode.
+ *
+ * PNG: libpng's transforms (palette and low-bit gray expansion, gray to RGB, 16 to 8
+ * bits, alpha stripped) make every image 8-bit RGB; libpng reports errors by longjmp,
+ * so everything that must survive one lives behind a pointer (struct png_job). */
+#include "image.h"
+
+#include <inttypes.h>
+#include <png.h>
+#include <setjmp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <turbojpeg.h>
+
+#include "ld_error.h"
+#include "proto.h"
+
+#define JPEG_SCALES_MAX 4
+
+/* TurboJPEG takes lengths as unsigned long. */
+_Static_assert(sizeof(size_t) <= sizeof(unsigned long), "size_t fits unsigned long");
+
+void image_buf_init(struct image_buf *b)
+{
+    memset(b, 0, sizeof *b);
+}
+
+void image_buf_close(struct image_buf *b)
+{
+    if (!b)
+        return;
+    free(b->data);
+    for (int i = 0; i < IMAGE_AUX_COUNT; i++)
+        free(b->aux[i].p);
+    if (b->tj)
+        tjDestroy(b->tj);
+    memset(b, 0, sizeof *b);
+}
+
+static int mem_reserve(uint8_t **p, size_t *cap, size_t bytes)
+{
+    if (bytes <= *cap)
+        return 0;
+    /* Round up a little so that sizes that creep up by a few rows do not realloc
+     * every time; free + malloc because the old contents are not needed. */
+    size_t n = bytes + bytes / 8 + 4096;
+    uint8_t *q = malloc(n);
+    if (!q)
+        return LD_ENOMEM;
+    free(*p);
+    *p = q;
+    *cap = n;
+    return 0;
+}
+
+int image_buf_reserve(struct image_buf *b, int slot, size_t bytes, uint8_t **ret_p)
+{
+    if (slot < 0 || slot >= IMAGE_AUX_COUNT)
+        return LD_EINVAL;
+    int r = mem_reserve(&b->aux[slot].p, &b->aux[slot].cap, bytes);
+    if (r < 0)
+        return r;
+    *ret_p = b->aux[slot].p;
+    return 0;
+}
+
+enum image_format image_detect(const uint8_t *data, size_t len)
+{
+    static const uint8_t png_magic[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
+    if (len >= 3 && data[0] == 0xff && data[1] == 0xd8 && data[2] == 0xff)
+        return IMAGE_FORMAT_JPEG;
+    if (len >= 8 && memcmp(data, png_magic, 8) == 0)
+        return IMAGE_FORMAT_PNG;
+    return IMAGE_FORMAT_UNKNOWN;
+}
+
+const char *image_format_name(enum image_format f)
+{
+    switch (f) {
+    case IMAGE_FORMAT_JPEG: return "JPEG";
+    case IMAGE_FORMAT_PNG: return "PNG";
+    default: return "unknown";
+    }
+}
+
+/* Names the formats people actually feed an image loader by mistake, so the error
+ * says "GIF" rather than a hex dump. */
+static void describe_unknown(const uint8_t *data, size_t len, char *errbuf)
+{
+    const char *name = NULL;
+    if (len == 0) {
+        ld_errorf(errbuf, "empty file: not a JPEG or PNG image");
+        return;
+    }
+    if (len >= 6 && (memcmp(data, "GIF87a", 6) == 0 || memcmp(data, "GIF89a", 6) == 0))
+        name = "GIF";
+    else if (len >= 12 && memcmp(data, "RIFF", 4) == 0 && memcmp(data + 8, "WEBP", 4) == 0)
+        name = "WebP";
+    else if (len >= 2 && memcmp(data, "BM", 2) == 0)
+        name = "BMP";
+    else if (len >= 4 && (memcmp(data, "II*\0", 4) == 0 || memcmp(data, "MM\0*", 4) == 0))
+        name = "TIFF";
+    else if (len >= 12 && memcmp(data + 4, "ftyp", 4) == 0)
+        name = "HEIF/AVIF/MP4";
+    else if (len >= 12 && memcmp(data, "\0\0\0\x0cjP  ", 8) == 0)
+        name = "JPEG 2000";
+    if (name) {
+        ld_errorf(errbuf, "unsupported image format %s: only JPEG and PNG are decoded", name);
+        return;
+    }
+    char hex[3 * 8 + 1] = "";
+    size_t n = len < 8 ? len : 8, at = 0;
+    for (size_t i = 0; i < n; i++)
+        at += (size_t)snprintf(hex + at, sizeof hex - at, "%s%02x", i ? " " : "", data[i]);
+    ld_errorf(errbuf, "not a JPEG or PNG image (%zu bytes, starting with %s)", len, hex);
+}
+
+/* ---- JPEG ------------------------------------------------------------------------ */
+
+struct jpeg_markers {
+    bool progressive;       /* SOF2/6/10/14, or a first scan without every component */
+    bool adobe;             /* an APP14 "Adobe" marker: CMYK is stored inverted */
+};
+
+static uint32_t be16(const uint8_t *p)
+{
+    return (uint32_t)p[0] << 8 | p[1];
+}
+
+/* Walks the markers up to the first scan. It only informs memory policy and color
+ * conversion: anything it cannot parse is left for libjpeg to report. */
+static void jpeg_scan_markers(const uint8_t *d, size_t len, struct jpeg_markers *m)
+{
+    memset(m, 0, sizeof *m);
+    size_t pos = 2;
+    int n_frame_comps = 0;
+    while (pos + 4 <= len) {
+        if (d[pos] != 0xff)
+            return;
+        uint8_t marker = d[pos + 1];
+        if (marker == 0xff) { /* fill byte */
+            pos++;
+            continue;
+        }
+        if (marker == 0x01 || (marker >= 0xd0 && marker <= 0xd8)) {
+            pos += 2;
+            continue;
+        }
+        if (marker == 0xd9)
+            return;
+        uint32_t seg = be16(d + pos + 2);
+        if (seg < 2 || pos + 2 + seg > len)
+            return;
+        const uint8_t *p = d + pos + 4;
+        uint32_t plen = seg - 2;
+        bool sof = marker >= 0xc0 && marker <= 0xcf && marker != 0xc4 && marker != 0xc8 &&
+                   marker != 0xcc;
+        if (sof) {
+            if (marker == 0xc2 || marker == 0xc6 || marker == 0xca || marker == 0xce)
+                m->progressive = true;
+            if (plen >= 6)
+                n_frame_comps = p[5];
+        } else if (marker == 0xee && plen >= 12 && memcmp(p, "Adobe", 5) == 0) {
+            m->adobe = true;
+        } else if (marker == 0xda) {
+            /* A first scan with fewer components than the frame: non-interleaved,
+             * so libjpeg buffers the whole image's coefficients. */
+            if (plen >= 1 && n_frame_comps > 0 && p[0] < n_frame_comps)
+                m->progressive = true;
+            return;
+        }
+        pos += 2 + seg;
+    }
+}
+
+/* Whether the data ends with an end-of-image marker (trailing zero padding aside). It
+ * only names an error: a JPEG that fails to decode and lacks one was cut short. */
+static bool jpeg_has_eoi(const uint8_t *d, size_t len)
+{
+    while (len > 2 && d[len - 1] == 0)
+        len--;
+    return len >= 4 && d[len - 2] == 0xff && d[len - 1] == 0xd9;
+}
+
+static int jpeg_handle(struct image_buf *b, char *errbuf)
+{
+    if (b->tj)
+        return 0;
+    b->tj = tjInitDecompress();
+    if (!b->tj) {
+        ld_errorf(errbuf, "cannot create a JPEG decoder: %s", tjGetErrorStr2(NULL));
+        return LD_ENOMEM;
+    }
+    return 0;
+}
+
+static int jpeg_header(const uint8_t *data, size_t len, struct image_buf *b, int *ret_w,
+                       int *ret_h, int *ret_cs, char *errbuf)
+{
+    int r = jpeg_handle(b, errbuf);
+    if (r < 0)
+        return r;
+    /* TurboJPEG 2.1 returns success and leaves the outputs alone when the data ends
+     * before a frame header, so they start at 0 and are checked. */
+    int w = 0, h = 0, subsamp = 0, cs = 0;
+    if (tjDecompressHeader3(b->tj, data, (unsigned long)len, &w, &h, &subsamp, &cs) < 0) {
+        ld_errorf(errbuf, "%s: %s", jpeg_has_eoi(data, len) ? "corrupt JPEG header" : "truncated JPEG",
+                  tjGetErrorStr2(b->tj));
+        return LD_ESAMPLE;
+    }
+    if (w <= 0 || h <= 0) {
+        ld_errorf(errbuf, "truncated JPEG: the data (%zu bytes) ends before the image header", len);
+        return LD_ESAMPLE;
+    }
+    *ret_w = w;
+    *ret_h = h;
+    *ret_cs = cs;
+    return 0;
+}
+
+static int scaled(int dim, int num, int denom)
+{
+    return (int)(((int64_t)dim * num + denom - 1) / denom);
+}
+
+int image_jpeg_scale(int w, int h, const struct image_decode_opts *opts, int *ret_num,
+                     int *ret_denom, char *errbuf)
+{
+    uint64_t max_px = opts && opts->max_pixels ? opts->max_pixels : IMAGE_DEFAULT_MAX_PIXELS;
+    int min_w = opts ? opts->min_width : 0, min_h = opts ? opts->min_height : 0;
+    /* 1/1, 1/2, 1/4, 1/8 as far as this libjpeg-turbo offers them, largest first. */
+    int denoms[JPEG_SCALES_MAX];
+    int n = 0;
+    int nsf = 0;
+    tjscalingfactor *sf = tjGetScalingFactors(&nsf);
+    for (int want = 1; want <= 8; want *= 2)
+        for (int i = 0; sf && i < nsf; i++)
+            if (sf[i].num == 1 && sf[i].denom == want && n < JPEG_SCALES_MAX)
+                denoms[n++] = want;
+    if (n == 0)
+        denoms[n++] = 1;
+    /* The largest reduction that still gives the caller what it asked for... */
+    int pick = 0;
+    if (min_w > 0 && min_h > 0)
+        for (int i = n - 1; i >= 0; i--)
+            if (scaled(w, 1, denoms[i]) >= min_w && scaled(h, 1, denoms[i]) >= min_h) {
+                pick = i;
+                break;
+            }
+    /* ...or more, when the pixel limit says so. */
+    while ((uint64_t)scaled(w, 1, denoms[pick]) * (uint64_t)scaled(h, 1, denoms[pick]) > max_px) {
+        if (++pick == n) {
+            ld_errorf(errbuf, "image too large: %dx%d pixels, over the limit of %" PRIu64
+                      " even at 1/%d scale", w, h, max_px, denoms[n - 1]);
+            return LD_ESAMPLE;
+        }
+    }
+    *ret_num = 1;
+    *ret_denom = denoms[pick];
+    return 0;
+}
+
+/* CMYK as TurboJPEG hands it out, to RGB. Adobe's (Photoshop's) files store the ink
+ * amounts inverted (255 = no ink), which is nearly every CMYK JPEG there is; the same
+ * formula as PIL's CMYK conversion either way. 255 is odd, so (x + 127) / 255 rounds
+ * to nearest without ties. */
+static void cmyk_to_rgb(const uint8_t *src, uint8_t *dst, size_t pixels, bool inverted)
+{
+    for (size_t i = 0; i < pixels; i++, src += 4, dst += 3) {
+        unsigned c = src[0], m = src[1], y = src[2], k = src[3];
+        if (!inverted) {
+            c = 255 - c;
+            m = 255 - m;
+            y = 255 - y;
+            k = 255 - k;
+        }
+        dst[0] = (uint8_t)((c * k + 127) / 255);
+        dst[1] = (uint8_t)((m * k + 127) / 255);
+        dst[2] = (uint8_t)((y * k + 127) / 255);
+    }
+}
+
+static int decode_jpeg(const uint8_t *data, size_t len, const struct image_decode_opts *opts,
+                       struct image_buf *b, char *errbuf)
+{
+    int w, h, cs;
+    int r = jpeg_header(data, len, b, &w, &h, &cs, errbuf);
+    if (r < 0)
+        return r;
+    struct jpeg_markers mk;
+    jpeg_scan_markers(data, len, &mk);
+    uint64_t max_px = opts && opts->max_pixels ? opts->max_pixels : IMAGE_DEFAULT_MAX_PIXELS;
+    if (mk.progressive && (uint64_t)w * (uint64_t)h > max_px) {
+        ld_errorf(errbuf, "image too large: %dx%d pixels, over the limit of %" PRIu64
+                  ", and progressive (no reduced-scale decode in bounded memory)", w, h, max_px);
+        return LD_ESAMPLE;
+    }
+    int num, denom;
+    r = image_jpeg_scale(w, h, opts, &num, &denom, errbuf);
+    if (r < 0)
+        return r;
+    int sw = scaled(w, num, denom), sh = scaled(h, num, denom);
+    size_t pixels = (size_t)sw * (size_t)sh;
+    r = mem_reserve(&b->data, &b->cap, pixels * 3);
+    if (r < 0) {
+        ld_errorf(errbuf, "out of memory for a %dx%d image", sw, sh);
+        return r;
+    }
+    bool cmyk = cs == TJCS_CMYK || cs == TJCS_YCCK;
+    uint8_t *out = b->data;
+    if (cmyk) {
+        r = image_buf_reserve(b, IMAGE_AUX_DECODE, pixels * 4, &out);
+        if (r < 0) {
+            ld_errorf(errbuf, "out of memory for a %dx%d CMYK image", sw, sh);
+            return r;
+        }
+    }
+    int pf = cmyk ? TJPF_CMYK : TJPF_RGB;
+    int rc = tjDecompress2(b->tj, data, (unsigned long)len, out, sw, sw * tjPixelSize[pf], sh, pf,
+                           TJFLAG_LIMITSCANS);
+    if (rc < 0) {
+        const char *msg = tjGetErrorStr2(b->tj);
+        bool fatal = tjGetErrorCode(b->tj) == TJERR_FATAL;
+        /* The data ran out: libjpeg paints the missing rows gray. An error, whatever
+         * `strict` says (PIL refuses a truncated file too). */
+        if (strstr(msg, "Premature end of JPEG file") || !jpeg_has_eoi(data, len)) {
+            ld_errorf(errbuf, "truncated JPEG: %s", msg);
+            return LD_ESAMPLE;
+        }
+        if (fatal || (opts && opts->strict)) {
+            ld_errorf(errbuf, "corrupt JPEG: %s", msg);
+            return LD_ESAMPLE;
+        }
+        /* A recoverable warning ("Corrupt JPEG data: N extraneous bytes before
+         * marker", "... premature end of data segment"): keep the image, as PIL does. */
+    }
+    if (cmyk)
+        cmyk_to_rgb(out, b->data, pixels, mk.adobe);
+    b->width = sw;
+    b->height = sh;
+    b->src_width = w;
+    b->src_height = h;
+    b->scale_num = num;
+    b->scale_denom = denom;
+    b->format = IMAGE_FORMAT_JPEG;
+    return 0;
+}
+
+/* ---- PNG ------------------------------------------------------------------------- */
+
+/* Everything the libpng calls touch after setjmp lives here, behind a pointer. */
+struct png_job {
+    png_structp png;
+    png_infop info;
+    const uint8_t *data;
+    size_t len, pos;
+    bool eof;                        /* the read callback ran out of data */
+    char msg[200];                   /* libpng's error message */
+    const struct image_decode_opts *opts;
+    struct image_buf *b;
+    png_uint_32 width, height;
+    int result;                      /* set before a non-libpng failure leaves png_run */
+    char *errbuf;
+};
+
+static void png_read_cb(png_structp png, png_bytep out, size_t n)
+{
+    struct png_job *j = png_get_io_ptr(png);
+    if (n > j->len - j->pos) {
+        j->eof = true;
+        png_error(png, "unexpected end of data");
+    }
+    memcpy(out, j->data + j->pos, n);
+    j->pos += n;
+}
+
+static void png_error_cb(png_structp png, png_const_charp msg)
+{
+    struct png_job *j = png_get_error_ptr(png);
+    snprintf(j->msg, sizeof j->msg, "%s", msg ? msg : "unknown error");
+    png_longjmp(png, 1);
+}
+
+static void png_warning_cb(png_structp png, png_const_charp msg)
+{
+    /* Warnings (a bad ancillary chunk, a CRC error in one) do not affect the pixels. */
+    (void)png;
+    (void)msg;
+}
+
+/* Returns 0, or -1 after a libpng error (j->msg) or a failure of ours (j->result). */
+static int png_run(struct png_job *j)
+{
+    if (setjmp(png_jmpbuf(j->png)))
+        return -1;
+    png_set_read_fn(j->png, j, png_read_cb);
+    png_read_info(j->png, j->info);
+    int bit_depth, color_type, interlace;
+    png_get_IHDR(j->png, j->info, &j->width, &j->height, &bit_depth, &color_type, &interlace,
+                 NULL, NULL);
+    uint64_t max_px = j->opts && j->opts->max_pixels ? j->opts->max_pixels
+                                                     : IMAGE_DEFAULT_MAX_PIXELS;
+    if ((uint64_t)j->width * j->height > max_px) {
+        ld_errorf(j->errbuf, "image too large: %ux%u pixels, over the limit of %" PRIu64
+                  " (PNG cannot be decoded at a reduced scale)",
+                  (unsigned)j->width, (unsigned)j->height, max_px);
+        j->result = LD_ESAMPLE;
+        return -1;
+    }
+    if (bit_depth == 16)
+        png_set_strip_16(j->png);
+    if (color_type == PNG_COLOR_TYPE_PALETTE)
+        png_set_palette_to_rgb(j->png);
+    if (color_type == PNG_COLOR_TYPE_GRAY && bit_depth < 8)
+        png_set_expand_gray_1_2_4_to_8(j->png);
+    if (color_type == PNG_COLOR_TYPE_GRAY || color_type == PNG_COLOR_TYPE_GRAY_ALPHA)
+        png_set_gray_to_rgb(j->png);
+    /* palette_to_rgb also expands tRNS into an alpha channel: strip that one too. */
+    png_set_strip_alpha(j->png);
+    png_set_interlace_handling(j->png);
+    png_read_update_info(j->png, j->info);
+    if (png_get_channels(j->png, j->info) != 3 || png_get_bit_depth(j->png, j->info) != 8 ||
+        png_get_rowbytes(j->png, j->info) != (size_t)j->width * 3) {
+        ld_errorf(j->errbuf, "unsupported PNG layout (color type %d, %d bits)", color_type,
+                  bit_depth);
+        j->result = LD_ESAMPLE;
+        return -1;
+    }
+    struct image_buf *b = j->b;
+    size_t row = (size_t)j->width * 3;
+    uint8_t *rows_mem;
+    if (mem_reserve(&b->data, &b->cap, row * j->height) < 0 ||
+        image_buf_reserve(b, IMAGE_AUX_DECODE, sizeof(png_bytep) * j->height, &rows_mem) < 0) {
+        ld_errorf(j->errbuf, "out of memory for a %ux%u image", (unsigned)j->width,
+                  (unsigned)j->height);
+        j->result = LD_ENOMEM;
+        return -1;
+    }
+    png_bytepp rows = (png_bytepp)(void *)rows_mem;
+    for (png_uint_32 y = 0; y < j->height; y++)
+        rows[y] = b->data + (size_t)y * row;
+    png_read_image(j->png, rows);
+    return 0;
+}
+
+static int decode_png(const uint8_t *data, size_t len, const struct image_decode_opts *opts,
+                      struct image_buf *b, char *errbuf)
+{
+    struct png_job j = {.data = data, .len = len, .opts = opts, .b = b, .errbuf = errbuf};
+    j.png = png_create_read_struct(PNG_LIBPNG_VER_STRING, &j, png_error_cb, png_warning_cb);
+    if (!j.png) {
+        ld_errorf(errbuf, "cannot create a PNG decoder");
+        return LD_ENOMEM;
+    }
+    j.info = png_create_info_struct(j.png);
+    int r = 0;
+    if (!j.info) {
+        ld_errorf(errbuf, "cannot create a PNG decoder");
+        r = LD_ENOMEM;
+        goto out;
+    }
+    if (png_run(&j) < 0) {
+        if (j.result < 0)
+            r = j.result;
+        else {
+            ld_errorf(errbuf, "%s PNG: %s", j.eof ? "truncated" : "corrupt", j.msg);
+            r = LD_ESAMPLE;
+        }
+        goto out;
+    }
+    b->width = (int)j.width;
+    b->height = (int)j.height;
+    b->src_width = b->width;
+    b->src_height = b->height;
+    b->scale_num = b->scale_denom = 1;
+    b->format = IMAGE_FORMAT_PNG;
+out:
+    png_destroy_read_struct(&j.png, j.info ? &j.info : NULL, NULL);
+    return r;
+}
+
+/* The header's dimensions without decoding anything (libpng reads IHDR, the first chunk). */
+static int png_probe(const uint8_t *data, size_t len, struct image_info *ret_info, char *errbuf)
+{
+    if (len < 8 + 8 + 13 || memcmp(data + 12, "IHDR", 4) != 0) {
+        ld_errorf(errbuf, "%s PNG: no IHDR chunk at the start", len < 33 ? "truncated" : "corrupt");
+        return LD_ESAMPLE;
+    }
+    uint32_t w = be16(data + 16) << 16 | be16(data + 18);
+    uint32_t h = be16(data + 20) << 16 | be16(data + 22);
+    if (w == 0 || h == 0 || w > 0x7fffffffu || h > 0x7fffffffu) {
+        ld_errorf(errbuf, "corrupt PNG: invalid size %" PRIu32 "x%" PRIu32, w, h);
+        return LD_ESAMPLE;
+    }
+    ret_info->format = IMAGE_FORMAT_PNG;
+    ret_info->width = (int)w;
+    ret_info->height = (int)h;
+    ret_info->progressive = false;
+    return 0;
+}
+
+int image_probe(const uint8_t *data, size_t len, struct image_buf *b, struct image_info *ret_info,
+                char *errbuf)
+{
+    switch (image_detect(data, len)) {
+    case IMAGE_FORMAT_JPEG: {
+        int w, h, cs;
+        int r = jpeg_header(data, len, b, &w, &h, &cs, errbuf);
+        if (r < 0)
+            return r;
+        struct jpeg_markers mk;
+        jpeg_scan_markers(data, len, &mk);
+        ret_info->format = IMAGE_FORMAT_JPEG;
+        ret_info->width = w;
+        ret_info->height = h;
+        ret_info->progressive = mk.progressive;
+        return 0;
+    }
+    case IMAGE_FORMAT_PNG:
+        return png_probe(data, len, ret_info, errbuf);
+    default:
+        describe_unknown(data, len, errbuf);
+        return LD_ESAMPLE;
+    }
+}
+
+int image_decode(const uint8_t *data, size_t len, const struct image_decode_opts *opts,
+                 struct image_buf *b, char *errbuf)
+{
+    switch (image_detect(data, len)) {
+    case IMAGE_FORMAT_JPEG:
+        return decode_jpeg(data, len, opts, b, errbuf);
+    case IMAGE_FORMAT_PNG:
+        return decode_png(data, len, opts, b, errbuf);
+    default:
+        describe_unknown(data, len, errbuf);
+        return LD_ESAMPLE;
+    }
+}

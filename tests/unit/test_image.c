@@ -1,0 +1,579 @@
+/* Unit tests for image: JPEG and PNG fixtures are encoded in memory from known pixels,
+ * then decoded: PNG (lossless) must give the pixels back exactly in every color type,
+ * JPEG within a tolerance; grayscale and CMYK JPEGs come out as RGB; the DCT scale
+ * follows the caller's hint; the pixel limit is enforced from the header before any
+ * large allocation; bad data of every kind gets a specific error. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "image.h"
+#include "image_fixtures.h"
+#include "ld_error.h"
+#include "proto.h"
+
+/* Largest and mean absolute difference between two byte arrays. */
+static void diff_stats(const uint8_t *a, const uint8_t *b, size_t n, int *ret_max, double *ret_mean)
+{
+    int mx = 0;
+    double sum = 0;
+    for (size_t i = 0; i < n; i++) {
+        int d = abs((int)a[i] - (int)b[i]);
+        if (d > mx)
+            mx = d;
+        sum += d;
+    }
+    *ret_max = mx;
+    *ret_mean = sum / (double)n;
+}
+
+static void decode_ok(const struct blob *b, const struct image_decode_opts *o, struct image_buf *buf)
+{
+    char err[LD_ERRMSG_MAX] = "";
+    int r = image_decode(b->data, b->len, o, buf, err);
+    if (r != 0)
+        fail_msg("decode failed (%d): %s", r, err);
+}
+
+/* Decodes and expects LD_ESAMPLE with `needle` in the message. */
+static void decode_fails(const uint8_t *data, size_t len, const struct image_decode_opts *o,
+                         const char *needle)
+{
+    struct image_buf buf;
+    image_buf_init(&buf);
+    char err[LD_ERRMSG_MAX] = "";
+    int r = image_decode(data, len, o, &buf, err);
+    if (r != LD_ESAMPLE || !strstr(err, needle))
+        fail_msg("expected LD_ESAMPLE with '%s', got %d: '%s'", needle, r, err);
+    image_buf_close(&buf);
+}
+
+static void test_detect(void **state)
+{
+    (void)state;
+    static const uint8_t jpg[] = {0xff, 0xd8, 0xff, 0xe0};
+    static const uint8_t png[] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
+    assert_int_equal(image_detect(jpg, sizeof jpg), IMAGE_FORMAT_JPEG);
+    assert_int_equal(image_detect(png, sizeof png), IMAGE_FORMAT_PNG);
+    assert_int_equal(image_detect(png, 7), IMAGE_FORMAT_UNKNOWN);
+    assert_int_equal(image_detect(jpg, 2), IMAGE_FORMAT_UNKNOWN);
+    assert_int_equal(image_detect((const uint8_t *)"GIF89a", 6), IMAGE_FORMAT_UNKNOWN);
+    assert_string_equal(image_format_name(IMAGE_FORMAT_JPEG), "JPEG");
+    assert_string_equal(image_format_name(IMAGE_FORMAT_PNG), "PNG");
+
+    decode_fails((const uint8_t *)"GIF89a\x01\x00\x01\x00", 10, NULL, "unsupported image format GIF");
+    decode_fails((const uint8_t *)"RIFF\0\0\0\0WEBPVP8 ", 16, NULL, "unsupported image format WebP");
+    decode_fails((const uint8_t *)"BM\0\0\0\0", 6, NULL, "unsupported image format BMP");
+    decode_fails((const uint8_t *)"", 0, NULL, "empty file");
+    decode_fails((const uint8_t *)"hello world", 11, NULL,
+                 "not a JPEG or PNG image (11 bytes, starting with 68 65 6c 6c 6f 20 77 6f)");
+
+    /* The extension is irrelevant: only bytes are looked at, so a PNG is a PNG. */
+    uint8_t px[3 * 4] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12};
+    struct blob b = png_encode_rgb(px, 2, 2);
+    struct image_buf buf;
+    image_buf_init(&buf);
+    struct image_info info;
+    char err[LD_ERRMSG_MAX];
+    assert_int_equal(image_probe(b.data, b.len, &buf, &info, err), 0);
+    assert_int_equal(info.format, IMAGE_FORMAT_PNG);
+    assert_int_equal(info.width, 2);
+    assert_int_equal(info.height, 2);
+    image_buf_close(&buf);
+    blob_free(&b);
+}
+
+static void test_jpeg_rgb(void **state)
+{
+    (void)state;
+    int w = 64, h = 48;
+    uint8_t *px = picture_rgb(w, h);
+    struct blob b = jpeg_encode(px, w, h, TJPF_RGB, TJSAMP_444, 100, 0);
+    struct image_buf buf;
+    image_buf_init(&buf);
+    decode_ok(&b, NULL, &buf);
+    assert_int_equal(buf.width, w);
+    assert_int_equal(buf.height, h);
+    assert_int_equal(buf.src_width, w);
+    assert_int_equal(buf.scale_num, 1);
+    assert_int_equal(buf.scale_denom, 1);
+    assert_int_equal(buf.format, IMAGE_FORMAT_JPEG);
+    int mx;
+    double mean;
+    diff_stats(buf.data, px, (size_t)w * h * 3, &mx, &mean);
+    assert_true(mx <= 8);
+    assert_true(mean < 1.5);
+
+    /* A second decode of the same size reuses the buffer: no allocation per sample. */
+    uint8_t *first = buf.data;
+    size_t cap = buf.cap;
+    decode_ok(&b, NULL, &buf);
+    assert_ptr_equal(buf.data, first);
+    assert_int_equal(buf.cap, cap);
+
+    struct image_info info;
+    char err[LD_ERRMSG_MAX];
+    assert_int_equal(image_probe(b.data, b.len, &buf, &info, err), 0);
+    assert_int_equal(info.format, IMAGE_FORMAT_JPEG);
+    assert_int_equal(info.width, w);
+    assert_int_equal(info.height, h);
+    assert_false(info.progressive);
+    image_buf_close(&buf);
+    blob_free(&b);
+
+    /* Progressive JPEGs decode too, and the probe says what they are. */
+    b = jpeg_encode(px, w, h, TJPF_RGB, TJSAMP_420, 95, TJFLAG_PROGRESSIVE);
+    image_buf_init(&buf);
+    assert_int_equal(image_probe(b.data, b.len, &buf, &info, err), 0);
+    assert_true(info.progressive);
+    decode_ok(&b, NULL, &buf);
+    diff_stats(buf.data, px, (size_t)w * h * 3, &mx, &mean);
+    assert_true(mean < 3.0);
+    image_buf_close(&buf);
+    blob_free(&b);
+    free(px);
+}
+
+static void test_jpeg_gray(void **state)
+{
+    (void)state;
+    int w = 40, h = 24;
+    uint8_t *g = malloc((size_t)w * h);
+    for (int i = 0; i < w * h; i++)
+        g[i] = (uint8_t)(i % w * 6 + i / w);
+    struct blob b = jpeg_encode(g, w, h, TJPF_GRAY, TJSAMP_GRAY, 100, 0);
+    struct image_buf buf;
+    image_buf_init(&buf);
+    decode_ok(&b, NULL, &buf);
+    assert_int_equal(buf.width, w);
+    assert_int_equal(buf.height, h);
+    for (int i = 0; i < w * h; i++) {
+        const uint8_t *p = buf.data + 3 * i;
+        assert_int_equal(p[0], p[1]);
+        assert_int_equal(p[1], p[2]);
+        assert_true(abs(p[0] - g[i]) <= 3);
+    }
+    image_buf_close(&buf);
+    blob_free(&b);
+    free(g);
+}
+
+/* TurboJPEG's CMYK (like Adobe's files) stores 255 for "no ink": C = R, M = G, Y = B
+ * with K = 255 is the RGB picture itself; K = 128 darkens it to about half. */
+static void test_jpeg_cmyk(void **state)
+{
+    (void)state;
+    int w = 32, h = 16;
+    uint8_t *rgb = picture_rgb(w, h);
+    uint8_t *cmyk = malloc((size_t)w * h * 4);
+    for (int k = 0; k < 2; k++) {
+        int kv = k ? 128 : 255;
+        for (int i = 0; i < w * h; i++) {
+            memcpy(cmyk + 4 * i, rgb + 3 * i, 3);
+            cmyk[4 * i + 3] = (uint8_t)kv;
+        }
+        struct blob b = jpeg_encode(cmyk, w, h, TJPF_CMYK, TJSAMP_444, 100, 0);
+        struct image_buf buf;
+        image_buf_init(&buf);
+        decode_ok(&b, NULL, &buf);
+        assert_int_equal(buf.width, w);
+        double sum = 0;
+        int mx = 0;
+        for (int i = 0; i < w * h * 3; i++) {
+            int want = rgb[i] * kv / 255;
+            int d = abs(buf.data[i] - want);
+            mx = d > mx ? d : mx;
+            sum += d;
+        }
+        assert_true(mx <= 10);
+        assert_true(sum / (w * h * 3) < 2.0);
+        image_buf_close(&buf);
+        blob_free(&b);
+    }
+    free(cmyk);
+    free(rgb);
+}
+
+static void expect_png(const struct blob *b, int w, int h, const uint8_t *want_rgb)
+{
+    struct image_buf buf;
+    image_buf_init(&buf);
+    decode_ok(b, NULL, &buf);
+    assert_int_equal(buf.width, w);
+    assert_int_equal(buf.height, h);
+    assert_int_equal(buf.format, IMAGE_FORMAT_PNG);
+    assert_int_equal(buf.scale_denom, 1);
+    assert_memory_equal(buf.data, want_rgb, (size_t)w * h * 3);
+    image_buf_close(&buf);
+}
+
+static void test_png_color_types(void **state)
+{
+    (void)state;
+    enum { W = 5, H = 3, N = W * H };
+    uint8_t rgb[N * 3], want[N * 3], raw[N * 8];
+    for (int i = 0; i < N * 3; i++)
+        rgb[i] = (uint8_t)(i * 17 + 3);
+
+    /* RGB, plain and interlaced. */
+    struct blob b = png_encode_rgb(rgb, W, H);
+    expect_png(&b, W, H, rgb);
+    blob_free(&b);
+    b = png_encode(rgb, W * 3, W, H, PNG_COLOR_TYPE_RGB, 8, NULL, 0, NULL, 0, 1);
+    expect_png(&b, W, H, rgb);
+    blob_free(&b);
+
+    /* RGBA: alpha dropped (PIL's convert("RGB")), not blended. */
+    for (int i = 0; i < N; i++) {
+        memcpy(raw + 4 * i, rgb + 3 * i, 3);
+        raw[4 * i + 3] = (uint8_t)(i * 16);
+    }
+    b = png_encode(raw, W * 4, W, H, PNG_COLOR_TYPE_RGB_ALPHA, 8, NULL, 0, NULL, 0, 0);
+    expect_png(&b, W, H, rgb);
+    blob_free(&b);
+
+    /* 16-bit RGB: the high byte of each sample. */
+    for (int i = 0; i < N * 3; i++) {
+        raw[2 * i] = rgb[i];
+        raw[2 * i + 1] = (uint8_t)(255 - rgb[i]);
+    }
+    b = png_encode(raw, W * 6, W, H, PNG_COLOR_TYPE_RGB, 16, NULL, 0, NULL, 0, 0);
+    expect_png(&b, W, H, rgb);
+    blob_free(&b);
+
+    /* 8-bit gray, gray + alpha, 16-bit gray: R = G = B = the gray level. */
+    for (int i = 0; i < N; i++) {
+        uint8_t g = (uint8_t)(i * 13 + 7);
+        raw[i] = g;
+        want[3 * i] = want[3 * i + 1] = want[3 * i + 2] = g;
+    }
+    b = png_encode(raw, W, W, H, PNG_COLOR_TYPE_GRAY, 8, NULL, 0, NULL, 0, 0);
+    expect_png(&b, W, H, want);
+    blob_free(&b);
+    uint8_t ga[N * 2], g16[N * 2];
+    for (int i = 0; i < N; i++) {
+        ga[2 * i] = raw[i];
+        ga[2 * i + 1] = 77;
+        g16[2 * i] = raw[i];
+        g16[2 * i + 1] = 0xab;
+    }
+    b = png_encode(ga, W * 2, W, H, PNG_COLOR_TYPE_GRAY_ALPHA, 8, NULL, 0, NULL, 0, 0);
+    expect_png(&b, W, H, want);
+    blob_free(&b);
+    b = png_encode(g16, W * 2, W, H, PNG_COLOR_TYPE_GRAY, 16, NULL, 0, NULL, 0, 0);
+    expect_png(&b, W, H, want);
+    blob_free(&b);
+
+    /* 1-bit gray: 0 -> 0, 1 -> 255. Rows are packed MSB first. */
+    uint8_t bits[H];
+    for (int y = 0; y < H; y++) {
+        bits[y] = 0;
+        for (int x = 0; x < W; x++) {
+            int on = (x + y) % 2;
+            bits[y] |= (uint8_t)(on << (7 - x));
+            memset(want + 3 * (y * W + x), on ? 255 : 0, 3);
+        }
+    }
+    b = png_encode(bits, 1, W, H, PNG_COLOR_TYPE_GRAY, 1, NULL, 0, NULL, 0, 0);
+    expect_png(&b, W, H, want);
+    blob_free(&b);
+
+    /* 4-bit gray: v -> v * 17. */
+    uint8_t nib[H * 3];
+    memset(nib, 0, sizeof nib);
+    for (int y = 0; y < H; y++)
+        for (int x = 0; x < W; x++) {
+            int v = (x * 3 + y) & 15;
+            nib[y * 3 + x / 2] |= (uint8_t)(v << (x % 2 ? 0 : 4));
+            memset(want + 3 * (y * W + x), v * 17, 3);
+        }
+    b = png_encode(nib, 3, W, H, PNG_COLOR_TYPE_GRAY, 4, NULL, 0, NULL, 0, 0);
+    expect_png(&b, W, H, want);
+    blob_free(&b);
+
+    /* Palette, with and without transparency: the palette's colors. */
+    uint8_t pal[4 * 3] = {255, 0, 0, 0, 255, 0, 0, 0, 255, 10, 20, 30};
+    uint8_t trns[4] = {0, 128, 255, 7};
+    uint8_t idx[N];
+    for (int i = 0; i < N; i++) {
+        idx[i] = (uint8_t)(i % 4);
+        memcpy(want + 3 * i, pal + 3 * (i % 4), 3);
+    }
+    b = png_encode(idx, W, W, H, PNG_COLOR_TYPE_PALETTE, 8, pal, 4, NULL, 0, 0);
+    expect_png(&b, W, H, want);
+    blob_free(&b);
+    b = png_encode(idx, W, W, H, PNG_COLOR_TYPE_PALETTE, 8, pal, 4, trns, 4, 0);
+    expect_png(&b, W, H, want);
+    blob_free(&b);
+}
+
+static void test_bad_jpeg(void **state)
+{
+    (void)state;
+    int w = 64, h = 48;
+    uint8_t *px = picture_rgb(w, h);
+    struct blob b = jpeg_encode(px, w, h, TJPF_RGB, TJSAMP_420, 90, 0);
+
+    size_t scan = 0;
+    for (size_t i = 2; i + 1 < b.len && !scan; i++)
+        if (b.data[i] == 0xff && b.data[i + 1] == 0xda)
+            scan = i;
+    assert_true(scan > 0 && scan + 100 < b.len);
+    /* Cut in the image data, then in the header. */
+    decode_fails(b.data, scan + (b.len - scan) / 2, NULL, "truncated JPEG: Premature end of JPEG file");
+    decode_fails(b.data, scan / 2, NULL, "truncated JPEG: ");
+    decode_fails(b.data, 100, NULL, "truncated JPEG");
+    decode_fails(b.data, 3, NULL, "truncated JPEG");
+
+    /* 12-bit precision in the frame header: this libjpeg cannot decode it. */
+    struct blob bad = {malloc(b.len), b.len};
+    memcpy(bad.data, b.data, b.len);
+    for (size_t i = 2; i + 4 < bad.len; i++)
+        if (bad.data[i] == 0xff && bad.data[i + 1] == 0xc0) {
+            bad.data[i + 4] = 12;
+            break;
+        }
+    decode_fails(bad.data, bad.len, NULL, "corrupt JPEG header: Unsupported JPEG data precision 12");
+
+    /* Garbage in the entropy-coded data: a warning that strict mode refuses. */
+    memcpy(bad.data, b.data, b.len);
+    size_t sos = 0;
+    for (size_t i = 2; i + 1 < bad.len; i++)
+        if (bad.data[i] == 0xff && bad.data[i + 1] == 0xda) {
+            sos = i;
+            break;
+        }
+    assert_true(sos > 0);
+    for (size_t i = sos + 20; i < sos + 80; i++)
+        bad.data[i] = (uint8_t)(i * 37);
+    /* Keep marker-like bytes out so the damage stays "corrupt data". */
+    for (size_t i = sos + 20; i < sos + 80; i++)
+        if (bad.data[i] == 0xff)
+            bad.data[i] = 0xfe;
+    struct image_decode_opts strict = {.strict = true};
+    decode_fails(bad.data, bad.len, &strict, "corrupt JPEG: ");
+    /* Tolerated by default, like PIL does: the image keeps its size. */
+    struct image_buf buf;
+    image_buf_init(&buf);
+    char err[LD_ERRMSG_MAX] = "";
+    int r = image_decode(bad.data, bad.len, NULL, &buf, err);
+    if (r == 0) {
+        assert_int_equal(buf.width, w);
+    } else {
+        /* A fatal error is acceptable too, as long as it is reported as such. */
+        assert_int_equal(r, LD_ESAMPLE);
+        assert_non_null(strstr(err, "corrupt JPEG"));
+    }
+    image_buf_close(&buf);
+    blob_free(&bad);
+    blob_free(&b);
+    free(px);
+}
+
+static void test_bad_png(void **state)
+{
+    (void)state;
+    int w = 16, h = 16;
+    uint8_t *px = picture_rgb(w, h);
+    struct blob b = png_encode_rgb(px, w, h);
+    decode_fails(b.data, b.len - 20, NULL, "truncated PNG: ");
+    decode_fails(b.data, 20, NULL, "truncated PNG");
+
+    /* A flipped byte in the image data breaks the chunk's CRC. */
+    struct blob bad = {malloc(b.len), b.len};
+    memcpy(bad.data, b.data, b.len);
+    uint8_t *idat = memmem(bad.data, bad.len, "IDAT", 4);
+    assert_non_null(idat);
+    idat[10] ^= 0x55;
+    decode_fails(bad.data, bad.len, NULL, "corrupt PNG: IDAT: ");
+    /* A damaged CRC alone is caught as such. */
+    memcpy(bad.data, b.data, b.len);
+    idat = memmem(bad.data, bad.len, "IDAT", 4);
+    uint32_t idat_len = (uint32_t)idat[-4] << 24 | (uint32_t)idat[-3] << 16 |
+                        (uint32_t)idat[-2] << 8 | idat[-1];
+    idat[4 + idat_len] ^= 0x01;
+    decode_fails(bad.data, bad.len, NULL, "corrupt PNG: IDAT: CRC error");
+
+    /* An impossible size in IHDR (CRC fixed up, so libpng judges the value). */
+    memcpy(bad.data, b.data, b.len);
+    png_patch_size(&bad, 0, 16);
+    decode_fails(bad.data, bad.len, NULL, "corrupt PNG: ");
+    struct image_buf buf;
+    image_buf_init(&buf);
+    struct image_info info;
+    char err[LD_ERRMSG_MAX];
+    assert_int_equal(image_probe(bad.data, bad.len, &buf, &info, err), LD_ESAMPLE);
+    assert_non_null(strstr(err, "invalid size 0x16"));
+    image_buf_close(&buf);
+    blob_free(&bad);
+    blob_free(&b);
+    free(px);
+}
+
+/* The decoder picks the largest reduction that still meets the hint. */
+static void test_jpeg_scale_choice(void **state)
+{
+    (void)state;
+    char err[LD_ERRMSG_MAX];
+    int num, den;
+    struct image_decode_opts o = {0};
+    struct {
+        int w, h, min_w, min_h, want_den;
+    } cases[] = {
+        {64, 48, 0, 0, 1},      {64, 48, 64, 48, 1},   {64, 48, 33, 10, 1},
+        {64, 48, 32, 24, 2},    {64, 48, 17, 12, 2},   {64, 48, 16, 12, 4},
+        {64, 48, 8, 6, 8},      {64, 48, 1, 1, 8},     {100, 75, 13, 10, 8},
+        {100, 75, 14, 10, 4},   {500, 375, 224, 224, 1}, {500, 375, 224, 168, 2},
+        {1000, 750, 224, 224, 2},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        o.min_width = cases[i].min_w;
+        o.min_height = cases[i].min_h;
+        assert_int_equal(image_jpeg_scale(cases[i].w, cases[i].h, &o, &num, &den, err), 0);
+        assert_int_equal(num, 1);
+        if (den != cases[i].want_den)
+            fail_msg("case %zu: %dx%d for %dx%d: 1/%d, expected 1/%d", i, cases[i].w, cases[i].h,
+                     cases[i].min_w, cases[i].min_h, den, cases[i].want_den);
+    }
+
+    /* And the decode uses it: 1/4 of 64x48 is 16x12, close to the 4x4 block means. */
+    int w = 64, h = 48;
+    uint8_t *px = picture_rgb(w, h);
+    struct blob b = jpeg_encode(px, w, h, TJPF_RGB, TJSAMP_444, 100, 0);
+    struct image_buf buf;
+    image_buf_init(&buf);
+    o.min_width = 16;
+    o.min_height = 12;
+    decode_ok(&b, &o, &buf);
+    assert_int_equal(buf.width, 16);
+    assert_int_equal(buf.height, 12);
+    assert_int_equal(buf.scale_denom, 4);
+    assert_int_equal(buf.src_width, 64);
+    assert_int_equal(buf.src_height, 48);
+    for (int y = 0; y < 12; y++)
+        for (int x = 0; x < 16; x++)
+            for (int c = 0; c < 3; c++) {
+                int sum = 0;
+                for (int dy = 0; dy < 4; dy++)
+                    for (int dx = 0; dx < 4; dx++)
+                        sum += px[((size_t)(4 * y + dy) * w + 4 * x + dx) * 3 + c];
+                int d = abs(buf.data[(y * 16 + x) * 3 + c] - (sum + 8) / 16);
+                if (d > 8)
+                    fail_msg("1/4 pixel (%d,%d,%d) off by %d", x, y, c, d);
+            }
+    image_buf_close(&buf);
+    blob_free(&b);
+    free(px);
+}
+
+/* A header claiming 20000x20000 must never lead to a 1.2 GB buffer: baseline is decoded
+ * at a reduced scale under the limit, progressive and PNG are refused. */
+static void test_pixel_limit(void **state)
+{
+    (void)state;
+    char err[LD_ERRMSG_MAX];
+    int num, den;
+    assert_int_equal(image_jpeg_scale(20000, 20000, NULL, &num, &den, err), 0);
+    assert_int_equal(den, 4);                  /* 5000x5000 = 25 MP <= 40 MP */
+    struct image_decode_opts small = {.max_pixels = 1000000};
+    assert_int_equal(image_jpeg_scale(20000, 20000, &small, &num, &den, err), LD_ESAMPLE);
+    assert_non_null(strstr(err, "image too large: 20000x20000 pixels, over the limit of 1000000"));
+    /* The limit overrides the hint: 2000x2000 asked at full size is given 1/2. */
+    struct image_decode_opts hint = {.min_width = 2000, .min_height = 2000, .max_pixels = 1000000};
+    assert_int_equal(image_jpeg_scale(2000, 2000, &hint, &num, &den, err), 0);
+    assert_int_equal(den, 2);
+
+    int w = 64, h = 48;
+    uint8_t *px = picture_rgb(w, h);
+    struct blob b = jpeg_encode(px, w, h, TJPF_RGB, TJSAMP_420, 90, 0);
+    assert_int_equal(jpeg_patch_size(&b, 20000, 20000), 0xc0);
+    struct image_buf buf;
+    image_buf_init(&buf);
+    struct image_info info;
+    assert_int_equal(image_probe(b.data, b.len, &buf, &info, err), 0);
+    assert_int_equal(info.width, 20000);
+    assert_int_equal(info.height, 20000);
+    /* Under a 7 MP limit: decoded at 1/8, into a 2500x2500 buffer. The scan ends long
+     * before the last row: tolerated by default (as PIL does), refused when strict. */
+    struct image_decode_opts seven = {.max_pixels = 7000000};
+    assert_int_equal(image_decode(b.data, b.len, &seven, &buf, err), 0);
+    assert_int_equal(buf.width, 2500);
+    assert_int_equal(buf.height, 2500);
+    assert_int_equal(buf.scale_denom, 8);
+    assert_true(buf.cap <= (size_t)2500 * 2500 * 3 * 2);
+    seven.strict = true;
+    assert_int_equal(image_decode(b.data, b.len, &seven, &buf, err), LD_ESAMPLE);
+    assert_non_null(strstr(err, "corrupt JPEG: Corrupt JPEG data: premature end of data segment"));
+    image_buf_close(&buf);
+    /* Under a small limit: refused before any allocation. */
+    image_buf_init(&buf);
+    assert_int_equal(image_decode(b.data, b.len, &small, &buf, err), LD_ESAMPLE);
+    assert_non_null(strstr(err, "image too large"));
+    assert_int_equal(buf.cap, 0);
+    image_buf_close(&buf);
+    blob_free(&b);
+
+    /* Progressive: libjpeg would hold every coefficient of the full image: refused. */
+    b = jpeg_encode(px, w, h, TJPF_RGB, TJSAMP_420, 90, TJFLAG_PROGRESSIVE);
+    assert_int_equal(jpeg_patch_size(&b, 20000, 20000), 0xc2);
+    image_buf_init(&buf);
+    assert_int_equal(image_decode(b.data, b.len, NULL, &buf, err), LD_ESAMPLE);
+    assert_non_null(strstr(err, "image too large: 20000x20000"));
+    assert_non_null(strstr(err, "progressive"));
+    assert_int_equal(buf.cap, 0);
+    image_buf_close(&buf);
+    blob_free(&b);
+
+    /* PNG: no reduced decode, so over the limit is refused. */
+    b = png_encode_rgb(px, w, h);
+    png_patch_size(&b, 20000, 20000);
+    image_buf_init(&buf);
+    assert_int_equal(image_probe(b.data, b.len, &buf, &info, err), 0);
+    assert_int_equal(info.width, 20000);
+    assert_int_equal(image_decode(b.data, b.len, NULL, &buf, err), LD_ESAMPLE);
+    assert_non_null(strstr(err, "image too large: 20000x20000 pixels"));
+    assert_int_equal(buf.cap, 0);
+    image_buf_close(&buf);
+    blob_free(&b);
+    free(px);
+}
+
+static void test_buf_reserve(void **state)
+{
+    (void)state;
+    struct image_buf buf;
+    image_buf_init(&buf);
+    uint8_t *p, *q;
+    assert_int_equal(image_buf_reserve(&buf, IMAGE_AUX_TMP, 1000, &p), 0);
+    memset(p, 1, 1000);
+    assert_int_equal(image_buf_reserve(&buf, IMAGE_AUX_TMP, 500, &q), 0);
+    assert_ptr_equal(p, q);                    /* never shrinks */
+    assert_int_equal(image_buf_reserve(&buf, IMAGE_AUX_COUNT, 1, &q), LD_EINVAL);
+    assert_int_equal(image_buf_reserve(&buf, -1, 1, &q), LD_EINVAL);
+    image_buf_close(&buf);
+    image_buf_close(&buf);                     /* a closed buffer is a zeroed one */
+    image_buf_close(NULL);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_detect),
+        cmocka_unit_test(test_jpeg_rgb),
+        cmocka_unit_test(test_jpeg_gray),
+        cmocka_unit_test(test_jpeg_cmyk),
+        cmocka_unit_test(test_png_color_types),
+        cmocka_unit_test(test_bad_jpeg),
+        cmocka_unit_test(test_bad_png),
+        cmocka_unit_test(test_jpeg_scale_choice),
+        cmocka_unit_test(test_pixel_limit),
+        cmocka_unit_test(test_buf_reserve),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
