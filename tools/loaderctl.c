@@ -215,6 +215,8 @@ static int ctl_status(lc_client *c, const struct ctl_opts *o)
     const cJSON *slots = cJSON_GetObjectItemCaseSensitive(r, "slots");
     printf("%-16s %.0f free, %.0f filling, %.0f ready, %.0f leased\n", "slots", ctl_num(slots, "free", 0),
            ctl_num(slots, "filling", 0), ctl_num(slots, "ready", 0), ctl_num(slots, "leased", 0));
+    printf("%-16s %.0f unreadable, %.0f replaced by another sample\n", "bad samples", ctl_num(r, "bad_samples", 0),
+           ctl_num(r, "replaced_samples", 0));
     const cJSON *cache;
     cJSON_ArrayForEach(cache, cJSON_GetObjectItemCaseSensitive(r, "caches")) {
         char line[160], hb[32];
