@@ -369,7 +369,10 @@ void cache_keeper_stream_opened(cache_keeper *k)
         /* Has the source changed since? The check runs in the background. */
         start_job(k, JOB_CHECK, false);
         return;
-    } else if (k->mode == CONFIG_CACHE_AUTO && (k->state == K_ABSENT || k->state == K_STALE)) {
+    } else if (k->mode == CONFIG_CACHE_AUTO &&
+               (k->state == K_ABSENT || k->state == K_STALE || k->state == K_CHECKING)) {
+        /* While the start-up check runs, the build waits for its verdict: it starts
+         * only if the check finds no valid cache (maybe_pending). */
         k->pending_build = true;
     }
     maybe_pending(k);
