@@ -10,6 +10,8 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include "testfs.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
@@ -36,21 +38,10 @@ struct tdir {
     char cache[400];                /* out/ds.ldcache */
 };
 
-static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
-{
-    (void)st;
-    (void)ftw;
-    if (flag == FTW_DP)
-        return rmdir(path);
-    return unlink(path);
-}
-
 static int setup(void **state)
 {
     struct tdir *t = calloc(1, sizeof *t);
-    const char *tmp = getenv("TMPDIR");
-    snprintf(t->root, sizeof t->root, "%s/ld-test-cache-XXXXXX", tmp && *tmp ? tmp : "/tmp");
-    if (!mkdtemp(t->root)) {
+    if (testfs_mkdtemp("ld-test-cache", t->root, sizeof t->root) < 0) {
         free(t);
         return -1;
     }
@@ -67,37 +58,12 @@ static int teardown(void **state)
 {
     struct tdir *t = *state;
     chmod(t->out, 0755);
-    int r = nftw(t->root, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+    int r = testfs_rmtree(t->root);
     free(t);
     return r;
 }
 
 /* ---- the source ---------------------------------------------------------------------- */
-
-static uint8_t content_byte(unsigned seed, size_t j)
-{
-    return (uint8_t)(seed * 131u + j * 7u + (j >> 8));
-}
-
-static void write_file(const char *root, const char *rel, unsigned seed, size_t size)
-{
-    char path[1024];
-    snprintf(path, sizeof path, "%s/%s", root, rel);
-    for (char *p = path + strlen(root) + 1; (p = strchr(p, '/')); p++) {
-        *p = '\0';
-        if (mkdir(path, 0755) < 0)
-            assert_int_equal(errno, EEXIST);
-        *p = '/';
-    }
-    uint8_t *buf = malloc(size + 1);
-    for (size_t j = 0; j < size; j++)
-        buf[j] = content_byte(seed, j);
-    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    assert_true(fd >= 0);
-    assert_int_equal(write(fd, buf, size), (ssize_t)size);
-    close(fd);
-    free(buf);
-}
 
 /* n files of `size` bytes in three class folders. */
 static void write_fixed_tree(const char *root, unsigned n, size_t size)
@@ -105,7 +71,7 @@ static void write_fixed_tree(const char *root, unsigned n, size_t size)
     char rel[64];
     for (unsigned i = 0; i < n; i++) {
         snprintf(rel, sizeof rel, "class_%u/%04u.bin", i % 3, i);
-        write_file(root, rel, i, size);
+        testfs_write(root, rel, i, size);
     }
 }
 
@@ -309,7 +275,7 @@ static void test_fixed_roundtrip(void **state)
     struct tdir *t = *state;
     char err[LD_ERRMSG_MAX] = "";
     write_fixed_tree(t->src, 40, 1000);
-    write_file(t->src, "root.bin", 77, 1000);        /* in no class folder: label -1 */
+    testfs_write(t->src, "root.bin", 77, 1000);        /* in no class folder: label -1 */
     dataset *d = open_dataset(t);
     assert_int_equal(d->count, 41);
     uint64_t fp = fingerprint(d, DATASET_FINGERPRINT_STAT);
@@ -413,7 +379,7 @@ static void test_ragged_roundtrip(void **state)
     char rel[64];
     for (unsigned i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
         snprintf(rel, sizeof rel, "c%u/%02u.bin", i % 2, i);
-        write_file(t->src, rel, i + 1, sizes[i]);
+        testfs_write(t->src, rel, i + 1, sizes[i]);
     }
     dataset *d = open_dataset(t);
     assert_true(d->fields[0].ragged);
@@ -466,7 +432,7 @@ static void test_rebuild_while_mapped(void **state)
     memcpy(before, p, 300);
 
     dataset_free(d);
-    write_file(t->src, "class_1/0001.bin", 99, 300);   /* new content for sample 2 */
+    testfs_write(t->src, "class_1/0001.bin", 99, 300);   /* new content for sample 2 */
     d = open_dataset(t);
     build_ok(d, t->cache, 222);
 
@@ -729,7 +695,7 @@ static void test_open_errors(void **state)
     /* Something else entirely, large enough to hold a header. */
     uint8_t junk[10000];
     for (size_t i = 0; i < sizeof junk; i++)
-        junk[i] = content_byte(3, i);
+        junk[i] = testfs_byte(3, i);
     int fd = open(t->cache, O_WRONLY | O_CREAT, 0644);
     assert_int_equal(write(fd, junk, sizeof junk), (ssize_t)sizeof junk);
     close(fd);
@@ -778,14 +744,14 @@ static void test_fingerprint(void **state)
     assert_int_equal(fingerprint(d, DATASET_FINGERPRINT_CONTENT), cfp0);
 
     /* Same size, same mtime, other bytes: only the content fingerprint sees it. */
-    write_file(t->src, "class_1/0004.bin", 200, 128);
+    testfs_write(t->src, "class_1/0004.bin", 200, 128);
     set_mtime(path, 1600000000, 1);
     assert_int_equal(fingerprint(d, DATASET_FINGERPRINT_STAT), fp);
     uint64_t cfp = fingerprint(d, DATASET_FINGERPRINT_CONTENT);
     assert_true(cfp != cfp0);
 
     /* Resized, with the old mtime put back: the size alone changes it. */
-    write_file(t->src, "class_1/0004.bin", 4, 129);
+    testfs_write(t->src, "class_1/0004.bin", 4, 129);
     set_mtime(path, 1600000000, 1);
     dataset_free(d);
     d = open_dataset(t);
@@ -794,7 +760,7 @@ static void test_fingerprint(void **state)
     open_fails(t->cache, fp, LD_ECACHESTALE, "stale");
 
     /* A file added. */
-    write_file(t->src, "class_0/0100.bin", 100, 128);
+    testfs_write(t->src, "class_0/0100.bin", 100, 128);
     dataset_free(d);
     d = open_dataset(t);
     fp = fingerprint(d, DATASET_FINGERPRINT_STAT);
@@ -1092,7 +1058,7 @@ static void test_advise(void **state)
     char rel[64];
     for (unsigned i = 0; i < 6; i++) {
         snprintf(rel, sizeof rel, "c/%02u.bin", i);
-        write_file(t->src, rel, i, sizes[i]);
+        testfs_write(t->src, rel, i, sizes[i]);
     }
     dataset *d = open_dataset(t);
     build_ok(d, t->cache, 3);
@@ -1216,7 +1182,7 @@ static void *reader_main(void *arg)
             uint64_t len;
             int64_t label;
             if (cache_sample(rd->c, i, &p, &len, &label) != 0 || len != 256 ||
-                ((const uint8_t *)p)[255] != content_byte((unsigned)i, 255))
+                ((const uint8_t *)p)[255] != testfs_byte((unsigned)i, 255))
                 rd->bad++;
             cache_advise(rd->c, &i, 1);
         }
@@ -1229,7 +1195,7 @@ static void test_concurrent_reads(void **state)
     char rel[64];
     for (unsigned i = 0; i < 50; i++) {
         snprintf(rel, sizeof rel, "%04u.bin", i);
-        write_file(t->src, rel, i, 256);
+        testfs_write(t->src, rel, i, 256);
     }
     dataset *d = open_dataset(t);
     build_ok(d, t->cache, 1);

@@ -8,6 +8,8 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include "testfs.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
@@ -24,21 +26,10 @@ struct tdir {
     char root[256];
 };
 
-static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
-{
-    (void)st;
-    (void)ftw;
-    if (flag == FTW_DP)
-        return rmdir(path);
-    return unlink(path);
-}
-
 static int setup(void **state)
 {
     struct tdir *t = calloc(1, sizeof *t);
-    const char *tmp = getenv("TMPDIR");
-    snprintf(t->root, sizeof t->root, "%s/ld-test-dataset-XXXXXX", tmp && *tmp ? tmp : "/tmp");
-    if (!mkdtemp(t->root)) {
+    if (testfs_mkdtemp("ld-test-dataset", t->root, sizeof t->root) < 0) {
         free(t);
         return -1;
     }
@@ -49,44 +40,12 @@ static int setup(void **state)
 static int teardown(void **state)
 {
     struct tdir *t = *state;
-    int r = nftw(t->root, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+    int r = testfs_rmtree(t->root);
     free(t);
     return r;
 }
 
 /* The content of a test file: distinct per seed, so a mixed-up order shows. */
-static uint8_t content_byte(unsigned seed, size_t j)
-{
-    return (uint8_t)(seed * 131u + j * 7u + (j >> 8));
-}
-
-static void make_dirs(const char *root, const char *rel)
-{
-    char path[1024];
-    snprintf(path, sizeof path, "%s/%s", root, rel);
-    for (char *p = path + strlen(root) + 1; (p = strchr(p, '/')); p++) {
-        *p = '\0';
-        if (mkdir(path, 0755) < 0)
-            assert_int_equal(errno, EEXIST);
-        *p = '/';
-    }
-}
-
-static void write_file(const char *root, const char *rel, unsigned seed, size_t size)
-{
-    char path[1024];
-    make_dirs(root, rel);
-    snprintf(path, sizeof path, "%s/%s", root, rel);
-    uint8_t *buf = malloc(size + 1);
-    for (size_t j = 0; j < size; j++)
-        buf[j] = content_byte(seed, j);
-    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    assert_true(fd >= 0);
-    assert_int_equal(write(fd, buf, size), (ssize_t)size);
-    close(fd);
-    free(buf);
-}
-
 static void write_raw(const char *path, const void *data, size_t size)
 {
     int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
@@ -132,7 +91,7 @@ static void open_fails(const struct config_dataset *cfg, int code, char *err)
     assert_true(err[0] != '\0');
 }
 
-/* Reads sample i and checks its data against content_byte(seed), size bytes, and its
+/* Reads sample i and checks its data against testfs_byte(seed), size bytes, and its
  * label; bytes past `size` in the buffer must stay untouched. */
 static void check_sample(const dataset *d, uint64_t i, unsigned seed, size_t size, int64_t label)
 {
@@ -145,9 +104,9 @@ static void check_sample(const dataset *d, uint64_t i, unsigned seed, size_t siz
     if (r != 0)
         fail_msg("read %llu: %d %s", (unsigned long long)i, r, err);
     for (size_t j = 0; j < size; j++)
-        if (buf[j] != content_byte(seed, j))
+        if (buf[j] != testfs_byte(seed, j))
             fail_msg("sample %llu byte %zu: %u != %u", (unsigned long long)i, j, buf[j],
-                     content_byte(seed, j));
+                     testfs_byte(seed, j));
     for (size_t j = size; j < size + 32; j++)
         assert_int_equal(buf[j], 0xAA);
     assert_int_equal(lab, label);
@@ -159,10 +118,10 @@ static void check_sample(const dataset *d, uint64_t i, unsigned seed, size_t siz
 static void test_files_fixed(void **state)
 {
     struct tdir *t = *state;
-    write_file(t->root, "class_b/2.bin", 4, 3072);
-    write_file(t->root, "class_b/1.bin", 3, 3072);
-    write_file(t->root, "class_a/x.bin", 1, 3072);
-    write_file(t->root, "class_c/z.bin", 7, 3072);
+    testfs_write(t->root, "class_b/2.bin", 4, 3072);
+    testfs_write(t->root, "class_b/1.bin", 3, 3072);
+    testfs_write(t->root, "class_a/x.bin", 1, 3072);
+    testfs_write(t->root, "class_c/z.bin", 7, 3072);
 
     struct config_dataset cfg = files_cfg("recs", t->root, "*.bin");
     dataset *d = open_ok(&cfg);
@@ -206,13 +165,13 @@ static void test_files_fixed(void **state)
 static void test_files_pattern(void **state)
 {
     struct tdir *t = *state;
-    write_file(t->root, "a/keep.bin", 1, 16);
-    write_file(t->root, "a/skip.txt", 2, 16);
-    write_file(t->root, "b/keep.bin", 3, 16);
-    write_file(t->root, "b/.hidden.bin", 4, 16);
-    write_file(t->root, ".hidden_dir/h.bin", 5, 16);
-    write_file(t->root, "c/only.txt", 6, 16);
-    write_file(t->root, ".complete", 7, 16);
+    testfs_write(t->root, "a/keep.bin", 1, 16);
+    testfs_write(t->root, "a/skip.txt", 2, 16);
+    testfs_write(t->root, "b/keep.bin", 3, 16);
+    testfs_write(t->root, "b/.hidden.bin", 4, 16);
+    testfs_write(t->root, ".hidden_dir/h.bin", 5, 16);
+    testfs_write(t->root, "c/only.txt", 6, 16);
+    testfs_write(t->root, ".complete", 7, 16);
 
     /* No '/' in the glob: it matches base names at any depth; c has no match, so it is
      * not a class and b is label 1. */
@@ -251,13 +210,13 @@ static void test_files_pattern(void **state)
 static void test_files_nested_and_root(void **state)
 {
     struct tdir *t = *state;
-    write_file(t->root, "a-b/x.bin", 1, 32);
-    write_file(t->root, "a/deep/er/y.bin", 2, 32);
-    write_file(t->root, "a/z.bin", 3, 32);
-    write_file(t->root, "noise/readme.txt", 4, 32);
-    write_file(t->root, "top.bin", 5, 32);
-    write_file(t->root, "zz/q.bin", 6, 32);
-    make_dirs(t->root, "empty/");
+    testfs_write(t->root, "a-b/x.bin", 1, 32);
+    testfs_write(t->root, "a/deep/er/y.bin", 2, 32);
+    testfs_write(t->root, "a/z.bin", 3, 32);
+    testfs_write(t->root, "noise/readme.txt", 4, 32);
+    testfs_write(t->root, "top.bin", 5, 32);
+    testfs_write(t->root, "zz/q.bin", 6, 32);
+    testfs_make_dirs(t->root, "empty/");
 
     /* Paths sort bytewise ('-' < '/'), so "a-b/..." comes before "a/..."; classes sort
      * by name ("a" < "a-b" < "zz"), so the labels are not in path order. */
@@ -283,7 +242,7 @@ static void test_files_symlinks(void **state)
 {
     struct tdir *t = *state;
     char path[1024];
-    write_file(t->root, "real/f.bin", 1, 8);
+    testfs_write(t->root, "real/f.bin", 1, 8);
     snprintf(path, sizeof path, "%s/real/loop", t->root);
     assert_int_equal(symlink("..", path), 0);           /* a cycle: must not be walked */
     snprintf(path, sizeof path, "%s/real/link.bin", t->root);
@@ -302,10 +261,10 @@ static void test_files_symlinks(void **state)
 static void test_files_ragged(void **state)
 {
     struct tdir *t = *state;
-    write_file(t->root, "c0/a.bin", 1, 10);
-    write_file(t->root, "c0/b.bin", 2, 300);
-    write_file(t->root, "c1/c.bin", 3, 7);
-    write_file(t->root, "c1/d.bin", 4, 0);
+    testfs_write(t->root, "c0/a.bin", 1, 10);
+    testfs_write(t->root, "c0/b.bin", 2, 300);
+    testfs_write(t->root, "c1/c.bin", 3, 7);
+    testfs_write(t->root, "c1/d.bin", 4, 0);
 
     struct config_dataset cfg = files_cfg("r", t->root, "*.bin");
     dataset *d = open_ok(&cfg);
@@ -331,9 +290,9 @@ static void test_files_changed_after_open(void **state)
 {
     struct tdir *t = *state;
     char path[1024], err[LD_ERRMSG_MAX];
-    write_file(t->root, "a/b.bin", 1, 3072);
-    write_file(t->root, "a/c.bin", 2, 3072);
-    write_file(t->root, "a/d.bin", 3, 3072);
+    testfs_write(t->root, "a/b.bin", 1, 3072);
+    testfs_write(t->root, "a/c.bin", 2, 3072);
+    testfs_write(t->root, "a/d.bin", 3, 3072);
 
     struct config_dataset cfg = files_cfg("ch", t->root, "*.bin");
     dataset *d = open_ok(&cfg);
@@ -360,7 +319,7 @@ static void test_files_changed_after_open(void **state)
     assert_string_equal(err, want);
 
     /* Grown: still fine, and only the recorded size is written. */
-    write_file(t->root, "a/d.bin", 3, 4000);
+    testfs_write(t->root, "a/d.bin", 3, 4000);
     check_sample(d, 2, 3, 3072, 0);
 
     free(buf);
@@ -385,7 +344,7 @@ static void test_files_errors(void **state)
     open_fails(&cfg, LD_EDATASET, err);
     snprintf(want, sizeof want, "dataset 'x': no file under '%s' matches '*.bin'", t->root);
     assert_string_equal(err, want);
-    write_file(t->root, "a/readme.txt", 1, 10);
+    testfs_write(t->root, "a/readme.txt", 1, 10);
     open_fails(&cfg, LD_EDATASET, err);
     assert_string_equal(err, want);
 
@@ -396,8 +355,8 @@ static void test_files_errors(void **state)
     assert_non_null(strstr(err, path));
 
     /* Every matching file empty: nothing to serve. */
-    write_file(t->root, "b/e1.bin", 1, 0);
-    write_file(t->root, "b/e2.bin", 1, 0);
+    testfs_write(t->root, "b/e1.bin", 1, 0);
+    testfs_write(t->root, "b/e2.bin", 1, 0);
     cfg = files_cfg("x", t->root, "*.bin");
     open_fails(&cfg, LD_EDATASET, err);
     assert_non_null(strstr(err, "empty"));
@@ -405,7 +364,7 @@ static void test_files_errors(void **state)
     /* An unreadable sub-folder is an error, not a silently smaller dataset (root
      * reads it anyway, so this part only runs as a normal user). */
     if (geteuid() != 0) {
-        write_file(t->root, "c/x.bin", 1, 4);
+        testfs_write(t->root, "c/x.bin", 1, 4);
         snprintf(path, sizeof path, "%s/c", t->root);
         assert_int_equal(chmod(path, 0), 0);
         open_fails(&cfg, LD_EACCES, err);
@@ -627,7 +586,7 @@ static void *reader_main(void *arg)
                 continue;
             }
             for (size_t j = 0; j < CONC_SIZE; j++)
-                if (buf[j] != content_byte((unsigned)i, j)) {
+                if (buf[j] != testfs_byte((unsigned)i, j)) {
                     rd->bad++;
                     break;
                 }
@@ -659,7 +618,7 @@ static void test_concurrent_reads(void **state)
     for (unsigned i = 0; i < CONC_FILES; i++) {
         unsigned sample = (i % 4) * (CONC_FILES / 4) + i / 4;
         snprintf(rel, sizeof rel, "c%u/%03u.bin", i % 4, i);
-        write_file(t->root, rel, sample, CONC_SIZE);
+        testfs_write(t->root, rel, sample, CONC_SIZE);
     }
     snprintf(path, sizeof path, "%s/c0/tok.tokens", t->root);
     write_tokens(path, 1000, LD_DTYPE_UINT16);
