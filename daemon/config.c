@@ -766,6 +766,8 @@ static int load_transform(const struct loader *l, const yaml_node_t *item, const
                 rc = param_bool(l, pv, pw, &t->decode.strict);
             } else if (!strcmp(key, "dct_scaling")) {
                 rc = param_bool(l, pv, pw, &t->decode.dct_scaling);
+            } else if (!strcmp(key, "fast")) {
+                rc = param_bool(l, pv, pw, &t->decode.fast);
             } else {
                 known = false;
             }

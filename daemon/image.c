@@ -331,7 +331,7 @@ static int decode_jpeg(const uint8_t *data, size_t len, const struct image_decod
     }
     int pf = cmyk ? TJPF_CMYK : TJPF_RGB;
     int rc = tjDecompress2(b->tj, data, (unsigned long)len, out, sw, sw * tjPixelSize[pf], sh, pf,
-                           TJFLAG_LIMITSCANS);
+                           TJFLAG_LIMITSCANS | (opts && opts->fast ? TJFLAG_FASTDCT | TJFLAG_FASTUPSAMPLE : 0));
     if (rc < 0) {
         const char *msg = tjGetErrorStr2(b->tj);
         bool fatal = tjGetErrorCode(b->tj) == TJERR_FATAL;

@@ -69,6 +69,9 @@ struct image_decode_opts {
     /* libjpeg's warnings about corrupt data (which PIL ignores too) are accepted unless
      * strict. A truncated JPEG is always an error. */
     bool strict;
+    /* The fast integer DCT and plain upsampling: about 15% quicker, slightly different
+     * pixels from PIL's (which uses the accurate ones). */
+    bool fast;
 };
 
 /* What the header says, without decoding. */

@@ -306,6 +306,7 @@ static int check_step(transform_pipeline *p, size_t i, bool *fixed, int *out_h, 
         p->decode.max_pixels = sp->decode.max_pixels ? sp->decode.max_pixels
                                                      : IMAGE_DEFAULT_MAX_PIXELS;
         p->decode.strict = sp->decode.strict;
+        p->decode.fast = sp->decode.fast;
         p->dct_scaling = sp->decode.dct_scaling;
         break;
     case TRANSFORM_RESIZE:
@@ -670,26 +671,36 @@ struct emitter {
 /* Writes one output row: pixel x comes from pixel x of `row`, or w - 1 - x when
  * flipping; values through the dtype's table (uint8 as is); HWC or one row of each
  * CHW plane. */
-#define EMIT_LOOP(T, value)                                                             \
+/* The flip test is hoisted out of the pixel loop and the planes are restrict, so the
+ * compiler can vectorise each variant (this loop is a tenth of a sample's time). */
+#define EMIT_PIXELS(T, value, src_x)                                                    \
     do {                                                                                \
-        T *d = (T *)(void *)e->dst;                                                     \
         if (chw) {                                                                      \
-            T *r = d + (size_t)y * w, *g = r + plane, *b = g + plane;                   \
+            T *restrict r = d + (size_t)y * w, *restrict g = r + plane, *restrict b = g + plane; \
             for (int x = 0; x < w; x++) {                                               \
-                const uint8_t *s = row + (size_t)(e->flip ? w - 1 - x : x) * 3;         \
+                const uint8_t *s = src + (size_t)(src_x) * 3;                           \
                 r[x] = value(0, s[0]);                                                  \
                 g[x] = value(1, s[1]);                                                  \
                 b[x] = value(2, s[2]);                                                  \
             }                                                                           \
         } else {                                                                        \
-            d += (size_t)y * w * 3;                                                     \
-            for (int x = 0; x < w; x++, d += 3) {                                       \
-                const uint8_t *s = row + (size_t)(e->flip ? w - 1 - x : x) * 3;         \
-                d[0] = value(0, s[0]);                                                  \
-                d[1] = value(1, s[1]);                                                  \
-                d[2] = value(2, s[2]);                                                  \
+            T *restrict o = d + (size_t)y * w * 3;                                      \
+            for (int x = 0; x < w; x++) {                                               \
+                const uint8_t *s = src + (size_t)(src_x) * 3;                           \
+                o[3 * x] = value(0, s[0]);                                              \
+                o[3 * x + 1] = value(1, s[1]);                                          \
+                o[3 * x + 2] = value(2, s[2]);                                          \
             }                                                                           \
         }                                                                               \
+    } while (0)
+#define EMIT_LOOP(T, value)                                                             \
+    do {                                                                                \
+        T *d = (T *)(void *)e->dst;                                                     \
+        const uint8_t *restrict src = row;                                              \
+        if (e->flip)                                                                    \
+            EMIT_PIXELS(T, value, w - 1 - x);                                           \
+        else                                                                            \
+            EMIT_PIXELS(T, value, x);                                                   \
     } while (0)
 #define VALUE_U8(c, v) (v)
 #define VALUE_F32(c, v) (p->lut32[c][v])

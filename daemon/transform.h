@@ -7,7 +7,8 @@
  * every sample, concurrently, each with its own struct image_buf.
  *
  * The transforms (parameters and defaults; torchvision's names and semantics):
- *   decode               optional, first: max_pixels (IMAGE_DEFAULT_MAX_PIXELS), strict
+ *   decode               optional, first: max_pixels (IMAGE_DEFAULT_MAX_PIXELS), fast
+ *                        (false: the accurate integer DCT and fancy upsampling, as PIL), strict
  *                        (false: libjpeg's corrupt-data warnings are tolerated, a
  *                        truncated file never is), dct_scaling (true).
  *   resize               size: the shorter side becomes `size`, the longer
@@ -76,6 +77,7 @@ struct transform_spec {
             uint64_t max_pixels;        /* 0: IMAGE_DEFAULT_MAX_PIXELS */
             bool strict;
             bool dct_scaling;
+            bool fast;                  /* libjpeg's fast DCT and upsampling: quicker, not PIL's bytes */
         } decode;
         struct {
             int size;                   /* > 0: shorter side; 0: height x width */
