@@ -4,7 +4,8 @@
 #   make test            unit + integration tests under ASan+UBSan (build/asan), the
 #                        concurrent parts under TSan (build/tsan), then the Python tests
 #   make demo            generate a small dataset, start loaderd, read two epochs, stop
-#   make bench           loaderd vs PyTorch DataLoader, then the dataset cache, then images
+#   make bench           loaderd vs PyTorch DataLoader, then the dataset cache, images and
+#                        the Python client in a training loop
 #                        (see bench/README.md)
 #   SANITIZE=address,undefined   build with sanitizers (any -fsanitize= list)
 #   CUDA=auto|0|1        device-stage backend (auto: on when nvcc's cudart is found)
@@ -163,7 +164,7 @@ bench:
 	@scripts/deps.sh bench
 	$(MAKE) --no-print-directory all
 	/usr/bin/python3 bench/bench.py; s=$$?; /usr/bin/python3 bench/bench_cache.py || s=1; \
-	  /usr/bin/python3 bench/bench_images.py || s=1; exit $$s
+	  /usr/bin/python3 bench/bench_images.py || s=1; /usr/bin/python3 bench/bench_python.py --spawn || s=1; exit $$s
 
 clean:
 	rm -rf build
