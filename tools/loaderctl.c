@@ -105,13 +105,11 @@ static lc_client *ctl_connect(const struct ctl_opts *o)
     return c;
 }
 
-/* Sends {"op": op} and returns the parsed reply (ok:true), or NULL after printing why. */
-static cJSON *ctl_request(lc_client *c, const char *op)
+/* Sends a request (JSON text) and returns the parsed reply (ok:true), or NULL after
+ * printing why, naming it `what`. */
+static cJSON *ctl_request_text(lc_client *c, const char *req, const char *what)
 {
-    char req[64], what[64];
     char *text = NULL;
-    snprintf(req, sizeof req, "{\"op\":\"%s\"}", op);
-    snprintf(what, sizeof what, "%s", op);
     int r = lc_request_json(c, req, &text);
     if (r < 0) {
         ctl_fail(what, lc_client_error(c));
@@ -125,6 +123,14 @@ static cJSON *ctl_request(lc_client *c, const char *op)
         return NULL;
     }
     return reply;
+}
+
+/* Sends {"op": op}. */
+static cJSON *ctl_request(lc_client *c, const char *op)
+{
+    char req[64];
+    snprintf(req, sizeof req, "{\"op\":\"%s\"}", op);
+    return ctl_request_text(c, req, op);
 }
 
 /* Prints a reply as pretty JSON without the envelope (id, ok). */
@@ -647,22 +653,15 @@ static cJSON *ctl_cache_request(lc_client *c, const char *op, const char *datase
     cJSON_AddStringToObject(req, "dataset", dataset);
     if (force)
         cJSON_AddBoolToObject(req, "force", true);
-    char *text = cJSON_PrintUnformatted(req), *reply_text = NULL, what[96];
+    char *text = cJSON_PrintUnformatted(req), what[96];
     cJSON_Delete(req);
     snprintf(what, sizeof what, "%s %s", op, dataset);
-    int r = text ? lc_request_json(c, text, &reply_text) : LC_ENOMEM;
+    if (!text) {
+        ctl_fail(what, "out of memory");
+        return NULL;
+    }
+    cJSON *reply = ctl_request_text(c, text, what);
     cJSON_free(text);
-    if (r < 0) {
-        ctl_fail(what, r == LC_ENOMEM ? "out of memory" : lc_client_error(c));
-        return NULL;
-    }
-    cJSON *reply = cJSON_Parse(reply_text);
-    lc_free(reply_text);
-    if (!cJSON_IsObject(reply)) {
-        cJSON_Delete(reply);
-        ctl_fail(what, "the reply is not a JSON object");
-        return NULL;
-    }
     return reply;
 }
 
