@@ -348,6 +348,23 @@ static int ctl_datasets(lc_client *c, const struct ctl_opts *o)
     }
     if (ret == 0)
         ctl_table_print(&t);
+    /* Class names under the table: the label of a class is its position. */
+    cJSON_ArrayForEach(d, cJSON_GetObjectItemCaseSensitive(r, "datasets")) {
+        const cJSON *classes = cJSON_GetObjectItemCaseSensitive(d, "classes"), *cl;
+        int n = cJSON_GetArraySize(classes), k = 0;
+        if (n <= 0)
+            continue;
+        printf("\n%s: %d classes (label: name):", ctl_str(d, "name", "?"), n);
+        cJSON_ArrayForEach(cl, classes) {
+            if (k == 20) {
+                printf(" ... (loaderctl --json datasets lists all)");
+                break;
+            }
+            printf("%s %d: %s", k ? "," : "", k, cJSON_GetStringValue(cl) ? cJSON_GetStringValue(cl) : "?");
+            k++;
+        }
+        printf("\n");
+    }
     ctl_table_free(&t);
     cJSON_Delete(r);
     return ret == 0 ? 0 : ctl_fail("datasets", "out of memory");
