@@ -25,6 +25,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <turbojpeg.h>
+/* jpeglib.h needs FILE and size_t first. */
+#include <jpeglib.h>
+#include <jerror.h>
 
 #include "ld_error.h"
 #include "proto.h"
@@ -33,6 +36,8 @@
 
 /* TurboJPEG takes lengths as unsigned long. */
 _Static_assert(sizeof(size_t) <= sizeof(unsigned long), "size_t fits unsigned long");
+
+static void jpeg_region_dec_free(void *p);
 
 void image_buf_init(struct image_buf *b)
 {
@@ -48,6 +53,7 @@ void image_buf_close(struct image_buf *b)
         free(b->aux[i].p);
     if (b->tj)
         tjDestroy(b->tj);
+    jpeg_region_dec_free(b->jd);
     memset(b, 0, sizeof *b);
 }
 
@@ -294,6 +300,228 @@ static void cmyk_to_rgb(const uint8_t *src, uint8_t *dst, size_t pixels, bool in
     }
 }
 
+/* ---- JPEG regions ------------------------------------------------------------------ *
+ *
+ * When the pipeline needs only a rectangle of the image (a random_resized_crop draws
+ * one on the header's size before decoding), libjpeg proper decodes just that: the rows
+ * above it are skipped (jpeg_skip_scanlines: entropy-decoded, not transformed), its
+ * columns rounded out to iMCU boundaries (jpeg_crop_scanline), and decoding stops after
+ * its last row. The rectangle is widened by one decoded pixel on every side first: fancy
+ * upsampling replicates the edge column or row of a cropped or skipped window where the
+ * full decode would use its neighbour, so only the window's outermost pixels may differ
+ * from the full decode, and with the margin they never lie in the region itself.
+ *
+ * The whole image goes through TurboJPEG as before when a region would not be cheaper
+ * or would change what is reported: progressive and multi-scan files (their decoder
+ * reads every scan of the whole image anyway), `strict` decodes (a corrupt-data warning
+ * below the region must still fail the sample), data that does not end with an EOI
+ * marker (it is truncated: the full decode names that), and regions that cover
+ * everything. In lenient mode a fatal error in the data after the region's last row
+ * goes unseen: that sample decodes, with exactly the pixels it would have otherwise. */
+
+struct jpeg_region_dec {
+    struct jpeg_decompress_struct cinfo;    /* first: error handlers cast back from it */
+    struct jpeg_error_mgr err;
+    jmp_buf jmp;
+    bool created;
+    bool warned, eof;                       /* any warning; a "Premature end" one */
+    char msg[JMSG_LENGTH_MAX];              /* the error, else the first warning */
+};
+
+static void jr_error_exit(j_common_ptr c)
+{
+    struct jpeg_region_dec *jd = (struct jpeg_region_dec *)(void *)c;
+    (*c->err->format_message)(c, jd->msg);
+    longjmp(jd->jmp, 1);
+}
+
+/* libjpeg's default prints warnings to stderr; a worker only records them. */
+static void jr_emit_message(j_common_ptr c, int level)
+{
+    struct jpeg_region_dec *jd = (struct jpeg_region_dec *)(void *)c;
+    if (level >= 0)
+        return;
+    if (c->err->msg_code == JWRN_JPEG_EOF)
+        jd->eof = true;
+    if (!jd->warned)
+        (*c->err->format_message)(c, jd->msg);
+    jd->warned = true;
+    c->err->num_warnings++;
+}
+
+static void jr_output_message(j_common_ptr c)
+{
+    (void)c;
+}
+
+static void jpeg_region_dec_free(void *p)
+{
+    struct jpeg_region_dec *jd = p;
+    if (!jd)
+        return;
+    if (jd->created)
+        jpeg_destroy_decompress(&jd->cinfo);
+    free(jd);
+}
+
+/* jpeg_create_decompress reports running out of memory through error_exit. */
+static int jr_create(struct jpeg_region_dec *jd)
+{
+    jd->cinfo.err = jpeg_std_error(&jd->err);
+    jd->err.error_exit = jr_error_exit;
+    jd->err.emit_message = jr_emit_message;
+    jd->err.output_message = jr_output_message;
+    if (setjmp(jd->jmp))
+        return -1;
+    jpeg_create_decompress(&jd->cinfo);
+    jd->created = true;
+    return 0;
+}
+
+static int jpeg_region_dec_get(struct image_buf *b, struct jpeg_region_dec **ret_jd, char *errbuf)
+{
+    struct jpeg_region_dec *jd = b->jd;
+    if (!jd) {
+        jd = calloc(1, sizeof *jd);
+        if (!jd) {
+            ld_errorf(errbuf, "cannot create a JPEG decoder: out of memory");
+            return LD_ENOMEM;
+        }
+        b->jd = jd;
+    }
+    if (!jd->created && jr_create(jd) < 0) {
+        ld_errorf(errbuf, "cannot create a JPEG decoder: %s", jd->msg);
+        return LD_ENOMEM;
+    }
+    jd->warned = jd->eof = false;
+    jd->msg[0] = '\0';
+    jd->err.num_warnings = 0;
+    *ret_jd = jd;
+    return 0;
+}
+
+/* Everything region_run touches after setjmp lives here, behind a pointer. */
+struct region_job {
+    struct jpeg_region_dec *jd;
+    const uint8_t *data;
+    size_t len;
+    int w, h, num, denom;                   /* header size, decode scale */
+    bool fast, adobe;
+    int x0, y0, x1, y1;                     /* wanted, decoded coordinates, margins included */
+    struct image_buf *b;
+    int result;                             /* set before a non-libjpeg failure */
+    char *errbuf;
+};
+
+/* Returns 0, or -1 after a libjpeg error (jd->msg) or a failure of ours (j->result). */
+static int region_run(struct region_job *j)
+{
+    struct jpeg_decompress_struct *ci = &j->jd->cinfo;
+    struct image_buf *b = j->b;
+    if (setjmp(j->jd->jmp))
+        return -1;
+    jpeg_mem_src(ci, j->data, (unsigned long)j->len);
+    jpeg_read_header(ci, TRUE);
+    bool cmyk = ci->jpeg_color_space == JCS_CMYK || ci->jpeg_color_space == JCS_YCCK;
+    /* What TurboJPEG sets for TJPF_RGB / TJPF_CMYK and its flags, so that the pixels
+     * are the full decode's. */
+    ci->out_color_space = cmyk ? JCS_CMYK : JCS_EXT_RGB;
+    ci->scale_num = (unsigned)j->num;
+    ci->scale_denom = (unsigned)j->denom;
+    ci->dct_method = j->fast ? JDCT_IFAST : JDCT_ISLOW;
+    ci->do_fancy_upsampling = j->fast ? FALSE : TRUE;
+    jpeg_start_decompress(ci);
+    if ((int)ci->image_width != j->w || (int)ci->image_height != j->h ||
+        (int)ci->output_width != scaled(j->w, j->num, j->denom) ||
+        (int)ci->output_height != scaled(j->h, j->num, j->denom) ||
+        ci->output_components != (cmyk ? 4 : 3)) {
+        ld_errorf(j->errbuf, "corrupt JPEG: the decoder's %ux%u output differs from the header's "
+                  "%dx%d at scale %d/%d", (unsigned)ci->output_width, (unsigned)ci->output_height,
+                  j->w, j->h, j->num, j->denom);
+        j->result = LD_ESAMPLE;
+        return -1;
+    }
+    JDIMENSION xoff = (JDIMENSION)j->x0, cw = (JDIMENSION)(j->x1 - j->x0);
+    if (cw < ci->output_width)
+        jpeg_crop_scanline(ci, &xoff, &cw);     /* rounds out to iMCU columns */
+    int rows = j->y1 - j->y0;
+    size_t pixels = (size_t)cw * (size_t)rows;
+    if (mem_reserve(&b->data, &b->cap, pixels * 3) < 0) {
+        ld_errorf(j->errbuf, "out of memory for a %ux%d image region", (unsigned)cw, rows);
+        j->result = LD_ENOMEM;
+        return -1;
+    }
+    uint8_t *out = b->data;
+    if (cmyk && image_buf_reserve(b, IMAGE_AUX_DECODE, pixels * 4, &out) < 0) {
+        ld_errorf(j->errbuf, "out of memory for a %ux%d CMYK image region", (unsigned)cw, rows);
+        j->result = LD_ENOMEM;
+        return -1;
+    }
+    if (j->y0 > 0 && jpeg_skip_scanlines(ci, (JDIMENSION)j->y0) != (JDIMENSION)j->y0) {
+        ld_errorf(j->errbuf, "corrupt JPEG: cannot skip to row %d", j->y0);
+        j->result = LD_ESAMPLE;
+        return -1;
+    }
+    size_t stride = (size_t)cw * (cmyk ? 4 : 3);
+    while ((int)ci->output_scanline < j->y1) {
+        JSAMPROW row = out + (size_t)((int)ci->output_scanline - j->y0) * stride;
+        if (jpeg_read_scanlines(ci, &row, 1) != 1) {
+            ld_errorf(j->errbuf, "corrupt JPEG: no data for row %u", (unsigned)ci->output_scanline);
+            j->result = LD_ESAMPLE;
+            return -1;
+        }
+    }
+    if (cmyk)
+        cmyk_to_rgb(out, b->data, pixels, j->adobe);
+    b->width = (int)cw;
+    b->height = rows;
+    b->org_x = (int)xoff;
+    b->org_y = j->y0;
+    return 0;
+}
+
+/* Decodes the region of opts (full-size coordinates) at num/denom. Returns 1 when the
+ * whole image should be decoded instead (see above), else 0 or a negative LD_*. */
+static int decode_jpeg_region(const uint8_t *data, size_t len, const struct image_decode_opts *opts,
+                              int w, int h, int num, int denom, bool adobe, struct image_buf *b,
+                              char *errbuf)
+{
+    int sw = scaled(w, num, denom), sh = scaled(h, num, denom);
+    int64_t rx0 = opts->region_x, ry0 = opts->region_y;
+    int64_t rx1 = rx0 + opts->region_w, ry1 = ry0 + opts->region_h;
+    /* Decoded pixel i covers full-size [i * denom / num, (i + 1) * denom / num): the
+     * decoded pixels that touch the region, one more on each side. */
+    int64_t x0 = rx0 * num / denom - 1, y0 = ry0 * num / denom - 1;
+    int64_t x1 = (rx1 * num + denom - 1) / denom + 1, y1 = (ry1 * num + denom - 1) / denom + 1;
+    x0 = x0 < 0 ? 0 : x0;
+    y0 = y0 < 0 ? 0 : y0;
+    x1 = x1 > sw ? sw : x1;
+    y1 = y1 > sh ? sh : y1;
+    if (x0 >= x1 || y0 >= y1 || (x0 == 0 && y0 == 0 && x1 == sw && y1 == sh))
+        return 1;
+    struct jpeg_region_dec *jd;
+    int r = jpeg_region_dec_get(b, &jd, errbuf);
+    if (r < 0)
+        return r;
+    struct region_job j = {.jd = jd, .data = data, .len = len, .w = w, .h = h, .num = num,
+                           .denom = denom, .fast = opts->fast, .adobe = adobe, .x0 = (int)x0,
+                           .y0 = (int)y0, .x1 = (int)x1, .y1 = (int)y1, .b = b, .errbuf = errbuf};
+    if (region_run(&j) < 0) {
+        r = j.result;
+        if (r == 0) {
+            ld_errorf(errbuf, "corrupt JPEG: %s", jd->msg);
+            r = LD_ESAMPLE;
+        }
+    } else if (jd->eof) {
+        /* Cannot happen with an EOI at the end of the data, which the caller checked. */
+        ld_errorf(errbuf, "truncated JPEG: %s", jd->msg);
+        r = LD_ESAMPLE;
+    }
+    /* Stops after the region's last row (and after an error): the object is reusable. */
+    jpeg_abort_decompress(&jd->cinfo);
+    return r;
+}
+
 static int decode_jpeg(const uint8_t *data, size_t len, const struct image_decode_opts *opts,
                        struct image_buf *b, char *errbuf)
 {
@@ -313,6 +541,20 @@ static int decode_jpeg(const uint8_t *data, size_t len, const struct image_decod
     r = image_jpeg_scale(w, h, opts, &num, &denom, errbuf);
     if (r < 0)
         return r;
+    if (opts && opts->region_w > 0 && opts->region_h > 0 && !mk.progressive && !opts->strict &&
+        jpeg_has_eoi(data, len)) {
+        r = decode_jpeg_region(data, len, opts, w, h, num, denom, mk.adobe, b, errbuf);
+        if (r <= 0) {
+            if (r == 0) {
+                b->src_width = w;
+                b->src_height = h;
+                b->scale_num = num;
+                b->scale_denom = denom;
+                b->format = IMAGE_FORMAT_JPEG;
+            }
+            return r;
+        }
+    }
     int sw = scaled(w, num, denom), sh = scaled(h, num, denom);
     size_t pixels = (size_t)sw * (size_t)sh;
     r = mem_reserve(&b->data, &b->cap, pixels * 3);
@@ -352,6 +594,7 @@ static int decode_jpeg(const uint8_t *data, size_t len, const struct image_decod
         cmyk_to_rgb(out, b->data, pixels, mk.adobe);
     b->width = sw;
     b->height = sh;
+    b->org_x = b->org_y = 0;
     b->src_width = w;
     b->src_height = h;
     b->scale_num = num;
@@ -484,6 +727,7 @@ static int decode_png(const uint8_t *data, size_t len, const struct image_decode
     }
     b->width = (int)j.width;
     b->height = (int)j.height;
+    b->org_x = b->org_y = 0;
     b->src_width = b->width;
     b->src_height = b->height;
     b->scale_num = b->scale_denom = 1;

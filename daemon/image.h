@@ -3,7 +3,9 @@
  * The format is told by the first bytes, never by a file name. JPEG goes through
  * libjpeg-turbo's TurboJPEG API and may be decoded at a reduced DCT scale (1/2, 1/4,
  * 1/8) when the caller says it needs fewer pixels; grayscale and CMYK/YCCK JPEGs come
- * out as RGB. PNG goes through libpng; palette, gray, alpha and 16-bit images come out
+ * out as RGB. When the caller needs only a rectangle, a baseline JPEG goes through
+ * libjpeg's own API instead and only the rows and iMCU columns around it are decoded,
+ * with the full decode's pixels in the rectangle. PNG goes through libpng; palette, gray, alpha and 16-bit images come out
  * as 8-bit RGB (alpha is dropped, 16-bit samples keep their high byte: what PIL's
  * convert("RGB") gives, so results match torchvision's ImageFolder loader).
  *
@@ -54,8 +56,13 @@ struct image_buf {
     int src_width, src_height;
     int scale_num, scale_denom;
     enum image_format format;
+    /* Where the buffer's pixel (0, 0) lies in the whole image decoded at that scale:
+     * 0, 0 unless opts->region_w/region_h asked for part of it (then width x height
+     * covers at least that region, at the decoded scale). */
+    int org_x, org_y;
     size_t cap;                        /* bytes allocated at data */
     void *tj;                          /* TurboJPEG decompressor, made on first use */
+    void *jd;                          /* libjpeg decompressor for regions, made on first use */
     struct image_mem aux[IMAGE_AUX_COUNT];
 };
 
@@ -72,6 +79,11 @@ struct image_decode_opts {
     /* The fast integer DCT and plain upsampling: about 15% quicker, slightly different
      * pixels from PIL's (which uses the accurate ones). */
     bool fast;
+    /* When region_w and region_h are > 0, only this rectangle of the image is needed
+     * (full-size header coordinates). A baseline JPEG is then decoded from the rows and
+     * iMCU columns around it only (see image.c for when the whole image is decoded
+     * anyway); the scale is chosen as without a region. */
+    int region_x, region_y, region_w, region_h;
 };
 
 /* What the header says, without decoding. */

@@ -893,12 +893,22 @@ static int run_plugin(const transform_pipeline *p, const struct stage *st, struc
 }
 
 /* The smallest decode the plan allows: at least one decoded pixel per output pixel of
- * the first resample; full size when anything else reads the decoded image first. */
+ * the first resample; full size when anything else reads the decoded image first. The
+ * region is the rectangle the first stage (or the final write) reads: the decoder may
+ * leave out what lies around it. */
 static void plan_decode_hint(const transform_pipeline *p, const struct plan *pl, int w0, int h0,
                              struct image_decode_opts *o)
 {
     *o = p->decode;
     o->min_width = o->min_height = 0;
+    const struct transform_rect *X = pl->n > 0 ? &pl->st[0].in : &pl->final;
+    o->region_x = o->region_y = o->region_w = o->region_h = 0;
+    if (X->width < w0 || X->height < h0) {
+        o->region_x = X->x;
+        o->region_y = X->y;
+        o->region_w = X->width;
+        o->region_h = X->height;
+    }
     if (!p->dct_scaling || pl->n == 0 || pl->st[0].kind != STAGE_RESAMPLE)
         return;
     const struct stage *st = &pl->st[0];
@@ -944,8 +954,14 @@ int transform_apply(const transform_pipeline *p, const uint8_t *data, size_t len
     double f = (double)scratch->scale_num / scratch->scale_denom;
     if (f != 1.0 && full_size)
         return internal_error(errbuf, "reduced decode for a full-size plan");
+    /* A region decode's buffer starts at (org_x, org_y) of the decoded image: in plan
+     * coordinates that is org * denom / num, whole since num is 1. */
+    if (scratch->scale_num != 1 && (scratch->org_x || scratch->org_y))
+        return internal_error(errbuf, "region decode at a scale other than 1/n");
     struct cur_image cur = {.buf = scratch->data, .stride = (size_t)scratch->width * 3,
-                            .buf_w = scratch->width, .buf_h = scratch->height, .scale = f,
+                            .buf_w = scratch->width, .buf_h = scratch->height,
+                            .org_x = scratch->org_x * scratch->scale_denom,
+                            .org_y = scratch->org_y * scratch->scale_denom, .scale = f,
                             .slot = -1};
     struct emitter em = {.p = p, .dst = dst, .w = pl.final.width, .h = pl.final.height,
                          .flip = pl.flip};

@@ -39,7 +39,9 @@
  * 1/8) that still leaves at least one decoded pixel per output pixel in the region it
  * resizes (scale >= max(out_w / region_w, out_h / region_h)); the region is then mapped
  * onto the smaller image with fractional coordinates. A crop, pad or plug-in that
- * comes first needs the full-size image.
+ * comes first needs the full-size image's scale. Whatever comes first, only the
+ * rectangle it reads is asked of the decoder (image_decode_opts.region_*): a baseline
+ * JPEG then decodes just those rows and iMCU columns, with the same pixels there.
  *
  * Randomness: transform i (0-based, a leading decode not counted) of sample `index`
  * draws from ld_prng_for(seed, epoch, index, i): bit-identical results whatever the

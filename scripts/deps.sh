@@ -19,10 +19,11 @@ if command -v pkg-config >/dev/null 2>&1; then
   need_pc libsystemd libsystemd-dev
   need_pc libxxhash libxxhash-dev
   need_pc libturbojpeg libturbojpeg0-dev
+  need_pc libjpeg libjpeg62-turbo-dev
   need_pc libpng libpng-dev
   if [ "$what" != build ]; then need_pc cmocka libcmocka-dev; fi
 else
-  pkgs+=(libuv1-dev libcjson-dev libyaml-dev libsystemd-dev libxxhash-dev libturbojpeg0-dev libpng-dev libcmocka-dev)
+  pkgs+=(libuv1-dev libcjson-dev libyaml-dev libsystemd-dev libxxhash-dev libturbojpeg0-dev libjpeg62-turbo-dev libpng-dev libcmocka-dev)
 fi
 if [ "$what" = bench ] || [ "$what" = test ]; then
   /usr/bin/python3 -c 'import numpy' 2>/dev/null || pkgs+=(python3-numpy)

@@ -317,7 +317,8 @@ int main(int argc, char **argv)
         chosen[n] = walk_list.paths[n * walk_list.n / want];
         int r = read_file(chosen[n], &samples[n]);
         if (r < 0) {
-            fprintf(stderr, "ld-imgfloor: cannot read %s: %s\n", chosen[n], ld_strerror(r));
+            fprintf(stderr, "ld-imgfloor: cannot read %s: %s\n", chosen[n],
+                    r == LD_EINVAL ? "empty, or larger than 64 MiB" : ld_strerror(r));
             goto out;
         }
         bytes += samples[n].len;

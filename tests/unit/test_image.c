@@ -544,6 +544,130 @@ static void test_pixel_limit(void **state)
     free(px);
 }
 
+/* Decodes `b` whole and with `region` (full-size coordinates) under `o`, and checks that
+ * the region decode covers the region (plus its one-pixel margin, clipped) at the same
+ * scale, with the full decode's pixels in the region, differing by at most `tol`. Returns
+ * whether the region decode was smaller than the image (the cropped path ran). */
+static bool region_matches(const struct blob *b, struct image_decode_opts o, int rx, int ry,
+                           int rw, int rh, int tol)
+{
+    struct image_buf full, part;
+    image_buf_init(&full);
+    image_buf_init(&part);
+    decode_ok(b, &o, &full);
+    assert_int_equal(full.org_x, 0);
+    assert_int_equal(full.org_y, 0);
+    o.region_x = rx;
+    o.region_y = ry;
+    o.region_w = rw;
+    o.region_h = rh;
+    decode_ok(b, &o, &part);
+    assert_int_equal(part.scale_denom, full.scale_denom);
+    assert_int_equal(part.src_width, full.src_width);
+    assert_int_equal(part.src_height, full.src_height);
+    int d = full.scale_denom;
+    /* The decoded pixels the region touches, one more on each side, within the image. */
+    int x0 = rx / d - 1, y0 = ry / d - 1;
+    int x1 = (rx + rw + d - 1) / d + 1, y1 = (ry + rh + d - 1) / d + 1;
+    x0 = x0 < 0 ? 0 : x0;
+    y0 = y0 < 0 ? 0 : y0;
+    x1 = x1 > full.width ? full.width : x1;
+    y1 = y1 > full.height ? full.height : y1;
+    if (part.org_x > x0 || part.org_y > y0 || part.org_x + part.width < x1 ||
+        part.org_y + part.height < y1 || part.org_x + part.width > full.width ||
+        part.org_y + part.height > full.height)
+        fail_msg("region buffer (%d,%d %dx%d) does not cover (%d,%d)-(%d,%d) in %dx%d",
+                 part.org_x, part.org_y, part.width, part.height, x0, y0, x1, y1, full.width,
+                 full.height);
+    /* The pixels must match in the region itself; the margin is libjpeg's window edge,
+     * where fancy upsampling replicates instead of interpolating. */
+    int mx = 0;
+    for (int y = ry / d; y < (ry + rh + d - 1) / d; y++)
+        for (int x = rx / d; x < (rx + rw + d - 1) / d; x++)
+            for (int c = 0; c < 3; c++) {
+                int a = full.data[((size_t)y * full.width + x) * 3 + c];
+                int e = part.data[((size_t)(y - part.org_y) * part.width + x - part.org_x) * 3 + c];
+                if (abs(a - e) > mx && getenv("REGION_DEBUG"))
+                    fprintf(stderr, "diff %d at %d,%d (buf org %d,%d %dx%d)\n", abs(a - e), x, y,
+                            part.org_x, part.org_y, part.width, part.height);
+                mx = abs(a - e) > mx ? abs(a - e) : mx;
+            }
+    if (mx > tol)
+        fail_msg("region (%d,%d %dx%d) at 1/%d differs from the full decode by %d", rx, ry, rw,
+                 rh, d, mx);
+    bool cropped = part.width < full.width || part.height < full.height;
+    image_buf_close(&full);
+    image_buf_close(&part);
+    return cropped;
+}
+
+/* The cropped decode (rows skipped, columns cropped to iMCUs, stopped after the last
+ * row) gives the full decode's pixels in the region: every subsampling, gray and CMYK,
+ * both DCT modes, reduced scales, regions on the image's edges. Progressive files and
+ * strict decodes take the full decode; truncation is still reported. */
+static void test_jpeg_region(void **state)
+{
+    (void)state;
+    int w = 203, h = 157;                   /* not multiples of an iMCU */
+    uint8_t *px = picture_rgb(w, h);
+    uint8_t *cmyk = malloc((size_t)w * h * 4);
+    for (int i = 0; i < w * h; i++) {
+        memcpy(cmyk + 4 * i, px + 3 * i, 3);
+        cmyk[4 * i + 3] = (uint8_t)(200 + i % 50);
+    }
+    struct { const uint8_t *px; int pf, samp; } kinds[] = {
+        {px, TJPF_RGB, TJSAMP_420}, {px, TJPF_RGB, TJSAMP_422}, {px, TJPF_RGB, TJSAMP_444},
+        {px, TJPF_RGB, TJSAMP_440}, {px, TJPF_RGB, TJSAMP_411}, {px, TJPF_RGB, TJSAMP_GRAY},
+        {cmyk, TJPF_CMYK, TJSAMP_420},
+    };
+    /* interior; top-left corner; bottom-right corner; full width; one pixel */
+    static const int regions[][4] = {
+        {37, 41, 90, 70}, {0, 0, 50, 33}, {150, 120, 53, 37}, {0, 60, 203, 20}, {101, 77, 1, 1},
+    };
+    for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++) {
+        struct blob b = jpeg_encode(kinds[k].px, w, h, kinds[k].pf, kinds[k].samp, 90, 0);
+        for (int fast = 0; fast < 2; fast++)
+            for (int sc = 0; sc < 3; sc++) {
+                /* min size for 1/1, 1/2, 1/4 */
+                struct image_decode_opts o = {.fast = fast, .min_width = sc ? w / (1 << sc) : 0,
+                                              .min_height = sc ? h / (1 << sc) : 0};
+                for (size_t r = 0; r < sizeof regions / sizeof regions[0]; r++) {
+                    bool cropped = region_matches(&b, o, regions[r][0], regions[r][1],
+                                                  regions[r][2], regions[r][3], 0);
+                    /* A region well inside the image needs fewer rows. */
+                    if (r == 0 || r == 2 || r == 4)
+                        assert_true(cropped);
+                }
+            }
+        blob_free(&b);
+    }
+
+    /* Progressive: decoded whole, the region is in it. Strict: the same. */
+    struct blob b = jpeg_encode(px, w, h, TJPF_RGB, TJSAMP_420, 90, TJFLAG_PROGRESSIVE);
+    assert_false(region_matches(&b, (struct image_decode_opts){0}, 37, 41, 90, 70, 0));
+    blob_free(&b);
+    b = jpeg_encode(px, w, h, TJPF_RGB, TJSAMP_420, 90, 0);
+    assert_false(region_matches(&b, (struct image_decode_opts){.strict = true}, 37, 41, 90, 70, 0));
+    /* A region covering everything is a full decode. */
+    assert_false(region_matches(&b, (struct image_decode_opts){0}, 0, 0, w, h, 0));
+
+    /* Truncated data fails whatever the region, even one above the cut. */
+    struct image_decode_opts o = {.region_x = 10, .region_y = 0, .region_w = 20, .region_h = 8};
+    decode_fails(b.data, b.len - 40, &o, "truncated JPEG: Premature end of JPEG file");
+    /* The buffer is reused from one region to the next. */
+    struct image_buf buf;
+    image_buf_init(&buf);
+    decode_ok(&b, &o, &buf);
+    assert_true(buf.height < h && buf.width < w);
+    o.region_y = 100;
+    decode_ok(&b, &o, &buf);
+    assert_true(buf.org_y > 0);
+    image_buf_close(&buf);
+    blob_free(&b);
+    free(cmyk);
+    free(px);
+}
+
 static void test_buf_reserve(void **state)
 {
     (void)state;
@@ -574,6 +698,7 @@ int main(void)
         cmocka_unit_test(test_jpeg_scale_choice),
         cmocka_unit_test(test_pixel_limit),
         cmocka_unit_test(test_buf_reserve),
+        cmocka_unit_test(test_jpeg_region),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1311,6 +1311,61 @@ static void test_plugin_errors(void **state)
 
 /* ---- the benchmark's floor -------------------------------------------------------------------- */
 
+/* The cropped decode (image.c decodes only the rows and iMCU columns of the first
+ * stage's region) changes no output byte: each list gives the same samples as with a
+ * strict decode, which always decodes the whole image; the scale and the flip are the
+ * same too. Crops on the image's edges included (center_crop of the full height). */
+static void test_region_decode(void **state)
+{
+    (void)state;
+    int w = 237, h = 181;
+    uint8_t *px = picture_rgb(w, h);
+    struct transform_spec strict = S(TRANSFORM_DECODE);
+    strict.decode.strict = true;
+    struct transform_spec lists[][4] = {
+        {rrc(32, 32), flip(0.5), to_dtype(LD_DTYPE_UINT8, TRANSFORM_LAYOUT_CHW)},
+        {rrc(100, 90), to_dtype(LD_DTYPE_FLOAT32, TRANSFORM_LAYOUT_HWC)},
+        {crop(60, 70), to_dtype(LD_DTYPE_UINT8, TRANSFORM_LAYOUT_HWC)},
+        {crop(181, 50), resize_exact(20, 20), to_dtype(LD_DTYPE_UINT8, TRANSFORM_LAYOUT_HWC)},
+        {flip(1.0), crop(41, 200), resize_exact(10, 30), to_dtype(LD_DTYPE_UINT8, TRANSFORM_LAYOUT_HWC)},
+    };
+    size_t lens[] = {3, 2, 2, 3, 4};
+    for (int samp = 0; samp < 2; samp++) {
+        struct blob b = jpeg_encode(px, w, h, TJPF_RGB, samp ? TJSAMP_444 : TJSAMP_420, 90, 0);
+        for (size_t k = 0; k < sizeof lens / sizeof lens[0]; k++) {
+            struct transform_spec lf[5] = {strict};
+            memcpy(lf + 1, lists[k], lens[k] * sizeof lists[k][0]);
+            transform_pipeline *p = pipeline(lists[k], lens[k], NULL);
+            transform_pipeline *pf = pipeline(lf, lens[k] + 1, NULL);
+            size_t bytes = transform_pipeline_output(p)->sample_bytes;
+            struct image_buf sa, sb;
+            image_buf_init(&sa);
+            image_buf_init(&sb);
+            int cropped = 0;
+            for (uint64_t i = 0; i < 12; i++) {
+                uint8_t *a = apply(p, &b, 3, 1, i, &sa);
+                uint8_t *f = apply(pf, &b, 3, 1, i, &sb);
+                assert_int_equal(sa.scale_denom, sb.scale_denom);
+                assert_int_equal(sb.width * sb.scale_denom >= w, true);
+                cropped += sa.width < sb.width || sa.height < sb.height;
+                if (memcmp(a, f, bytes) != 0)
+                    fail_msg("list %zu, sample %" PRIu64 ": the region decode changed the output", k, i);
+                free(a);
+                free(f);
+            }
+            /* Every list here reads less than the whole image. */
+            if (cropped == 0)
+                fail_msg("list %zu never took the cropped decode", k);
+            image_buf_close(&sa);
+            image_buf_close(&sb);
+            transform_pipeline_free(p);
+            transform_pipeline_free(pf);
+        }
+        blob_free(&b);
+    }
+    free(px);
+}
+
 static void test_decode_resize(void **state)
 {
     (void)state;
@@ -1358,6 +1413,7 @@ int main(void)
         cmocka_unit_test(test_plugin_invert),
         cmocka_unit_test(test_plugin_errors),
         cmocka_unit_test(test_decode_resize),
+        cmocka_unit_test(test_region_decode),
     };
     return cmocka_run_group_tests(tests, find_exe_dir, NULL);
 }
