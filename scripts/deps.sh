@@ -29,8 +29,10 @@ if [ "$what" = bench ] || [ "$what" = test ]; then
   /usr/bin/python3 -c 'import numpy' 2>/dev/null || pkgs+=(python3-numpy)
   /usr/bin/python3 -c 'import pytest' 2>/dev/null || pkgs+=(python3-pytest)
 fi
+if [ "$what" = bench ] || [ "$what" = test ]; then
+  /usr/bin/python3 -c 'import torch' 2>/dev/null || pkgs+=(python3-torch)   # the torch integration tests
+fi
 if [ "$what" = bench ]; then
-  /usr/bin/python3 -c 'import torch' 2>/dev/null || pkgs+=(python3-torch)
   /usr/bin/python3 -c 'import torchvision' 2>/dev/null || pkgs+=(python3-torchvision)
 fi
 
