@@ -161,15 +161,19 @@ static int start_job(cache_keeper *k, enum job_kind kind, bool force)
     return 0;
 }
 
-static void attach(cache_keeper *k, cache *c)
+/* Attaches c (or, past MAX_CACHES, frees it and says why); false when not attached. */
+static bool attach(cache_keeper *k, cache *c)
 {
     if (k->n_caches == MAX_CACHES) {
-        /* Keep serving the current one; the new one is not needed badly enough to risk
-         * freeing a mapping a worker may still read. */
-        ld_log(LD_LOG_WARN, "dataset '%s': %d caches built in one run; not attaching more", k->d->name,
-               MAX_CACHES);
+        /* A mapping a worker may still read is never freed while the daemon runs, so the
+         * number of caches one run may attach is bounded; restart the daemon to go on. */
+        ld_log(LD_LOG_WARN, "dataset '%s': %d caches attached in one run; not attaching more (restart loaderd)",
+               k->d->name, MAX_CACHES);
         cache_free(c);
-        return;
+        k->state = k->current ? K_READY : K_FAILED;
+        snprintf(k->error, sizeof k->error, "%d caches attached in one run: restart loaderd to attach another",
+                 MAX_CACHES);
+        return false;
     }
     k->caches[k->n_caches++] = c;
     k->current = c;
@@ -179,6 +183,7 @@ static void attach(cache_keeper *k, cache *c)
     atomic_store_explicit(&k->d->cached, c, memory_order_release);
     k->state = K_READY;
     k->error[0] = '\0';
+    return true;
 }
 
 static void detach(cache_keeper *k)
@@ -223,11 +228,19 @@ static void on_done(uv_async_t *a)
     switch (k->job.kind) {
     case JOB_CHECK:
         if (k->job.rc == 0 && k->job.opened) {
-            attach(k, k->job.opened);
-            ld_log(LD_LOG_INFO, "dataset '%s': serving from the cache %s", name, k->path);
+            if (k->current) {
+                detach(k); /* the source moved on and a matching cache was found */
+            }
+            if (attach(k, k->job.opened))
+                ld_log(LD_LOG_INFO, "dataset '%s': serving from the cache %s", name, k->path);
         } else if (k->job.rc == 0) {
             /* fingerprint unchanged: nothing to do */
         } else if (k->job.rc == LD_ENOENT) {
+            if (k->current) {
+                detach(k);
+                ld_log(LD_LOG_WARN, "dataset '%s': the source changed and %s is gone; serving from the source",
+                       name, k->path);
+            }
             k->state = K_ABSENT;
         } else if (k->job.set_aside || k->job.stale) {
             if (k->current) {
@@ -242,6 +255,8 @@ static void on_done(uv_async_t *a)
             if (k->mode == CONFIG_CACHE_AUTO && k->n_caches > 0)
                 k->pending_build = true; /* it was in use: rebuild right away */
         } else {
+            if (k->current)
+                detach(k); /* cannot tell whether it still matches the source */
             k->state = K_FAILED;
             snprintf(k->error, sizeof k->error, "%s", k->job.msg);
             ld_log(LD_LOG_WARN, "dataset '%s': cache check failed: %s; serving from the source", name, k->job.msg);
@@ -249,9 +264,9 @@ static void on_done(uv_async_t *a)
         break;
     case JOB_BUILD:
         if (k->job.rc == 0) {
-            attach(k, k->job.opened);
-            ld_log(LD_LOG_INFO, "dataset '%s': cache built (%" PRIu64 " samples, %.1f MiB); serving from it", name,
-                   cache_meta(k->current)->count, (double)cache_meta(k->current)->file_size / (1 << 20));
+            if (attach(k, k->job.opened))
+                ld_log(LD_LOG_INFO, "dataset '%s': cache built (%" PRIu64 " samples, %.1f MiB); serving from it",
+                       name, cache_meta(k->current)->count, (double)cache_meta(k->current)->file_size / (1 << 20));
         } else if (k->job.rc == LD_ECANCELED) {
             k->state = k->current ? K_READY : K_ABSENT;
         } else {

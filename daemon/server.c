@@ -31,6 +31,7 @@
 #define READ_BUF_SIZE (64u * 1024u)
 #define WRITE_BATCH 32
 #define MAX_UNSENT_BYTES (16u << 20) /* a client this far behind on reading is dropped */
+#define MAX_QUEUED_REPLIES 4096u     /* replies held behind a waiting next, likewise */
 #define RATE_WINDOW 6                /* seconds of history for samples_per_s */
 #define LOADERD_VERSION "0.1.0"
 
@@ -66,6 +67,7 @@ struct conn {
     conn *doom_next;
     char name[LD_NAME_MAX];
     struct reply *out_head, *out_tail;
+    uint32_t out_count;             /* replies in the outbox, sent or not */
     struct conn_stream *streams;
     char rbuf[READ_BUF_SIZE];
 };
@@ -157,6 +159,7 @@ static void flush(conn *c)
             c->out_head = r->next;
             if (!c->out_head)
                 c->out_tail = NULL;
+            c->out_count--;
             free(r);
         }
         int rc = uv_write(&w->req, (uv_stream_t *)&c->pipe, bufs, (unsigned)w->n, write_done);
@@ -177,9 +180,17 @@ static void flush(conn *c)
 
 static struct reply *outbox_add(conn *c, int64_t id)
 {
+    if (c->out_count >= MAX_QUEUED_REPLIES) {
+        /* Requests keep coming while earlier replies wait (a next for a slot the client
+         * never releases): memory would grow without bound. */
+        ld_log(LD_LOG_WARN, "client %" PRIu64 " (%s): %u replies queued unread; disconnecting", c->id, c->name,
+               MAX_QUEUED_REPLIES);
+        return NULL;
+    }
     struct reply *r = calloc(1, sizeof *r);
     if (!r)
         return NULL;
+    c->out_count++;
     r->id = id;
     if (c->out_tail)
         c->out_tail->next = r;

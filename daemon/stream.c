@@ -149,11 +149,13 @@ static void hub_async_cb(uv_async_t *a)
 
 static void hub_push(stream_hub *h, struct stream_task *t)
 {
+    /* Sent under the lock: stream_hub_close takes it too, so the hub cannot be closed
+     * and freed between our push and our send (a worker preempted at shutdown). */
     pthread_mutex_lock(&h->lock);
     t->done_next = h->done_head;
     h->done_head = t;
-    pthread_mutex_unlock(&h->lock);
     uv_async_send(&h->async);
+    pthread_mutex_unlock(&h->lock);
 }
 
 int stream_hub_new(uv_loop_t *loop, pool *workers, stream_hub **ret_hub)
@@ -184,8 +186,11 @@ static void hub_closed(uv_handle_t *handle)
 
 void stream_hub_close(stream_hub *h)
 {
-    if (h)
-        uv_close((uv_handle_t *)&h->async, hub_closed);
+    if (!h)
+        return;
+    pthread_mutex_lock(&h->lock); /* waits out a worker between its push and its send */
+    pthread_mutex_unlock(&h->lock);
+    uv_close((uv_handle_t *)&h->async, hub_closed);
 }
 
 uint32_t stream_hub_live(const stream_hub *h)
@@ -477,8 +482,8 @@ int stream_open(stream_hub *h, dataset *d, uint64_t id, const struct stream_para
         rc = LD_EINVAL;
         goto fail;
     }
-    if (p->epochs == 0)
-        s->total_seq = UINT64_MAX;
+    if (p->epochs == 0 || p->epochs > (UINT64_MAX - 1) / bpe)
+        s->total_seq = UINT64_MAX; /* unbounded, or more batches than 64 bits count */
     else
         s->total_seq = p->epochs * bpe - p->start_batch;
 

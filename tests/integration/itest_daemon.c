@@ -659,6 +659,48 @@ static void test_nexts_asked_ahead(void **state)
     harness_stop_clean(h);
 }
 
+/* A client that keeps sending while its replies wait behind a next it never lets finish
+ * (it holds every slot) is disconnected at a bound; the daemon stays small and serves others. */
+static void test_unread_replies_are_bounded(void **state)
+{
+    struct harness *h = *state;
+    int fd = raw_connect(h);
+    raw_send_str(fd, "{\"op\":\"hello\",\"id\":1,\"version\":1}");
+    expect_ok(fd);
+    raw_send_str(fd, "{\"op\":\"open\",\"id\":2,\"dataset\":\"records\",\"batch_size\":4,\"prefetch\":1}");
+    cJSON *r = raw_reply(fd);
+    int sid = (int)cJSON_GetObjectItem(r, "stream")->valuedouble;
+    int slots = (int)cJSON_GetObjectItem(r, "slot_count")->valuedouble;
+    cJSON_Delete(r);
+    char req[160];
+    for (int i = 0; i <= slots; i++) { /* every slot leased, then one next that waits */
+        snprintf(req, sizeof req, "{\"op\":\"next\",\"id\":%d,\"stream\":%d}", 10 + i, sid);
+        raw_send_str(fd, req);
+        if (i < slots)
+            cJSON_Delete(raw_reply(fd));
+    }
+    const char *status = "{\"op\":\"status\",\"id\":99}";
+    uint32_t len = (uint32_t)strlen(status);
+    uint8_t frame[64] = {(uint8_t)(len >> 24), (uint8_t)(len >> 16), (uint8_t)(len >> 8), (uint8_t)len};
+    memcpy(frame + 4, status, len);
+    int sent = 0;
+    for (; sent < 20000; sent++) {
+        struct pollfd p = {.fd = fd, .events = POLLOUT};
+        if (poll(&p, 1, 2000) != 1 || !(p.revents & POLLOUT) ||
+            send(fd, frame, 4 + len, MSG_NOSIGNAL) != (ssize_t)(4 + len))
+            break; /* the daemon stopped reading or hung up */
+    }
+    assert_true(sent > 4096);
+    assert_null(raw_reply(fd)); /* disconnected; the waiting replies were never sent */
+    close(fd);
+    char *log = harness_log(h);
+    assert_non_null(strstr(log, "replies queued unread; disconnecting"));
+    free(log);
+    lc_client *c = harness_connect(h, 10000, "itest_daemon");
+    lc_client_close(c);
+    harness_stop_clean(h);
+}
+
 static void test_missing_sample_is_reported(void **state)
 {
     struct harness *h = *state;
@@ -835,6 +877,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_malformed_frames, setup_daemon, teardown_daemon),
         cmocka_unit_test_setup_teardown(test_release_errors_change_nothing, setup_daemon, teardown_daemon),
         cmocka_unit_test_setup_teardown(test_nexts_asked_ahead, setup_daemon, teardown_daemon),
+        cmocka_unit_test_setup_teardown(test_unread_replies_are_bounded, setup_daemon, teardown_daemon),
         cmocka_unit_test_setup_teardown(test_missing_sample_is_reported, setup_daemon, teardown_daemon),
         cmocka_unit_test_setup_teardown(test_budget_and_shm_limits, setup_daemon, teardown_daemon),
         cmocka_unit_test_setup_teardown(test_second_daemon_and_bad_config, setup_daemon, teardown_daemon),
