@@ -849,17 +849,17 @@ def parse_args(argv):
     return a
 
 
-def ensure_system_python():
-    """The bench needs numpy and torch; a pyenv python first on PATH may lack them."""
+def ensure_system_python(modules=("numpy", "torch"), script=None):
+    """Re-runs `script` (default: this file) under Debian's python3 when the running python
+    lacks `modules` (a pyenv python first on PATH may). find_spec, not import: the parent
+    stays small (its RSS is no part of any figure, and `import torch` costs ~230 MiB)."""
     import importlib.util
-    # find_spec, not import: the parent stays small (its RSS is no part of any figure,
-    # and `import torch` would cost ~230 MiB for nothing).
-    if importlib.util.find_spec("numpy") is None or importlib.util.find_spec("torch") is None:
-        if os.path.realpath(sys.executable) != os.path.realpath(SYSTEM_PYTHON) \
-                and os.path.exists(SYSTEM_PYTHON):
-            os.execv(SYSTEM_PYTHON, [SYSTEM_PYTHON, os.path.abspath(__file__), *sys.argv[1:]])
-        fail("numpy and torch are needed: run with /usr/bin/python3 "
-             "(apt-get install python3-numpy python3-torch)")
+    if all(importlib.util.find_spec(m) is not None for m in modules):
+        return
+    if os.path.realpath(sys.executable) != os.path.realpath(SYSTEM_PYTHON) and os.path.exists(SYSTEM_PYTHON):
+        os.execv(SYSTEM_PYTHON, [SYSTEM_PYTHON, os.path.abspath(script or __file__), *sys.argv[1:]])
+    fail(f"{' and '.join(modules)} are needed: run with {SYSTEM_PYTHON} "
+         f"(apt-get install {' '.join('python3-' + m for m in modules)})")
 
 
 def main():

@@ -947,17 +947,6 @@ def parse_args(argv):
     return a
 
 
-def ensure_system_python():
-    """numpy and torch are needed (children); a pyenv python first on PATH may lack them."""
-    import importlib.util
-    if importlib.util.find_spec("numpy") is None or importlib.util.find_spec("torch") is None:
-        if os.path.realpath(sys.executable) != os.path.realpath(bench.SYSTEM_PYTHON) \
-                and os.path.exists(bench.SYSTEM_PYTHON):
-            os.execv(bench.SYSTEM_PYTHON, [bench.SYSTEM_PYTHON, os.path.abspath(__file__), *sys.argv[1:]])
-        fail("numpy and torch are needed: run with /usr/bin/python3 "
-             "(apt-get install python3-numpy python3-torch)")
-
-
 def main():
     if len(sys.argv) == 3 and sys.argv[1].startswith("--child-"):
         kind, spec = sys.argv[1][len("--child-"):], json.loads(sys.argv[2])
@@ -965,7 +954,7 @@ def main():
                 "memcpy": child_memcpy}[kind](spec)
     args = parse_args(sys.argv[1:])
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
-    ensure_system_python()
+    bench.ensure_system_python(("numpy", "torch"), __file__)
     t_start = time.perf_counter()
 
     build = args.build_dir if os.path.isabs(args.build_dir) else os.path.join(REPO, args.build_dir)

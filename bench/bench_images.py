@@ -730,15 +730,6 @@ def parse_args(argv):
     return a
 
 
-def ensure_system_python():
-    import importlib.util
-    if importlib.util.find_spec("torch") is None or importlib.util.find_spec("torchvision") is None:
-        if os.path.realpath(sys.executable) != os.path.realpath(SYSTEM_PYTHON) and os.path.exists(SYSTEM_PYTHON):
-            os.execv(SYSTEM_PYTHON, [SYSTEM_PYTHON, os.path.abspath(__file__), *sys.argv[1:]])
-        B.fail("torch and torchvision are needed: run with /usr/bin/python3 "
-               "(apt-get install python3-torch python3-torchvision)")
-
-
 def main():
     argv = sys.argv[1:]
     if "--child" not in argv:
@@ -750,7 +741,7 @@ def main():
     if args.child:
         return child_main(json.loads(args.child))
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
-    ensure_system_python()
+    B.ensure_system_python(("torch", "torchvision"), __file__)
     t_start = time.perf_counter()
 
     build = args.build_dir if os.path.isabs(args.build_dir) else os.path.join(REPO, args.build_dir)
