@@ -190,16 +190,9 @@ static void ctl_cache_state(const cJSON *cache, char *buf, size_t size)
         snprintf(buf, size, "%s", state);
 }
 
-static int ctl_status(lc_client *c, const struct ctl_opts *o)
+/* Prints the `status` reply for a person. */
+static int ctl_status(const cJSON *r)
 {
-    cJSON *r = ctl_request(c, "status");
-    if (!r)
-        return 1;
-    if (o->json) {
-        ctl_print_json(r);
-        cJSON_Delete(r);
-        return 0;
-    }
     char used[32], budget[32], bytes[32];
     double mem_used = ctl_num(r, "memory_used", 0), mem_budget = ctl_num(r, "memory_budget", 0);
     ctl_fmt_bytes(mem_used, used, sizeof used);
@@ -231,7 +224,6 @@ static int ctl_status(lc_client *c, const struct ctl_opts *o)
         printf("%-16s %s: %s, %.0f samples (%s) served from it\n", "cache", ctl_str(cache, "dataset", "?"), line,
                ctl_num(cache, "hits", 0), hb);
     }
-    cJSON_Delete(r);
     return 0;
 }
 
@@ -323,16 +315,9 @@ static void ctl_fields_summary(const cJSON *fields, char *buf, size_t size)
     }
 }
 
-static int ctl_datasets(lc_client *c, const struct ctl_opts *o)
+/* Prints the `datasets` reply for a person. */
+static int ctl_datasets(const cJSON *r)
 {
-    cJSON *r = ctl_request(c, "datasets");
-    if (!r)
-        return 1;
-    if (o->json) {
-        ctl_print_json(r);
-        cJSON_Delete(r);
-        return 0;
-    }
     struct ctl_table t = { .ncols = 5 };
     const char *hdr[] = { "NAME", "KIND", "SAMPLES", "FIELDS", "SOURCE" };
     int ret = ctl_table_add(&t, hdr);
@@ -366,24 +351,15 @@ static int ctl_datasets(lc_client *c, const struct ctl_opts *o)
         printf("\n");
     }
     ctl_table_free(&t);
-    cJSON_Delete(r);
     return ret == 0 ? 0 : ctl_fail("datasets", "out of memory");
 }
 
-static int ctl_streams(lc_client *c, const struct ctl_opts *o)
+/* Prints the `streams` reply for a person. */
+static int ctl_streams(const cJSON *r)
 {
-    cJSON *r = ctl_request(c, "streams");
-    if (!r)
-        return 1;
-    if (o->json) {
-        ctl_print_json(r);
-        cJSON_Delete(r);
-        return 0;
-    }
     const cJSON *list = cJSON_GetObjectItemCaseSensitive(r, "streams");
     if (cJSON_GetArraySize(list) == 0) {
         puts("no open streams");
-        cJSON_Delete(r);
         return 0;
     }
     struct ctl_table t = { .ncols = 11 };
@@ -411,7 +387,6 @@ static int ctl_streams(lc_client *c, const struct ctl_opts *o)
     if (ret == 0)
         ctl_table_print(&t);
     ctl_table_free(&t);
-    cJSON_Delete(r);
     return ret == 0 ? 0 : ctl_fail("streams", "out of memory");
 }
 
@@ -819,13 +794,14 @@ int main(int argc, char **argv)
         lc_client_close(c);
         return ret;
     }
-    int (*fn)(lc_client *, const struct ctl_opts *) = NULL;
+    /* The read-only commands: one request, its reply as JSON or for a person. */
+    int (*print)(const cJSON *r) = NULL;
     if (strcmp(cmd, "status") == 0)
-        fn = ctl_status;
+        print = ctl_status;
     else if (strcmp(cmd, "datasets") == 0)
-        fn = ctl_datasets;
+        print = ctl_datasets;
     else if (strcmp(cmd, "streams") == 0)
-        fn = ctl_streams;
+        print = ctl_streams;
     else
         return ctl_usage_error("unknown command %s", cmd);
     for (int k = 1; k < cargc; k++) {
@@ -837,7 +813,9 @@ int main(int argc, char **argv)
     c = ctl_connect(&o);
     if (!c)
         return 1;
-    ret = fn(c, &o);
+    cJSON *r = ctl_request(c, cmd);
+    ret = !r ? 1 : o.json ? (ctl_print_json(r), 0) : print(r);
+    cJSON_Delete(r);
     lc_client_close(c);
     return ret;
 }
