@@ -192,6 +192,30 @@ def _lease_del(self):
         pass
 
 
+class _ContextManaged:
+    """`with x:` closes x at the end of the block."""
+
+    __slots__ = ()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class _Closes(_ContextManaged):
+    """... and so does garbage collection, quietly."""
+
+    __slots__ = ()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
 class RaggedField:
     """A ragged field of a batch: ``offsets`` (int64, rows + 1) and ``data`` (uint8): sample i
     is ``data[offsets[i]:offsets[i+1]]``. Both are numpy arrays, or torch tensors when it comes
@@ -239,7 +263,7 @@ class RaggedField:
         return "RaggedField(%r, %d samples, %d bytes)" % (self.name, len(self), len(self.data))
 
 
-class Batch:
+class Batch(_Closes):
     """One leased batch. ``epoch``, ``index`` (batch number within the epoch), ``rows``,
     ``slot``, ``generation``; fields by name: ``batch["data"]`` / ``numpy(name)`` (read-only
     numpy view, or RaggedField), ``torch(name)`` (tensor sharing the memory).
@@ -283,18 +307,6 @@ class Batch:
         self._stream._batch_released(st)
 
     close = release
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.release()
-
-    def __del__(self):
-        try:
-            self.release()
-        except Exception:
-            pass
 
     def _check(self):
         if self._lease is None or self._state.given_back:
@@ -434,7 +446,7 @@ class Batch:
         return "<Batch epoch=%d index=%d rows=%d slot=%d %s>" % (self.epoch, self.index, self.rows, self.slot, state)
 
 
-class Stream:
+class Stream(_ContextManaged):
     """An ordered sequence of batches of one dataset (see Client.open). Iterating yields
     Batch objects until the stream ends (``epochs`` > 0); by default each ``next()``
     releases the batch the previous one returned."""
@@ -706,15 +718,9 @@ class Stream:
         self._client._streams.discard(self)
         self._h = None
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
 
-
-class Client:
+class Client(_Closes):
     """One connection to loaderd. ``socket``: its path (default: $LOADERD_SOCKET, else
     $XDG_RUNTIME_DIR/loaderd.sock, else /tmp/loaderd-<uid>.sock); ``timeout`` in seconds
     bounds the connect and every later call; ``name`` shows in ``loaderctl streams``.
@@ -864,18 +870,6 @@ class Client:
             self._deferred.clear()
             lib.lc_client_close(self._h)
             self._h = None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
 
     def __repr__(self):
         return "<loaderclient.Client %s%s>" % (self.socket, " closed" if self._h is None else "")

@@ -22,7 +22,7 @@ import time
 
 import torch
 
-from .client import Client, RaggedField, _TORCH_DTYPES
+from .client import Client, RaggedField, _Closes, _TORCH_DTYPES
 from .errors import InvalidArgument, LoaderdError
 
 __all__ = ["LoaderdDataLoader"]
@@ -38,7 +38,7 @@ def _dist_rank_world():
     return None, None
 
 
-class LoaderdDataLoader:
+class LoaderdDataLoader(_Closes):
     """An iterable over one epoch of a loaderd dataset per ``iter()``, yielding tuples of
     torch tensors in the dataset's field order (or of `fields`, in that order; a bare
     tensor when there is one field; dicts with as_dict=True).
@@ -189,18 +189,6 @@ class LoaderdDataLoader:
         if self._client is not None:
             self._client.close()
             self._client = None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
 
     def __repr__(self):
         return "<LoaderdDataLoader %r batch_size=%d rank=%d/%d epoch=%d>" % (
