@@ -1,4 +1,4 @@
-"""Finding and binding libloaderclient (ctypes), plus the few libc calls the view guard needs.
+"""Finding and binding libloaderclient (ctypes), plus the few libc calls the slot mappings need.
 
 Everything that talks to loaderd goes through the C library: this module only declares
 its functions' prototypes. The search order for the library is documented in
@@ -129,6 +129,8 @@ def _bind_libc():
     c.mremap.argtypes = [P, sz, sz, i, P]   # variadic in glibc; the 5th is the new address
     c.mprotect.restype = i
     c.mprotect.argtypes = [P, sz, i]
+    c.madvise.restype = i
+    c.madvise.argtypes = [P, sz, i]
     return c
 
 

@@ -3,28 +3,47 @@
 A thin layer over libloaderclient (ctypes): the C library speaks the protocol, maps the
 stream's ring read-only and leases slots; this module turns a leased slot into arrays.
 
-The one thing done here rather than in C is keeping views honest. A numpy array cannot
-be revoked, so "arrays of a released batch must not be used" cannot be enforced by
-checking on access. Instead (``keep_views_safe=True``, the default):
+Two things are done here rather than in C: how a slot is seen, and keeping views honest.
 
-- each slot is seen through a second mapping of the same shared memory, an *alias*
-  (``mremap(slot, 0, len, MREMAP_MAYMOVE)``: same pages, no copy), made once per slot and
-  reused while its page tables stay warm;
+How a slot is seen. Each slot is seen through a mapping of its own of the ring's shared
+memory: *private, writable and copy-on-write* (``mmap(MAP_PRIVATE, PROT_READ|PROT_WRITE)``
+of the ring's file, opened read-only), made once per slot and reused:
+
+- reading maps the daemon's own pages (no copy: the zero-copy path);
+- writing (``x.mul_(0.7)``, ``x *= 2``, a mixup recipe) first copies the page it touches
+  into this process: the daemon's memory, and so every other client, never see the write;
+- before a slot's mapping shows the slot's next batch, the pages this process wrote through
+  it are dropped (``madvise(MADV_DONTNEED)``: on a private file mapping it discards the
+  private copies), so the next batch reads the daemon's bytes again. Which pages were
+  written is read from /proc/self/pagemap (a written page is no longer a file page), so a
+  batch nobody wrote costs one small read and no page fault.
+
+The ring's file is the one the C library mapped: found in /proc/self/maps (its name exists
+until the stream's first `next`), checked by device and inode. Where it cannot be opened
+(no /proc), slots are seen through read-only aliases of the library's mapping instead
+(``mremap(slot, 0, len, MREMAP_MAYMOVE)``: same pages, no copy): numpy views are read-only
+and torch tensors are copies (a warning says so once); nothing can crash on a write.
+
+Keeping views honest. A numpy array cannot be revoked, so "arrays of a released batch must
+not be used" cannot be enforced by checking on access. Instead (``keep_views_safe=True``,
+the default):
+
 - a batch's arrays and tensors hang off one buffer object, its *lease*, whose reference
   count therefore says whether any view of the batch is still alive;
 - releasing a batch (the next ``next()``, ``release()``, a ``with`` block's end) gives
   the slot back to the daemon only once no view of it is left: usually at once, or as
   soon as the training loop drops its last tensor of the batch;
 - if views are kept longer (more than ``MAX_DEFERRED`` released batches still viewed
-  when the next batch is asked for), the oldest one is *materialized*: its alias is
-  atomically replaced (``mremap(MREMAP_FIXED)``) by a private read-only copy, and the
-  slot goes back to the daemon. The kept arrays go on reading the same bytes.
+  when the next batch is asked for), the oldest one is *materialized*: its slot mapping is
+  atomically replaced (``mremap(MREMAP_FIXED)``) by a private copy (what the views showed,
+  their own writes included), and the slot goes back to the daemon. The kept arrays go on
+  reading the same bytes; the slot gets a new mapping for its next batch.
 
 So an array handed out by this module never shows another batch's data: it is either
 the slot the daemon still leases to us, or our private copy. The cost in the steady state
-is nothing per batch beyond creating the views (no system call: aliases are reused).
-``keep_views_safe=False`` skips the alias and the deferral: views point into the C
-library's mapping, the slot is released at once, and a kept view may show later batches.
+is one pagemap read per batch beyond creating the views (mappings are reused).
+``keep_views_safe=False`` skips the deferral: the slot is released at once, and a kept view
+may show later batches (and a write through it, the slot's current batch in this process).
 """
 import collections
 import ctypes
@@ -33,6 +52,7 @@ import mmap
 import os
 import struct
 import threading
+import warnings
 
 import numpy as np
 
@@ -59,6 +79,11 @@ _PAGE = mmap.PAGESIZE
 _PROT_READ, _PROT_WRITE = 1, 2
 _MAP_PRIVATE, _MAP_ANONYMOUS = 0x02, 0x20
 _MREMAP_MAYMOVE, _MREMAP_FIXED = 1, 2
+_MADV_DONTNEED = 4
+# /proc/self/pagemap entry bits (Documentation/admin-guide/mm/pagemap.rst): 63 present,
+# 62 swapped, 61 file page or shared anonymous. A page of a private file mapping that was
+# written is an anonymous page: present or swapped, and not a file page.
+_WRITTEN_BY_TOP_BYTE = bytes(1 if (v & 0xC0) and not (v & 0x20) else 0 for v in range(256))
 _MAP_FAILED = ctypes.c_void_p(-1).value
 _RING_MAGIC = 0x474E524C  # "LRNG", proto/proto.h
 _RING_VERSION = 1
@@ -83,6 +108,16 @@ _check_signals.restype = ctypes.c_int
 _check_signals.argtypes = []
 _unpack_slot_header = struct.Struct("=QQQI").unpack_from   # struct ld_slot_header's first fields
 _unpack_generation = struct.Struct("=Q").unpack_from
+
+
+_warned_no_private = []
+
+
+def _warn_no_private():
+    if not _warned_no_private:
+        _warned_no_private.append(True)
+        warnings.warn("loaderclient: the ring's shared memory cannot be mapped privately here (no /proc?): "
+                      "torch tensors are copies, numpy views read-only", RuntimeWarning, stacklevel=3)
 
 
 def _import_torch():
@@ -112,6 +147,103 @@ def _uint(name, v, bits):
         raise InvalidArgument(errors.EFIELD, "field '%s': expected an integer in [0, %d], got %r"
                               % (name, (1 << bits) - 1, v))
     return int(v)
+
+
+def _open_ring_file(base, size):
+    """(fd, None): the shared memory the C library mapped at `base`, opened read-only; or
+    (None, why) when it cannot be (no /proc, or the name is gone). Found by its address in
+    /proc/self/maps and checked by device and inode, so it is the very object mapped."""
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                parts = line.split(None, 5)
+                if int(parts[0].split("-", 1)[0], 16) == base:
+                    break
+            else:
+                return None, "the ring is not listed in /proc/self/maps"
+        if len(parts) < 6 or not parts[5].startswith("/"):
+            return None, "the ring's mapping has no file name in /proc/self/maps"
+        path = parts[5].rstrip("\n")
+        major, minor = (int(x, 16) for x in parts[3].split(":"))
+        inode = int(parts[4])
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except (OSError, ValueError, IndexError) as e:
+        return None, str(e)
+    st = os.fstat(fd)
+    if (st.st_ino, os.major(st.st_dev), os.minor(st.st_dev)) != (inode, major, minor) or st.st_size < size:
+        os.close(fd)
+        return None, "%s is not the ring's shared memory any more" % path
+    return fd, None
+
+
+_pagemap = {"pid": None, "fd": -1}
+_pagemap_lock = threading.Lock()
+
+
+def _pagemap_fd():
+    # /proc/self is resolved when opened: a forked child must open its own.
+    pid = os.getpid()
+    if _pagemap["pid"] != pid:
+        with _pagemap_lock:
+            if _pagemap["pid"] != pid:
+                try:
+                    fd = os.open("/proc/self/pagemap", os.O_RDONLY | os.O_CLOEXEC)
+                except OSError:
+                    fd = -1
+                _pagemap["fd"], _pagemap["pid"] = fd, pid
+    return _pagemap["fd"]
+
+
+def _written_pages(addr, size):
+    """(first, end) page numbers within [addr, addr + size) spanning every page this
+    process wrote (a private copy), (0, 0) if none; every page when it cannot be told."""
+    n = size // _PAGE
+    fd = _pagemap_fd()
+    if fd < 0:
+        return 0, n
+    try:
+        raw = os.pread(fd, 8 * n, addr // _PAGE * 8)
+    except OSError:
+        return 0, n
+    if len(raw) != 8 * n:
+        return 0, n
+    # Each entry's top byte (little-endian) holds bits 56-63: one marker byte per page.
+    marks = raw[7::8].translate(_WRITTEN_BY_TOP_BYTE)
+    first = marks.find(1)
+    if first < 0:
+        return 0, 0
+    return first, marks.rfind(1) + 1
+
+
+def _drop_written(addr, size):
+    """Drops the private copies of the pages this process wrote in a private file mapping
+    of a slot: the next reads see the shared memory's (the daemon's) bytes. Returns the
+    number of pages given to madvise."""
+    first, end = _written_pages(addr, size)
+    if end == first:
+        return 0
+    if libc.madvise(addr + first * _PAGE, (end - first) * _PAGE, _MADV_DONTNEED) != 0:
+        e = ctypes.get_errno()
+        raise LoaderdError(-e if e else -22, "cannot drop the pages written in a slot's mapping: %s"
+                           % os.strerror(e))
+    return end - first
+
+
+class _SlotMapping:
+    """An unguarded stream's mapping of one slot, shared by the stream and the leases of
+    the batches seen through it: unmapped when the last of them lets go of it (views of
+    those batches may outlive the stream)."""
+    __slots__ = ("addr", "size")
+
+    def __init__(self, addr, size):
+        self.addr = addr
+        self.size = size
+
+    def __del__(self):
+        try:
+            libc.munmap(self.addr, self.size)
+        except Exception:   # interpreter shutdown
+            pass
 
 
 class _RingHeader(ctypes.Structure):
@@ -145,9 +277,9 @@ class _FieldLayout:
 class _LeaseState:
     """What a batch's lease needs once its views die: owned by the lease, seen by the stream."""
     __slots__ = ("stream", "bptr", "slot", "addr", "size", "batch_released", "given_back", "views_dead",
-                 "materialized", "owns_addr")
+                 "materialized", "owns_addr", "mapping")
 
-    def __init__(self, stream, bptr, slot, addr, size, owns_addr):
+    def __init__(self, stream, bptr, slot, addr, size, owns_addr, mapping=None):
         self.stream = stream
         self.bptr = bptr
         self.slot = slot
@@ -158,6 +290,7 @@ class _LeaseState:
         self.views_dead = False
         self.materialized = False
         self.owns_addr = owns_addr  # the alias is ours to unmap / return to the slot cache
+        self.mapping = mapping      # an unguarded stream's _SlotMapping, kept alive by the lease
 
 
 _mapping_lock = threading.Lock()
@@ -265,8 +398,10 @@ class RaggedField:
 
 class Batch(_Closes):
     """One leased batch. ``epoch``, ``index`` (batch number within the epoch), ``rows``,
-    ``slot``, ``generation``; fields by name: ``batch["data"]`` / ``numpy(name)`` (read-only
-    numpy view, or RaggedField), ``torch(name)`` (tensor sharing the memory).
+    ``slot``, ``generation``; fields by name: ``batch["data"]`` / ``numpy(name)`` (numpy
+    view, or RaggedField), ``torch(name)`` (tensor sharing the memory). Views are writable
+    copy-on-write: a write stays in this process and this batch (see the module
+    documentation).
 
     After ``release()`` (done by the stream's next ``next()`` unless auto_release=False),
     every field access raises ReleasedError; arrays taken before stay readable and keep
@@ -359,8 +494,9 @@ class Batch(_Closes):
         return RaggedField(offsets, data, f.name)
 
     def numpy(self, name):
-        """A read-only numpy view of field `name` (shape (rows, *sample shape)); for a
-        ragged field, a RaggedField of views. No copy."""
+        """A numpy view of field `name` (shape (rows, *sample shape)); for a ragged field, a
+        RaggedField of views. No copy. Writable copy-on-write: writes change this process's
+        view of this batch only (read-only where the ring's file cannot be mapped privately)."""
         if self._lease is None or self._state.given_back:
             self._check()
         v = self._views.get(name)
@@ -368,20 +504,24 @@ class Batch(_Closes):
             return v
         f = self._field(name)
         if self._ro is None:
-            self._ro = memoryview(self._lease).toreadonly()
+            self._ro = self._lease if self._stream._private else memoryview(self._lease).toreadonly()
         v = self._make(f, self._ro)
         self._views[name] = v
         return v
 
     def torch(self, name, copy=False):
         """Field `name` as a torch tensor sharing the slot's memory (no copy), or with
-        copy=True a tensor of its own. The memory is mapped read-only: in-place operations
-        on a shared tensor crash the process (SIGSEGV); use out-of-place ops or copy=True.
-        torch has no uint16/uint32 (1.13): such fields raise TypeError unless copy=True,
-        which converts them to int64. A ragged field gives a RaggedField of tensors."""
+        copy=True a tensor of its own. In-place operations on a shared tensor work: the
+        pages they write are private copies of this process, dropped before the slot holds
+        its next batch (the daemon's memory is never changed). torch has no uint16/uint32
+        (1.13): such fields raise TypeError unless copy=True, which converts them to int64.
+        A ragged field gives a RaggedField of tensors."""
         t = _import_torch()
         if self._lease is None or self._state.given_back:
             self._check()
+        if not copy and not self._stream._private:
+            _warn_no_private()
+            copy = True
         if not copy:
             v = self._tensors.get(name)
             if v is not None:
@@ -398,8 +538,6 @@ class Batch(_Closes):
             raise TypeError("field %r is %s, which torch %s has no tensor type for: use batch.numpy(%r) "
                             "(zero-copy) or batch.torch(%r, copy=True) (an int64 copy)"
                             % (name, f.wire, t.__version__, name, name))
-        # A writable numpy view, so that torch does not warn about read-only arrays: the
-        # mapping is read-only anyway (see the docstring).
         v = self._make(f, self._lease)
         if f.ragged:
             v = RaggedField(t.from_numpy(v.offsets), t.from_numpy(v.data), f.name)
@@ -418,8 +556,12 @@ class Batch(_Closes):
         lease = self._lease
         base = self._stream._delta[self.slot]
         rows = self.rows
+        private = self._stream._private
+        if not private:
+            _warn_no_private()
         out = []
         for f, own in plan:
+            own = own or not private
             if f.ragged:
                 out.append(self.torch(f.name, copy=own))
                 continue
@@ -476,7 +618,11 @@ class Stream(_ContextManaged):
         self._delta = [st % _PAGE for st in starts]               # slot start within its alias
         self._alias_src = [st - st % _PAGE for st in starts]
         self._alias_len = max(-(-(d + hdr.slot_size) // _PAGE) * _PAGE for d in self._delta)
-        self._alias = [None] * hdr.slot_count                    # warm, idle aliases by slot
+        self._alias = [None] * hdr.slot_count                    # warm, idle slot mappings
+        self._slot_maps = [None] * hdr.slot_count                # unguarded: _SlotMapping by slot
+        self._fd, self.private_reason = _open_ring_file(self._ring_base, self._ring_size)
+        self._private = self._fd is not None                     # private copy-on-write mappings
+        self.dropped_pages = 0                                   # written pages dropped so far
         self._lease_type = type("_Lease", (ctypes.c_uint8 * self._alias_len,),
                                 {"__slots__": ("state",), "__del__": _lease_del})
         self._layout = None
@@ -498,6 +644,13 @@ class Stream(_ContextManaged):
     def ring(self):
         """(base address, size) of the C library's read-only mapping of the ring."""
         return self._ring_base, self._ring_size
+
+    @property
+    def writable_views(self):
+        """True when views are private copy-on-write mappings (writes work, stay in this
+        process); False where the ring's file could not be opened (``private_reason``
+        says why): numpy views are then read-only and torch tensors copies."""
+        return self._private
 
     @property
     def fields(self):
@@ -591,21 +744,31 @@ class Stream(_ContextManaged):
             except BaseException:
                 lib.lc_batch_release(bptr)
                 raise
-        if self.keep_views_safe:
-            addr = self._alias[slot]
-            if addr is None:
-                addr = libc.mremap(self._alias_src[slot], 0, self._alias_len, _MREMAP_MAYMOVE, None)
-                if addr is None or addr == _MAP_FAILED:
-                    e = ctypes.get_errno()
-                    lib.lc_batch_release(bptr)
-                    raise LoaderdError(-e if e else -12,
-                                       "cannot map a view of slot %d: %s (open the stream with keep_views_safe=False "
-                                       "to use the library's mapping directly)" % (slot, os.strerror(e)))
+        try:
+            if self.keep_views_safe:
+                addr = self._alias[slot]
+                if addr is None:
+                    addr = self._map_slot(slot)
+                else:
+                    self._alias[slot] = None
+                    try:
+                        self._drop_written(addr)
+                    except BaseException:
+                        libc.munmap(addr, self._alias_len)
+                        raise
+                st = _LeaseState(self, bptr, slot, addr, self._alias_len, True)
+            elif self._private:
+                m = self._slot_maps[slot]
+                if m is None:
+                    m = self._slot_maps[slot] = _SlotMapping(self._map_slot(slot), self._alias_len)
+                else:
+                    self._drop_written(m.addr)
+                st = _LeaseState(self, bptr, slot, m.addr, self._alias_len, False, m)
             else:
-                self._alias[slot] = None
-            st = _LeaseState(self, bptr, slot, addr, self._alias_len, True)
-        else:
-            st = _LeaseState(self, bptr, slot, self._alias_src[slot], self._alias_len, False)
+                st = _LeaseState(self, bptr, slot, self._alias_src[slot], self._alias_len, False)
+        except BaseException:
+            lib.lc_batch_release(bptr)
+            raise
         self._held[id(st)] = st
         lease = self._lease_type.from_address(st.addr)
         lease.state = st
@@ -613,6 +776,24 @@ class Stream(_ContextManaged):
         # library has just checked against the daemon's reply: one read instead of four calls.
         gen, epoch, index, rows = _unpack_slot_header(lease, self._delta[slot])
         return Batch(self, st, lease, epoch, index, rows, slot, gen)
+
+    def _map_slot(self, slot):
+        # A new mapping of a slot (its pages, from the page before the slot's start): private
+        # copy-on-write of the ring's file, or a read-only alias of the library's mapping.
+        if self._private:
+            addr = libc.mmap(None, self._alias_len, _PROT_READ | _PROT_WRITE, _MAP_PRIVATE, self._fd,
+                             self._alias_src[slot] - self._ring_base)
+        else:
+            addr = libc.mremap(self._alias_src[slot], 0, self._alias_len, _MREMAP_MAYMOVE, None)
+        if addr is None or addr == _MAP_FAILED:
+            e = ctypes.get_errno()
+            raise LoaderdError(-e if e else -12, "cannot map a view of slot %d: %s" % (slot, os.strerror(e)))
+        return addr
+
+    def _drop_written(self, addr):
+        # Before a slot's mapping shows its next batch: the pages written through it go.
+        if self._private:
+            self.dropped_pages += _drop_written(addr, self._alias_len)
 
     def _learn_layout(self, bptr, slot):
         start = self._ring_base + self._slot_offset + slot * self._slot_size
@@ -638,15 +819,15 @@ class Stream(_ContextManaged):
                                "False?): release one before asking for the next" % (self.slot_count, self.id))
 
     def _materialize(self, st):
-        # Under the client lock: replace the alias under the live views by a private copy,
-        # then give the slot back. Atomic for the views: mremap(MREMAP_FIXED) swaps the
-        # pages behind st.addr in one step.
+        # Under the client lock: replace the slot mapping under the live views by a private
+        # copy (writable like the views: what they wrote is copied too), then give the slot
+        # back. Atomic for the views: mremap(MREMAP_FIXED) swaps the pages behind st.addr in
+        # one step.
         size = st.size
         new = libc.mmap(None, size, _PROT_READ | _PROT_WRITE, _MAP_PRIVATE | _MAP_ANONYMOUS, -1, 0)
         if new is None or new == _MAP_FAILED:
             raise LoaderdError(-12, "cannot copy a kept batch out of the ring: %s" % os.strerror(ctypes.get_errno()))
         ctypes.memmove(new, st.addr, size)
-        libc.mprotect(new, size, _PROT_READ)
         r = libc.mremap(new, size, size, _MREMAP_MAYMOVE | _MREMAP_FIXED, st.addr)
         if r != st.addr:
             e = ctypes.get_errno()
@@ -713,6 +894,10 @@ class Stream(_ContextManaged):
             if addr is not None:
                 libc.munmap(addr, self._alias_len)
                 self._alias[s] = None
+        self._slot_maps = [None] * self.slot_count   # each unmapped once no lease holds it
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
         if remote:
             lib.lc_stream_close(self._h)
         self._client._streams.discard(self)

@@ -13,8 +13,10 @@ across the epoch boundary); a jump to another epoch, or an epoch abandoned midwa
 reopens it at the right place.
 
 Tensors share the slot's memory (no copy) and are valid until the next batch is asked
-for, in this epoch or the next, or the loader is closed; they are read-only (in-place ops
-crash: use out-of-place ops, or copy=True). Fields with one value per sample (labels) are
+for, in this epoch or the next, or the loader is closed. In-place operations on them work
+(``x.mul_(0.7)``): the pages they write become private copies of this process, dropped
+before the slot holds another batch; the daemon's memory is never changed. Fields with one
+value per sample (labels) are
 small and always copied, so keeping them (e.g. for metrics) is safe; fields of a dtype
 torch lacks (uint16, uint32 tokens) are converted to int64 copies.
 """

@@ -1,9 +1,11 @@
 """Client, Stream and Batch against a real loaderd: bytes, zero-copy, release, errors."""
 import ctypes
+import mmap
 import os
 import signal
 import threading
 import time
+from contextlib import nullcontext
 
 import numpy as np
 import pytest
@@ -42,15 +44,27 @@ def library_pointer(batch, name):
     return f.data
 
 
+def page_flags(addr):
+    """(present, file page) of the page holding addr, from /proc/self/pagemap."""
+    with open("/proc/self/pagemap", "rb") as f:
+        f.seek(addr // mmap.PAGESIZE * 8)
+        e = int.from_bytes(f.read(8), "little")
+    return bool(e >> 63 & 1), bool(e >> 61 & 1)
+
+
 def assert_zero_copy(batch, name, addr):
-    """addr (an array's data) is the very shared memory the C library sees for the field."""
+    """addr (an array's data) is the very shared memory the C library sees for the field:
+    the same object at the same offset, mapped copy-on-write, and the page not copied."""
     lib_ptr = library_pointer(batch, name)
     base, size = batch._stream.ring
     assert base <= lib_ptr < base + size
     ours, lib_side = shm_position(addr), shm_position(lib_ptr)
     assert ours[0] == lib_side[0], "not the same shared-memory object"
     assert ours[1] == lib_side[1], "not the same offset in it"
-    assert "loaderd." in ours[2]["path"] and ours[2]["perms"].startswith("r-") and ours[2]["perms"][3] == "s"
+    assert "loaderd." in ours[2]["path"] and ours[2]["perms"] == "rw-p"
+    assert lib_side[2]["perms"] == "r--s"
+    ctypes.c_uint8.from_address(addr).value           # fault the page in (a read)
+    assert page_flags(addr) == (True, True), "the page is a private copy, not the shared memory"
 
 
 def file_of(row, index):
@@ -169,9 +183,8 @@ def test_views_match_the_files(client, rec_index):
             assert b.rows == (64 if b.index < 15 else REC["n"] - 15 * 64)
             seen[b.epoch] += check_rec_batch(b, rec_index)
             x = b["data"]
-            assert not x.flags.writeable and not x.flags.owndata
-            with pytest.raises(ValueError):
-                x[0, 0] = 1
+            assert x.flags.writeable and not x.flags.owndata     # copy-on-write view
+            x[:, :8] ^= 0xFF       # a write: later batches in this slot are checked all the same
     for e in (0, 1):
         assert sorted(seen[e]) == list(range(REC["n"]))   # each epoch exactly once
     assert seen[0] != seen[1]                             # shuffled differently
@@ -201,7 +214,7 @@ def test_ragged_field(client):
             assert isinstance(rf, loaderclient.RaggedField) and len(rf) == b.rows
             assert rf.offsets.dtype == np.int64 and rf.offsets.shape == (b.rows + 1,) and rf.offsets[0] == 0
             assert rf.data.dtype == np.uint8 and len(rf.data) == rf.offsets[-1]
-            assert not rf.offsets.flags.writeable and not rf.data.flags.writeable
+            assert not rf.offsets.flags.owndata and not rf.data.flags.owndata
             as_bytes = rf.tolist()
             for r in range(b.rows):
                 i = file_of(rf[r], index)
@@ -247,11 +260,127 @@ def test_zero_copy(client, safe):
             assert_zero_copy(b, "label", y.ctypes.data)
             t = b.torch("data")
             assert t.data_ptr() == x.ctypes.data
-            if not safe:    # unguarded: straight into the library's mapping
-                assert x.ctypes.data == library_pointer(b, "data")
-            else:           # guarded: an alias of the same pages
-                assert x.ctypes.data != library_pointer(b, "data")
+            assert x.ctypes.data != library_pointer(b, "data")   # a mapping of our own
             del x, y, t
+        assert s.dropped_pages == 0          # nothing written: no page dropped on reuse
+
+
+# -- writes through views ----------------------------------------------------------------------------
+
+def library_bytes(batch, name, nbytes):
+    """The field's first bytes as the C library sees them: its read-only shared mapping of
+    the ring, i.e. the daemon's memory."""
+    return np.frombuffer(ctypes.string_at(library_pointer(batch, name), nbytes), np.uint8)
+
+
+@pytest.mark.parametrize("safe", [True, False])
+def test_in_place_writes_stay_private(daemon, rec_index, safe):
+    """In-place operations on numpy views and torch tensors work; the daemon's memory is
+    never changed; every later batch in a written slot reads the daemon's bytes again; a
+    second client reading meanwhile gets correct batches."""
+    torch = pytest.importorskip("torch")
+    with loaderclient.Client(daemon.socket, timeout=10) as c, loaderclient.Client(daemon.socket, timeout=10) as c2, \
+            c.open("rec", 64, seed=7, epochs=3, keep_views_safe=safe) as s, c2.open("rec", 64, seed=8, epochs=3) as s2:
+        assert s.writable_views, s.private_reason
+        slots = set()
+        n = 0
+        for b, other in zip(s, s2):
+            check_rec_batch(b, rec_index)      # whatever was written in this slot before
+            check_rec_batch(other, rec_index)
+            x = b["data"]
+            want = np.array(x)
+            t = b.torch("data")
+            lab = b.torch("label")
+            lab_want = lab.clone()
+            x[:, :8] ^= 0xFF                   # numpy, in place
+            t.mul_(3)                          # torch, in place (uint8 wraps)
+            t[: b.rows // 2] = t.flip(0)[: b.rows // 2]   # a mixup-like row swap
+            lab.add_(100)
+            expect = want.copy()
+            expect[:, :8] ^= 0xFF
+            expect = (expect.astype(np.uint16) * 3 % 256).astype(np.uint8)
+            expect[: b.rows // 2] = expect[::-1][: b.rows // 2]
+            assert (x == expect).all() and (t.numpy() == expect).all()
+            assert (lab == lab_want + 100).all() and (b["label"] == lab.numpy()).all()
+            # The daemon's memory is untouched.
+            assert (library_bytes(b, "data", want.size) == want.reshape(-1)).all()
+            assert (library_bytes(b, "label", 8 * b.rows).view(np.int64) == lab_want.numpy()).all()
+            slots.add(b.slot)
+            n += 1
+            del x, t, lab
+        assert n == 48 and len(slots) == s.slot_count     # every slot written and reused
+        assert s.dropped_pages >= n - s.slot_count        # each reuse of a written slot dropped pages
+
+
+def test_written_kept_view_keeps_its_writes(client, rec_index):
+    """A kept batch that is copied out of the ring keeps what was written to it; its slot
+    serves the daemon's bytes afterwards."""
+    with client.open("rec", 64, seed=5) as s:
+        b = s.next()
+        slot = b.slot
+        x = b["data"]
+        x[:] = 7
+        s.next()
+        b3 = s.next()
+        x3 = b3["data"]
+        s.next()                                           # x's batch is copied out
+        assert "loaderd." not in mapping_of(x.ctypes.data)["path"]
+        assert (x == 7).all()
+        x[:, 0] = 9                                        # still writable after the copy
+        assert (x[:, 0] == 9).all() and (x[:, 1:] == 7).all()
+        for _ in range(3 * s.slot_count):
+            nb = s.next()
+            check_rec_batch(nb, rec_index)
+            if nb.slot == slot:
+                break
+        else:
+            raise AssertionError("slot %d never came back" % slot)
+        del x, x3
+
+
+def test_in_place_ops_do_not_crash_the_process(daemon):
+    """The trainer's recipe (x.mul_() on the batch's tensor) in a fresh interpreter: it
+    used to die of SIGSEGV on the read-only mapping."""
+    pytest.importorskip("torch")
+    code = """
+import sys, loaderclient
+with loaderclient.Client(sys.argv[1] if len(sys.argv) > 1 else %r) as c:
+    for safe in (True, False):
+        with c.open("rec", 64, epochs=1, keep_views_safe=safe) as s:
+            for b in s:
+                t = b.torch("data")
+                t.mul_(2)
+                b.torch("label").mul_(7)
+                b["data"][0] += 1
+print("ok")
+""" % daemon.socket
+    p = support.run_python(code, timeout=60)
+    assert p.returncode == 0 and p.stdout.strip() == "ok", (p.returncode, p.stderr[-2000:])
+
+
+def test_without_a_private_mapping_views_are_read_only(client, rec_index, monkeypatch):
+    """Where the ring's file cannot be opened (no /proc), numpy views are read-only aliases
+    (a write raises) and torch tensors copies (warned): never a crash."""
+    torch = pytest.importorskip("torch")
+    from loaderclient import client as lcc
+    monkeypatch.setattr(lcc, "_open_ring_file", lambda base, size: (None, "no /proc here"))
+    monkeypatch.setattr(lcc, "_warned_no_private", [])
+    with client.open("rec", 64, seed=2) as s:
+        assert not s.writable_views and s.private_reason == "no /proc here"
+        for i in range(s.slot_count + 1):
+            b = s.next()
+            check_rec_batch(b, rec_index)
+            x = b["data"]
+            assert shm_position(x.ctypes.data)[2]["perms"] == "r--s"   # a shared read-only alias
+            with pytest.raises(ValueError, match="read-only"):
+                x[0, 0] = 1
+            warned = pytest.warns(RuntimeWarning, match="cannot be mapped privately") if i == 0 else nullcontext()
+            with warned:
+                t = b.torch("data")
+            assert t.data_ptr() != x.ctypes.data
+            t.mul_(2)                                    # a copy: fine
+            assert (x[:, :8] != t.numpy()[:, :8]).any()
+            del x, t
 
 
 # -- release ----------------------------------------------------------------------------------------
