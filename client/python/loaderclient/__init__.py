@@ -13,13 +13,14 @@ or the system path; see client/python/README.md).
 """
 from ._lib import LibraryNotFoundError, library_path, lib as _cdll
 from .errors import (CODE_NAMES, ConnectError, ConnectionLost, DatasetNotFound, EndOfStream, InvalidArgument,
-                     LoaderdError, ReleasedError, SampleError, Timeout, error_name)
+                     LoaderdError, OutOfRange, OverBudget, ReleasedError, SampleError, Timeout, error_name)
 from .client import MAX_DEFERRED, Batch, Client, RaggedField, Stream, default_socket
 
 __version__ = "0.1.0"
 library_version = _cdll.lc_version().decode()
 
 __all__ = ["Client", "Stream", "Batch", "RaggedField", "LoaderdError", "ConnectError", "ConnectionLost",
-           "DatasetNotFound", "InvalidArgument", "EndOfStream", "SampleError", "Timeout", "ReleasedError",
+           "DatasetNotFound", "InvalidArgument", "OutOfRange", "OverBudget", "EndOfStream", "SampleError",
+           "Timeout", "ReleasedError",
            "LibraryNotFoundError", "CODE_NAMES", "error_name", "default_socket", "library_path",
            "library_version", "MAX_DEFERRED"]

@@ -63,6 +63,7 @@ NAME_CODES = {v: k for k, v in CODE_NAMES.items()}
 # The codes the classes below are chosen by (also in loaderclient.h as LC_E*).
 EINVAL, ENOENT, EPIPE, ETIMEDOUT, ECONNREFUSED, ECONNRESET, ENOTCONN = -22, -2, -32, -110, -111, -104, -107
 EFIELD, ENODATASET, EEND, ESAMPLE, ECLOSED = -4003, -4004, -4008, -4010, -4015
+ERANGE, EBUDGET = -34, -4009
 
 
 def error_name(code):
@@ -101,6 +102,17 @@ class InvalidArgument(LoaderdError, ValueError):
     """A request field or a combination of them was refused (``bad_field``, ``invalid_argument``)."""
 
 
+class OutOfRange(InvalidArgument):
+    """``out_of_range``: from ``open``, the batch is larger than this rank's share of the
+    dataset with drop_last (no batch would be left): lower batch_size or world_size, or
+    set drop_last=False."""
+
+
+class OverBudget(LoaderdError):
+    """``over_budget``: the stream's ring would exceed the daemon's server.memory_budget
+    (the message says how much it needs): lower batch_size or prefetch, or raise the budget."""
+
+
 class SampleError(LoaderdError):
     """A sample could not be read (``bad_sample``; the message names the file). The stream
     stays failed: every later next() raises it too."""
@@ -121,6 +133,8 @@ _BY_CODE = {
     ENODATASET: DatasetNotFound,
     EFIELD: InvalidArgument,
     EINVAL: InvalidArgument,
+    ERANGE: OutOfRange,
+    EBUDGET: OverBudget,
     EEND: EndOfStream,
     ESAMPLE: SampleError,
     ETIMEDOUT: Timeout,

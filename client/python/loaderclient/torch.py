@@ -21,13 +21,34 @@ small and always copied, so keeping them (e.g. for metrics) is safe; fields of a
 torch lacks (uint16, uint32 tokens) are converted to int64 copies.
 """
 import time
+import warnings
 
 import torch
 
 from .client import Client, RaggedField, _Closes, _TORCH_DTYPES
 from .errors import InvalidArgument, LoaderdError
 
-__all__ = ["LoaderdDataLoader"]
+__all__ = ["LoaderdDataLoader", "ShareChanged"]
+
+# DataLoader's arguments that mean nothing here: a one-time warning each.
+_IGNORED = {
+    "num_workers": "loaderd's own workers read and decode (server.workers in its config)",
+    "worker_init_fn": "no worker process of this loader runs code",
+    "multiprocessing_context": "no worker process of this loader is started",
+    "pin_memory_device": "use device= to have batches copied to a device",
+}
+_warned = set()
+
+
+def _warn_once(key, message):
+    if key not in _warned:
+        _warned.add(key)
+        warnings.warn(message, UserWarning, stacklevel=4)
+
+
+class ShareChanged(RuntimeError):
+    """The loader delivered batches as one rank / world size, and torch.distributed now
+    says another: the batches so far were not this rank's share."""
 
 
 def _dist_rank_world():
@@ -45,43 +66,79 @@ class LoaderdDataLoader(_Closes):
     torch tensors in the dataset's field order (or of `fields`, in that order; a bare
     tensor when there is one field; dicts with as_dict=True).
 
-    dataset, batch_size, shuffle, seed, drop_last, prefetch: as Client.open.
-    rank, world_size: this process's share; default torch.distributed's when it is
-        initialized, else 0 and 1.
+    dataset, batch_size, shuffle, seed, drop_last, prefetch: as Client.open (`dataset` is
+        the name of a dataset configured in loaderd).
+    rank, world_size: this process's share. Default: torch.distributed's, read at the first
+        ``iter()`` (so a loader built before ``init_process_group`` gets the right share), else
+        0 and 1. A process group that appears after batches were delivered with another
+        share raises ShareChanged.
     socket, timeout: the daemon's socket (default: Client's default) and the per-call
-        timeout in seconds.
+        timeout in seconds; timeout=0 (DataLoader's default) waits for batches without limit.
     device: copy each batch there (``tensor.to(device, non_blocking=True)``); the slot is
         given back at once. None or "cpu": zero-copy tensors of the shared slot.
-    pin_memory: return pinned copies (tensor.pin_memory(); needs CUDA). loaderd's slots are
-        shared memory, not pinned: pinning and device copies done by the daemon belong to
-        its device stage (not in this version).
+    pin_memory: return pinned copies (tensor.pin_memory()). Without CUDA it warns and is
+        off, as DataLoader does.
     copy: return tensors that own their memory (safe to keep; costs one copy).
+    check: connect and open the stream now, so that a wrong dataset name, no daemon, or a
+        batch the daemon refuses raise here rather than at the first ``iter()`` (see check()).
+
+    DataLoader's other arguments are accepted: prefetch_factor (times max(1, num_workers))
+    sets `prefetch` when that is not given; generator sets `seed` (its initial_seed()) when
+    that is not given; persistent_workers is what this loader does anyway; collate_fn may be
+    None or default_collate (batches arrive collated); num_workers, worker_init_fn,
+    multiprocessing_context and pin_memory_device are ignored with a one-time warning.
+    sampler and batch_sampler raise InvalidArgument: the daemon samples (shuffle, seed, rank,
+    world_size).
     """
 
-    def __init__(self, dataset, batch_size, shuffle=True, seed=0, socket=None, drop_last=False, prefetch=None,
+    def __init__(self, dataset, batch_size=1, shuffle=True, seed=None, socket=None, drop_last=False, prefetch=None,
                  rank=None, world_size=None, fields=None, device=None, pin_memory=False, copy=False,
-                 as_dict=False, timeout=30.0, keep_views_safe=True, name="loaderd-torch"):
-        if rank is None or world_size is None:
-            drank, dworld = _dist_rank_world()
-            if rank is None:
-                rank = drank if drank is not None else 0
-            if world_size is None:
-                world_size = dworld if dworld is not None else 1
+                 as_dict=False, timeout=30.0, keep_views_safe=True, name="loaderd-torch", check=True,
+                 sampler=None, batch_sampler=None, num_workers=0, collate_fn=None, worker_init_fn=None,
+                 multiprocessing_context=None, generator=None, prefetch_factor=None, persistent_workers=False,
+                 pin_memory_device=""):
+        if not isinstance(dataset, str):
+            raise InvalidArgument(-4003, "dataset must be the name of a dataset configured in loaderd (a str), "
+                                  "got %s: loaderd reads and samples the data itself" % type(dataset).__name__)
+        if sampler is not None or batch_sampler is not None:
+            raise InvalidArgument(-4003, "%s is not supported: loaderd samples in the daemon; use shuffle, seed, "
+                                  "rank and world_size (DistributedSampler's arguments) instead"
+                                  % ("sampler" if sampler is not None else "batch_sampler"))
+        if collate_fn is not None and collate_fn is not getattr(torch.utils.data, "default_collate", None):
+            raise InvalidArgument(-4003, "collate_fn %r is not supported: loaderd delivers batches already "
+                                  "collated (one tensor per field); apply your function to each batch in the "
+                                  "training loop" % (getattr(collate_fn, "__name__", collate_fn),))
+        given = {"num_workers": num_workers, "worker_init_fn": worker_init_fn,
+                 "multiprocessing_context": multiprocessing_context, "pin_memory_device": pin_memory_device}
+        for k, v in given.items():
+            if v:
+                _warn_once(k, "LoaderdDataLoader: %s=%r is ignored: %s" % (k, v, _IGNORED[k]))
+        if prefetch is None and prefetch_factor is not None:
+            prefetch = max(1, min(64, int(prefetch_factor) * max(1, int(num_workers or 0))))
+        if seed is None:
+            seed = int(generator.initial_seed()) % (1 << 53) if generator is not None else 0
         if device is not None:
             device = torch.device(device)
             if device.type == "cpu":
                 device = None
         if pin_memory and not torch.cuda.is_available():
-            raise RuntimeError("pin_memory=True needs CUDA (torch.cuda.is_available() is False here); loaderd's "
-                               "slots are shared host memory already: leave pin_memory off on a CPU-only machine")
+            _warn_once("pin_memory", "LoaderdDataLoader: pin_memory=True but CUDA is not available here: "
+                       "batches are not pinned (loaderd's slots are shared host memory)")
+            pin_memory = False
+        if timeout is None or timeout == 0:
+            timeout, self._next_timeout = 30.0, float(2**31 // 1000)   # DataLoader's 0: no limit
+        else:
+            self._next_timeout = None
         self.dataset = dataset
         self.batch_size = batch_size
         self.shuffle = shuffle
         self.seed = seed
         self.drop_last = drop_last
         self.prefetch = prefetch
-        self.rank = rank
-        self.world_size = world_size
+        self._rank_arg = rank
+        self._world_arg = world_size
+        self._share = None        # (rank, world_size) of the open stream
+        self._delivered = None    # (rank, world_size) of batches already handed out
         self.device = device
         self.pin_memory = bool(pin_memory)
         self.copy = bool(copy)
@@ -100,10 +157,46 @@ class LoaderdDataLoader(_Closes):
         self.reopens = 0          # streams opened after the first (for tests and curiosity)
         self.wait_s = 0.0         # time spent blocked waiting for batches
         self.batches = 0
+        if check:
+            try:
+                self.check()
+            except BaseException:
+                self.close()
+                raise
+
+    # -- this rank's share ----------------------------------------------------------------------
+
+    def _current_share(self):
+        """(rank, world_size) as things stand: the arguments, else torch.distributed's, else 0, 1."""
+        drank, dworld = (None, None) if self._rank_arg is not None and self._world_arg is not None \
+            else _dist_rank_world()
+        rank = self._rank_arg if self._rank_arg is not None else (drank if drank is not None else 0)
+        world = self._world_arg if self._world_arg is not None else (dworld if dworld is not None else 1)
+        return rank, world
+
+    @property
+    def rank(self):
+        """This process's rank: the one batches were delivered for, else as things stand."""
+        return (self._delivered or self._current_share())[0]
+
+    @property
+    def world_size(self):
+        return (self._delivered or self._current_share())[1]
+
+    def check(self):
+        """Connects and opens the stream for the share known now (the daemon checks the
+        dataset name, the batch size against the data and the memory budget); raises what
+        the first ``iter()`` would. Returns {dataset, rank, world_size, batches_per_epoch,
+        samples_per_epoch, fields}. The stream is the one the first epoch then reads (it is
+        reopened if torch.distributed gives another share by then)."""
+        s = self._stream_at(self._epoch, self._current_share())
+        return {"dataset": self.dataset, "rank": self._share[0], "world_size": self._share[1],
+                "batches_per_epoch": int(s.batches_per_epoch), "samples_per_epoch": int(s.samples_per_epoch),
+                "fields": s.fields}
 
     # -- the stream ----------------------------------------------------------------------------
 
-    def _open(self, epoch):
+    def _open(self, epoch, share):
         if self._client is None:
             self._client = Client(self._socket, timeout=self._timeout, name=self._name)
         if self._stream is not None:
@@ -111,15 +204,16 @@ class LoaderdDataLoader(_Closes):
             self._stream = None
             self.reopens += 1
         self._stream = self._client.open(self.dataset, self.batch_size, shuffle=self.shuffle, seed=self.seed,
-                                         epoch=epoch, rank=self.rank, world_size=self.world_size,
+                                         epoch=epoch, rank=share[0], world_size=share[1],
                                          drop_last=self.drop_last, prefetch=self.prefetch, epochs=0,
                                          keep_views_safe=self.keep_views_safe)
+        self._share = share
         return self._stream
 
-    def _stream_at(self, epoch):
+    def _stream_at(self, epoch, share):
         s = self._stream
-        if s is None or s.closed or s.position != (epoch, 0):
-            s = self._open(epoch)
+        if s is None or s.closed or s.position != (epoch, 0) or self._share != share:
+            s = self._open(epoch, share)
         return s
 
     @property
@@ -128,8 +222,23 @@ class LoaderdDataLoader(_Closes):
         return self._stream
 
     def __len__(self):
-        s = self._stream if self._stream is not None and not self._stream.closed else self._open(self._epoch)
+        share = self._pinned_share()
+        s = self._stream
+        if s is None or s.closed or self._share != share:
+            s = self._stream_at(self._epoch, share)
         return int(s.batches_per_epoch)
+
+    def _pinned_share(self):
+        """The share of the next epoch: the one batches were delivered for (a process group
+        that appeared since with another one is refused), else the current one."""
+        share = self._current_share()
+        if self._delivered is not None and share != self._delivered:
+            raise ShareChanged(
+                "LoaderdDataLoader(%r) delivered batches as rank %d of %d, and torch.distributed now says rank %d "
+                "of %d: those batches were not this rank's share. Create the loader after "
+                "init_process_group() (or iterate it only after), or pass rank= and world_size="
+                % ((self.dataset,) + self._delivered + share))
+        return share
 
     def set_epoch(self, epoch):
         """The epoch the next iter() delivers (like DistributedSampler.set_epoch). Without it,
@@ -140,8 +249,9 @@ class LoaderdDataLoader(_Closes):
 
     def __iter__(self):
         e = self._epoch
+        share = self._pinned_share()
+        it = _EpochIterator(self, e, self._stream_at(e, share))
         self._epoch = e + 1
-        it = _EpochIterator(self, e, self._stream_at(e))
         self._active = it
         return it
 
@@ -193,8 +303,9 @@ class LoaderdDataLoader(_Closes):
             self._client = None
 
     def __repr__(self):
-        return "<LoaderdDataLoader %r batch_size=%d rank=%d/%d epoch=%d>" % (
-            self.dataset, self.batch_size, self.rank, self.world_size, self._epoch)
+        rank, world = self._delivered or self._share or (self._rank_arg, self._world_arg)
+        return "<LoaderdDataLoader %r batch_size=%d rank=%s/%s epoch=%d>" % (
+            self.dataset, self.batch_size, rank, world, self._epoch)
 
 
 def _map(t, fn):
@@ -228,9 +339,10 @@ class _EpochIterator:
         if ld._active is not self or ld._stream is not self._stream:
             raise RuntimeError("this epoch's iterator was superseded by a newer iter(loader) or close()")
         t0 = time.perf_counter()
-        b = self._stream.next()
+        b = self._stream.next(ld._next_timeout)
         ld.wait_s += time.perf_counter() - t0
         ld.batches += 1
+        ld._delivered = ld._share
         if b.epoch != self.epoch or b.index != self._n:
             raise LoaderdError(-71, "expected batch %d of epoch %d, loaderd sent batch %d of epoch %d"
                                % (self._n, self.epoch, b.index, b.epoch))

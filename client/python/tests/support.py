@@ -188,10 +188,21 @@ def rmtree(d):
     shutil.rmtree(d, ignore_errors=True)
 
 
-def run_python(code, env=None, timeout=60):
-    """Runs code in a fresh interpreter (the same one) with the package importable."""
+def _python_env(env):
     e = dict(os.environ)
     e["PYTHONPATH"] = os.path.join(REPO, "client", "python") + os.pathsep + e.get("PYTHONPATH", "")
     if env:
         e.update(env)
-    return subprocess.run([sys.executable, "-c", code], env=e, capture_output=True, text=True, timeout=timeout)
+    return e
+
+
+def run_python(code, env=None, timeout=60):
+    """Runs code in a fresh interpreter (the same one) with the package importable."""
+    return subprocess.run([sys.executable, "-c", code], env=_python_env(env), capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def start_python(code, *args, env=None):
+    """Starts code in a fresh interpreter (sys.argv[1:] = args); stdout and stderr piped."""
+    return subprocess.Popen([sys.executable, "-c", code] + [str(a) for a in args], env=_python_env(env),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -570,6 +570,19 @@ def test_error_no_dataset(client):
     assert ei.value.code == -4004 and ei.value.name == "no_such_dataset" and "nope" in ei.value.message
 
 
+def test_error_out_of_range_and_over_budget(client):
+    """open's refusals of a batch too large: their own classes and the daemon's sentence."""
+    with pytest.raises(loaderclient.OutOfRange) as ei:    # 1000 samples, 2 ranks: 500 each
+        client.open("rec", 501, world_size=2, drop_last=True)
+    assert (ei.value.code, ei.value.name) == (-34, "out_of_range") and "no batch is left" in ei.value.message
+    assert isinstance(ei.value, loaderclient.InvalidArgument)
+    client.open("rec", 500, world_size=2, drop_last=True).close()
+    with pytest.raises(loaderclient.OverBudget) as ei:
+        client.open("rec", 65536, prefetch=64)
+    assert ei.value.name == "over_budget" and "memory_budget" in ei.value.message
+    assert client.datasets()
+
+
 @pytest.mark.parametrize("kw, code, name, text", [
     (dict(batch_size=0), -4003, "bad_field", "batch_size"),
     (dict(batch_size=4, rank=2, world_size=2), -22, "invalid_argument", "rank"),

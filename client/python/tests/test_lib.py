@@ -89,8 +89,13 @@ def test_exception_classes():
     assert isinstance(errors.make_error(-110, ""), TimeoutError)
     assert isinstance(errors.make_error(-4010, ""), loaderclient.SampleError)
     assert isinstance(errors.make_error(-4008, ""), loaderclient.EndOfStream)
+    e = errors.make_error(-34, "no batch is left")
+    assert type(e) is loaderclient.OutOfRange and isinstance(e, loaderclient.InvalidArgument)
+    assert e.name == "out_of_range"
     e = errors.make_error(-4009, "budget")
-    assert type(e) is loaderclient.LoaderdError and e.name == "over_budget"
+    assert type(e) is loaderclient.OverBudget and e.name == "over_budget"
+    e = errors.make_error(-4012, "too many")
+    assert type(e) is loaderclient.LoaderdError and e.name == "limit_reached"
     assert errors.make_error(-99999, "?").name == "unknown_error"
 
 
