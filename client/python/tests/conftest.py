@@ -15,6 +15,8 @@ sys.path.insert(0, HERE)
 
 import support  # noqa: E402
 
+pytest_plugins = ["deadline"]   # a time limit per test: a deadlock fails instead of hanging
+
 REC = dict(n=1000, size=256, classes=10)
 VAR = dict(n=300, size=200, classes=5)
 TOK = dict(n=20000, context=31)

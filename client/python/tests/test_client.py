@@ -787,33 +787,53 @@ def test_views_handed_to_another_thread(client, rec_index):
     import gc
     import queue
     q = queue.Queue(maxsize=6)
-    bad, checked = [], []
+    bad, checked, died = [], [], []
 
     def consumer():
-        while True:
-            item = q.get()
-            if item is None:
-                return
-            x, ids = item
-            time.sleep(0.002 * (len(checked) % 4))
-            got = [file_of(x[r], rec_index) for r in range(x.shape[0])]
-            if got != ids or any((x[r] != support.file_bytes(i, REC["size"])).any() for r, i in enumerate(got)):
-                bad.append(ids)
-            checked.append(len(got))
-            del x, item
+        try:
+            while True:
+                item = q.get()
+                if item is None:
+                    return
+                x, ids = item
+                time.sleep(0.002 * (len(checked) % 4))
+                got = [file_of(x[r], rec_index) for r in range(x.shape[0])]
+                if got != ids or any((x[r] != support.file_bytes(i, REC["size"])).any() for r, i in enumerate(got)):
+                    bad.append(ids)
+                checked.append(len(got))
+                del x, item
+        except BaseException as e:   # e.g. a view showing bytes of no file: KeyError
+            died.append(repr(e))
+            raise
 
-    t = threading.Thread(target=consumer)
+    def put(item, within=30.0):
+        # Never blocks on a consumer that is gone: a dead consumer fails the test.
+        deadline = time.monotonic() + within
+        while True:
+            assert t.is_alive(), "the consumer thread died: %s" % (died or "without an exception")
+            try:
+                q.put(item, timeout=0.05)
+                return
+            except queue.Full:
+                assert time.monotonic() < deadline, "the consumer took nothing for %g s" % within
+
+    t = threading.Thread(target=consumer, daemon=True)
     t.start()
     try:
         with client.open("rec", 32, seed=11, epochs=2) as s:
             for b in s:
                 x = b["data"]
-                q.put((x, [file_of(x[r], rec_index) for r in range(b.rows)]))
+                put((x, [file_of(x[r], rec_index) for r in range(b.rows)]))
                 del x
                 assert s.held_batches() <= s.slot_count - 1
     finally:
-        q.put(None)
-        t.join(30)
+        if t.is_alive():
+            try:
+                q.put(None, timeout=5)
+            except queue.Full:
+                pass
+        t.join(10)
+    assert not t.is_alive() and not died, died
     assert not bad and sum(checked) == 2 * REC["n"]
     gc.collect()
     assert _maps()[1] == 0
