@@ -343,8 +343,8 @@ def test_in_place_ops_do_not_crash_the_process(daemon):
     used to die of SIGSEGV on the read-only mapping."""
     pytest.importorskip("torch")
     code = """
-import sys, loaderclient
-with loaderclient.Client(sys.argv[1] if len(sys.argv) > 1 else %r) as c:
+import loaderclient
+with loaderclient.Client(%r) as c:
     for safe in (True, False):
         with c.open("rec", 64, epochs=1, keep_views_safe=safe) as s:
             for b in s:
