@@ -622,7 +622,7 @@ class Stream(_ContextManaged):
         self._slot_maps = [None] * hdr.slot_count                # unguarded: _SlotMapping by slot
         self._fd, self.private_reason = _open_ring_file(self._ring_base, self._ring_size)
         self._private = self._fd is not None                     # private copy-on-write mappings
-        self.dropped_pages = 0                                   # written pages dropped so far
+        self.dropped_pages = 0                                   # pages given to MADV_DONTNEED
         self._lease_type = type("_Lease", (ctypes.c_uint8 * self._alias_len,),
                                 {"__slots__": ("state",), "__del__": _lease_del})
         self._layout = None
