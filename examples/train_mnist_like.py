@@ -145,7 +145,7 @@ def train(name, loader, epochs, set_epoch=None):
                 waited += time.perf_counter() - t0
                 break
             waited += time.perf_counter() - t0
-            x = images.float().div_(255)          # out of place first: the loaderd tensor is read-only
+            x = images.float().div_(255)          # uint8 -> float32 makes a new tensor; then in place
             out = model(x)
             loss = torch.nn.functional.cross_entropy(out, labels)
             opt.zero_grad()
