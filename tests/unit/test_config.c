@@ -342,7 +342,7 @@ static void test_example_config(void **state)
     int rc = config_load(path, &c, errbuf);
     if (rc != 0)
         fail_msg("%s (run from the repository root or set LD_SOURCE_DIR): %s", path, errbuf);
-    assert_int_equal(c->n_datasets, 2);
+    assert_int_equal(c->n_datasets, 4);
     assert_string_equal(c->datasets[0].name, "records");
     assert_int_equal(c->datasets[0].kind, CONFIG_DATASET_FILES);
     assert_string_equal(c->datasets[0].pattern, "*.bin");
@@ -356,6 +356,11 @@ static void test_example_config(void **state)
     assert_int_equal(c->datasets[1].token_dtype, LD_DTYPE_UINT16);
     assert_int_equal(c->datasets[1].context, 1024);
     assert_int_equal(c->datasets[1].stride, 1024);
+    /* the cache and image examples (their contents: test_examples.c) */
+    assert_string_equal(c->datasets[2].name, "records_cached");
+    assert_int_equal(c->datasets[2].kind, CONFIG_DATASET_FILES);
+    assert_string_equal(c->datasets[3].name, "images");
+    assert_int_equal(c->datasets[3].kind, CONFIG_DATASET_IMAGE_FOLDER);
     assert_true(c->memory_budget == (UINT64_C(1) << 30));
     assert_int_equal(c->log_level, LD_LOG_INFO);
     config_free(c);
