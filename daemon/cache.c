@@ -39,6 +39,7 @@
 #include <xxhash.h>
 
 #include "log.h"
+#include "mapguard.h"
 
 /* Writes go out in pieces of this size: few system calls, and little memory. */
 #define BUILD_DATA_BUF (8u << 20)
@@ -61,6 +62,11 @@ struct cache {
     struct cache_meta meta;
     atomic_uint_fast64_t hit_samples;
     atomic_uint_fast64_t hit_bytes;
+    dev_t dev;                      /* the file mapped, to set aside only that one */
+    ino_t ino;
+    /* The first failure found while serving (cache_read): CACHE_BAD_*, and the sample. */
+    atomic_int bad;
+    _Atomic uint64_t bad_index;
 };
 
 /* ---- helpers ------------------------------------------------------------------------ */
@@ -226,13 +232,18 @@ static int build_plan(const dataset *d, const char *path, uint64_t fingerprint,
         return cache_fail(errbuf, LD_EINVAL, path, "dataset '%s' has %d fields", d->name,
                           d->n_fields);
 
+    /* A kind that transforms its raw bytes (read_ctx: image_folder decodes and
+     * augments the encoded file) serves field 0 in another shape than it stores it:
+     * the cache holds the raw bytes, so its field 0 is ragged bytes whatever the
+     * served layout is. Otherwise the raw bytes are field 0 verbatim. */
+    const bool raw_ragged = d->fields[0].ragged || d->ops->read_ctx != NULL;
     const struct dataset_field *f0 = &d->fields[0];
-    uint64_t row = f0->ragged ? 0 : dataset_row_bytes(d, 0);
+    uint64_t row = raw_ragged ? 0 : dataset_row_bytes(d, 0);
     uint64_t data_bytes = 0, sample_bytes = 0, max_len = 0;
     const uint64_t limit = UINT64_MAX / 2;   /* far beyond any file; keeps the sums exact */
     for (uint64_t i = 0; i < d->count; i++) {
         uint64_t len = d->ops->raw_bytes(d, i);
-        if (!f0->ragged && len != row)
+        if (!raw_ragged && len != row)
             return cache_fail(errbuf, LD_EDATASET, path,
                               "dataset '%s': sample %" PRIu64 " has %" PRIu64
                               " bytes, its fixed field '%s' has %" PRIu64, d->name, i, len,
@@ -251,7 +262,7 @@ static int build_plan(const dataset *d, const char *path, uint64_t fingerprint,
 
     memcpy(h->magic, CACHE_MAGIC, sizeof h->magic);
     h->version = CACHE_VERSION;
-    h->flags = f0->ragged ? CACHE_FLAG_RAGGED : 0;
+    h->flags = raw_ragged ? CACHE_FLAG_RAGGED : 0;
     h->count = d->count;
     h->fingerprint = fingerprint;
     h->data_offset = CACHE_HEADER_SIZE;
@@ -274,6 +285,13 @@ static int build_plan(const dataset *d, const char *path, uint64_t fingerprint,
         const struct dataset_field *f = &d->fields[k];
         struct cache_field *cf = &h->fields[k];
         copy_str(cf->name, sizeof cf->name, f->name);
+        if (k == 0 && raw_ragged && !f->ragged) {
+            /* The raw bytes (an encoded image), described as what they are. */
+            cf->dtype = LD_DTYPE_UINT8;
+            cf->ragged = 1;
+            cf->max_item_bytes = max_len;
+            continue;
+        }
         cf->dtype = (uint32_t)f->dtype;
         cf->ndim = (uint32_t)f->ndim;
         for (int j = 0; j < f->ndim && j < LD_MAX_DIMS; j++)
@@ -713,6 +731,14 @@ static void fill_meta(struct cache *c)
     }
 }
 
+struct open_checks {
+    struct cache *c;
+    uint64_t size, expected;
+    char *errbuf;
+};
+
+static int open_checks(void *arg);
+
 int cache_open(const char *path, uint64_t expected_fingerprint, cache **ret_cache, char *errbuf)
 {
     struct cache *c = NULL;
@@ -764,31 +790,65 @@ int cache_open(const char *path, uint64_t expected_fingerprint, cache **ret_cach
     }
     close(fd);                      /* the mapping keeps the file */
     fd = -1;
+    c->dev = st.st_dev;
+    c->ino = st.st_ino;
     c->map = map;
     c->map_len = (size_t)size;
     long page = sysconf(_SC_PAGESIZE);
     c->page = page > 0 ? (size_t)page : 4096;
     c->hdr = (const struct cache_header *)c->map;
+    /* The file may be cut short by someone else while we read it: the checks run
+     * under the SIGBUS guard, and a fault reads as a truncated file. */
+    struct open_checks oc = {.c = c, .size = size, .expected = expected_fingerprint, .errbuf = errbuf};
+    r = mapguard_init();
+    if (r == 0)
+        r = mapguard_run(open_checks, &oc);
+    if (r == LD_EIO)
+        r = cache_fail(errbuf, LD_ECACHE, path, "truncated while being opened");
+    if (r < 0)
+        goto fail;
+    atomic_init(&c->hit_samples, 0);
+    atomic_init(&c->hit_bytes, 0);
+    atomic_init(&c->bad, 0);
+    atomic_init(&c->bad_index, 0);
+    *ret_cache = c;
+    return 0;
+
+fail:
+    if (fd >= 0)
+        close(fd);
+    cache_free(c);
+    return r;
+}
+
+static int open_checks(void *arg)
+{
+    struct open_checks *oc = arg;
+    struct cache *c = oc->c;
+    const char *path = c->path;
+    const uint64_t size = oc->size, expected_fingerprint = oc->expected;
+    char *errbuf = oc->errbuf;
     const struct cache_header *h = c->hdr;
+    int r;
 
     /* Magic and version first: a later version may lay out the rest differently. */
     if (memcmp(h->magic, CACHE_MAGIC, sizeof h->magic) != 0) {
         r = cache_fail(errbuf, LD_ECACHE, path, "not a loaderd cache file (bad magic)");
-        goto fail;
+        return r;
     }
     if (h->version != CACHE_VERSION) {
         r = cache_fail(errbuf, LD_ECACHEVERSION, path,
                        "format version %u, this build reads version %u", h->version,
                        CACHE_VERSION);
-        goto fail;
+        return r;
     }
     if (XXH3_64bits(h, offsetof(struct cache_header, header_checksum)) != h->header_checksum) {
         r = cache_fail(errbuf, LD_ECACHE, path, "header checksum mismatch (header corrupt)");
-        goto fail;
+        return r;
     }
     r = check_header(h, path, errbuf);
     if (r < 0)
-        goto fail;
+        return r;
     if (size != h->file_size) {
         if (size < h->file_size)
             r = cache_fail(errbuf, LD_ECACHE, path, "truncated: %" PRIu64
@@ -797,23 +857,23 @@ int cache_open(const char *path, uint64_t expected_fingerprint, cache **ret_cach
             r = cache_fail(errbuf, LD_ECACHE, path, "%" PRIu64
                            " bytes, longer than the %" PRIu64 " the header says", size,
                            h->file_size);
-        goto fail;
+        return r;
     }
 
     const struct cache_footer *f = (const struct cache_footer *)(c->map + size - CACHE_FOOTER_SIZE);
     if (memcmp(f->magic, CACHE_FOOTER_MAGIC, sizeof f->magic) != 0) {
         r = cache_fail(errbuf, LD_ECACHE, path, "footer corrupt (bad magic)");
-        goto fail;
+        return r;
     }
     if (XXH3_64bits(f, offsetof(struct cache_footer, footer_checksum)) != f->footer_checksum) {
         r = cache_fail(errbuf, LD_ECACHE, path, "footer checksum mismatch (footer corrupt)");
-        goto fail;
+        return r;
     }
     if (f->count != h->count || f->fingerprint != h->fingerprint ||
         f->index_offset != h->index_offset || f->header_checksum != h->header_checksum ||
         f->file_size != h->file_size) {
         r = cache_fail(errbuf, LD_ECACHE, path, "footer does not match the header");
-        goto fail;
+        return r;
     }
     /* Stale before the index: no need to read a whole index to learn that. */
     if (expected_fingerprint && h->fingerprint != expected_fingerprint) {
@@ -821,27 +881,16 @@ int cache_open(const char *path, uint64_t expected_fingerprint, cache **ret_cach
                        "stale: built from source fingerprint %016" PRIx64
                        ", the source's is now %016" PRIx64, h->fingerprint,
                        expected_fingerprint);
-        goto fail;
+        return r;
     }
     c->index = (const struct cache_index_entry *)(c->map + h->index_offset);
     if (XXH3_64bits(c->index, (size_t)h->index_bytes) != f->index_checksum) {
         r = cache_fail(errbuf, LD_ECACHE, path, "index checksum mismatch (index corrupt)");
-        goto fail;
+        return r;
     }
     r = check_index(c, errbuf);
-    if (r < 0)
-        goto fail;
-
-    fill_meta(c);
-    atomic_init(&c->hit_samples, 0);
-    atomic_init(&c->hit_bytes, 0);
-    *ret_cache = c;
-    return 0;
-
-fail:
-    if (fd >= 0)
-        close(fd);
-    cache_free(c);
+    if (r == 0)
+        fill_meta(c);
     return r;
 }
 
@@ -861,16 +910,34 @@ static void count_hit(cache *c, uint64_t bytes)
     atomic_fetch_add_explicit(&c->hit_bytes, bytes, memory_order_relaxed);
 }
 
+/* Index entry i, copied out under the guard: the index lives in the mapping too. */
+static int entry_at(const struct cache *c, uint64_t i, struct cache_index_entry *ret)
+{
+    return mapguard_copy(ret, &c->index[i], sizeof *ret);
+}
+
+/* Remembers the first failure found while serving; the keeper asks cache_bad(). */
+static void mark_bad(struct cache *c, int why, uint64_t index)
+{
+    int expected = 0;
+    if (atomic_compare_exchange_strong(&c->bad, &expected, why))
+        atomic_store(&c->bad_index, index);
+}
+
 int cache_sample(cache *c, uint64_t index, const void **ret_ptr, uint64_t *ret_len,
                  int64_t *ret_label)
 {
     if (index >= c->meta.count)
         return LD_ERANGE;
-    const struct cache_index_entry *e = &c->index[index];
-    count_hit(c, e->length);
-    *ret_ptr = c->map + e->offset;
-    *ret_len = e->length;
-    *ret_label = e->label;
+    struct cache_index_entry e;
+    if (entry_at(c, index, &e) < 0) {
+        mark_bad(c, CACHE_BAD_TRUNCATED, index);
+        return LD_ECACHE;
+    }
+    count_hit(c, e.length);
+    *ret_ptr = c->map + e.offset;
+    *ret_len = e.length;
+    *ret_label = e.label;
     return 0;
 }
 
@@ -880,20 +947,48 @@ int cache_read(cache *c, uint64_t index, void *dst, uint64_t cap, uint64_t *ret_
     if (index >= c->meta.count)
         return cache_fail(errbuf, LD_ERANGE, c->path, "sample %" PRIu64 " out of range (%"
                           PRIu64 " samples)", index, c->meta.count);
-    const struct cache_index_entry *e = &c->index[index];
-    const uint8_t *src = c->map + e->offset;
-    if (e->length > cap)
+    struct cache_index_entry e;
+    if (entry_at(c, index, &e) < 0)
+        goto truncated;
+    if (e.length > cap)
         return cache_fail(errbuf, LD_ERANGE, c->path, "sample %" PRIu64 " has %" PRIu64
-                          " bytes, the buffer %" PRIu64, index, e->length, cap);
-    if (verify && XXH3_64bits(src, (size_t)e->length) != e->checksum)
+                          " bytes, the buffer %" PRIu64, index, e.length, cap);
+    if (mapguard_copy(dst, c->map + e.offset, (size_t)e.length) < 0)
+        goto truncated;
+    /* The copy is checked, not the mapping: what is served is what was verified, and
+     * the bytes are still in this core's cache. */
+    if (verify && XXH3_64bits(dst, (size_t)e.length) != e.checksum) {
+        mark_bad(c, CACHE_BAD_CHECKSUM, index);
         return cache_fail(errbuf, LD_ECACHE, c->path, "sample %" PRIu64 " (offset %" PRIu64
                           ", %" PRIu64 " bytes): checksum mismatch (data corrupt)", index,
-                          e->offset, e->length);
-    memcpy(dst, src, (size_t)e->length);
-    count_hit(c, e->length);
-    *ret_len = e->length;
-    *ret_label = e->label;
+                          e.offset, e.length);
+    }
+    count_hit(c, e.length);
+    *ret_len = e.length;
+    *ret_label = e.label;
     return 0;
+
+truncated:
+    mark_bad(c, CACHE_BAD_TRUNCATED, index);
+    return cache_fail(errbuf, LD_EIO, c->path, "sample %" PRIu64
+                      ": the file was truncated while being read", index);
+}
+
+int cache_bad(const cache *c, uint64_t *ret_index)
+{
+    struct cache *m = (struct cache *)c; /* atomics only */
+    int why = atomic_load(&m->bad);
+    if (why && ret_index)
+        *ret_index = atomic_load(&m->bad_index);
+    return why;
+}
+
+int cache_set_aside_file(const cache *c, const char *reason, char *errbuf)
+{
+    struct stat st;
+    if (stat(c->path, &st) < 0 || st.st_dev != c->dev || st.st_ino != c->ino)
+        return cache_fail(errbuf, LD_ENOENT, c->path, "already replaced; nothing to set aside");
+    return cache_set_aside(c->path, reason, errbuf);
 }
 
 struct advise_range {
@@ -925,10 +1020,10 @@ int cache_advise(const cache *c, const uint64_t *indices, size_t n)
     for (size_t k = 0; k < n; k++) {
         if (indices[k] >= c->meta.count)
             continue;
-        const struct cache_index_entry *e = &c->index[indices[k]];
-        if (e->length == 0)
+        struct cache_index_entry e;
+        if (entry_at(c, indices[k], &e) < 0 || e.length == 0)
             continue;
-        struct advise_range rg = {e->offset / page * page, align_up(e->offset + e->length, page)};
+        struct advise_range rg = {e.offset / page * page, align_up(e.offset + e.length, page)};
         if (rg.end > c->map_len)
             rg.end = c->map_len;
         if (rs)
@@ -952,6 +1047,19 @@ int cache_advise(const cache *c, const uint64_t *indices, size_t n)
     return calls;
 }
 
+struct hash_job {
+    const void *p;
+    size_t n;
+    uint64_t hash;
+};
+
+static int hash_guarded(void *arg)
+{
+    struct hash_job *j = arg;
+    j->hash = XXH3_64bits(j->p, j->n);
+    return 0;
+}
+
 int cache_verify(const cache *c, cache_progress_fn cb, void *ctx, const atomic_int *cancel,
                  char *errbuf)
 {
@@ -964,7 +1072,10 @@ int cache_verify(const cache *c, cache_progress_fn cb, void *ctx, const atomic_i
         if (stop_requested(cancel))
             return cache_fail(errbuf, LD_ECANCELED, c->path, "verify canceled at sample %"
                               PRIu64 " of %" PRIu64, i, count);
-        const struct cache_index_entry *e = &c->index[i];
+        struct cache_index_entry ent;
+        const struct cache_index_entry *e = &ent;
+        if (entry_at(c, i, &ent) < 0)
+            return cache_fail(errbuf, LD_ECACHE, c->path, "truncated while being verified");
         /* Keep the kernel reading ahead of us, in large ranges. */
         if (e->offset + e->length > advised) {
             uint64_t start = e->offset / c->page * c->page;
@@ -975,7 +1086,11 @@ int cache_verify(const cache *c, cache_progress_fn cb, void *ctx, const atomic_i
                 advise(c, start, end);
             advised = end;
         }
-        if (XXH3_64bits(c->map + e->offset, (size_t)e->length) != e->checksum)
+        struct hash_job hj = {c->map + e->offset, (size_t)e->length, 0};
+        if (mapguard_run(hash_guarded, &hj) < 0)
+            return cache_fail(errbuf, LD_ECACHE, c->path, "sample %" PRIu64
+                              ": the file was truncated while being verified", i);
+        if (hj.hash != e->checksum)
             return cache_fail(errbuf, LD_ECACHE, c->path, "sample %" PRIu64 " (offset %" PRIu64
                               ", %" PRIu64 " bytes): checksum mismatch (data corrupt)", i,
                               e->offset, e->length);

@@ -9,7 +9,9 @@
  * whole index): run them on a thread that may block, never on the loop thread. An
  * open cache is immutable apart from its hit counters (atomics), so cache_sample(),
  * cache_read(), cache_advise(), cache_meta() and the accessors may be called from any
- * number of threads at once; cache_free() must not race with any of them.
+ * number of threads at once; cache_free() must not race with any of them. Every read of
+ * the mapping in this module runs under mapguard, so a file truncated by someone else
+ * fails the read (LD_ECACHE) instead of raising SIGBUS.
  *
  * Errors: 0 or a negative LD_* code, with a sentence in errbuf (LD_ERRMSG_MAX bytes)
  * that names the cache file. LD_ECACHE: corrupt or truncated (never serve it: set it
@@ -220,12 +222,16 @@ void cache_free(cache *c);
 /* Sample `index`: a pointer into the mapping (valid until cache_free(), aligned to
  * CACHE_ALIGN, read-only), its length and label. O(1), no system call (the first
  * touch of a page not in memory blocks on I/O), thread-safe; counts a hit. The bytes
- * are not checked against their checksum. LD_ERANGE when index >= count. */
+ * are not checked against their checksum, and reading them through the pointer is not
+ * guarded against a file truncated under us (SIGBUS): serve with cache_read(). LD_ERANGE
+ * when index >= count, LD_ECACHE when the index itself is cut off. */
 int cache_sample(cache *c, uint64_t index, const void **ret_ptr, uint64_t *ret_len,
                  int64_t *ret_label);
 /* Copies sample `index` into dst (cap bytes; LD_ERANGE when it does not fit or index
- * >= count) with its length and label; with verify, checks the checksum first
- * (LD_ECACHE, naming the sample). Thread-safe; counts a hit. */
+ * >= count) with its length and label; with verify, checks the copy against the
+ * sample's checksum (LD_ECACHE, naming the sample). A file truncated under the copy
+ * (SIGBUS) is LD_EIO, never a crash (mapguard.h). Either failure marks the cache
+ * bad (cache_bad()). Thread-safe; counts a hit. */
 int cache_read(cache *c, uint64_t index, void *dst, uint64_t cap, uint64_t *ret_len,
                int64_t *ret_label, bool verify, char *errbuf);
 /* Asks the kernel to read ahead the pages of the given samples (the next batches', in
@@ -239,6 +245,19 @@ int cache_advise(const cache *c, const uint64_t *indices, size_t n);
  * may be NULL. */
 int cache_verify(const cache *c, cache_progress_fn cb, void *ctx, const atomic_int *cancel,
                  char *errbuf);
+
+/* What cache_read() found wrong while serving, first failure wins. */
+enum cache_bad_kind {
+    CACHE_BAD_NONE = 0,
+    CACHE_BAD_CHECKSUM = 1,         /* a sample's bytes do not match their checksum */
+    CACHE_BAD_TRUNCATED = 2,        /* the file shrank under the mapping */
+};
+/* CACHE_BAD_*, and the first bad sample's index in *ret_index (may be NULL) when not
+ * NONE. Any thread. */
+int cache_bad(const cache *c, uint64_t *ret_index);
+/* cache_set_aside() of the file this cache has mapped, only if the path still names
+ * that file (a newer build may have replaced it: then LD_ENOENT, nothing moved). */
+int cache_set_aside_file(const cache *c, const char *reason, char *errbuf);
 
 const struct cache_meta *cache_meta(const cache *c);
 const char *cache_path(const cache *c);

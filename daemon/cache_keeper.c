@@ -1,18 +1,33 @@
 /* cache_keeper — the life of one dataset's cache inside the daemon.
  *
- *   checking ──▶ ready (attached: workers read the cache)
+ *   checking ──▶ ready (attached: batches may read the cache)
  *      │            │ a stream opens and the fingerprint moved ─▶ stale ─▶ building
  *      ├──▶ absent ──┴─ a stream opens (auto), or cache build ──────────▶ building
  *      ├──▶ stale (built from another state of the source) ─────────────▶ building
- *      └──▶ failed (unreadable directory, ...): served from the source
+ *      └──▶ failed (unreadable directory, ...): served from the source; checked again
+ *                   (and built again) when the next stream opens
  *   building ──▶ ready, or failed
+ *   off (cache.mode: off): nothing is checked, built or served
  *
  * A job (check, build, verify) runs on the keeper's thread; the loop thread starts it,
  * and learns its result through `done`, a uv_async handle. Between the two, the thread
- * owns `job` and the loop owns the rest; progress is an atomic the loop may read. A
- * cache is attached by storing its pointer in the dataset (release order, so a worker
- * that sees the pointer sees the mapping); a replaced or detached cache stays mapped
- * until the keeper is freed, after the workers have stopped. */
+ * owns `job` and the loop owns the rest; progress is an atomic the loop may read.
+ *
+ * Never a stale byte. Every stream gets a ticket when it opens (cache_keeper_stream_opened),
+ * and a check or build records the last ticket issued when it starts: its fingerprint
+ * is taken after that, so a cache it finds matching matches the source as every one of
+ * those streams found it. `valid_for` is the last ticket the attached cache has been
+ * proven for; a stream with a later ticket reads the source until a check started after
+ * its open has passed (one is started whenever a stream opens, or right after the job
+ * that was running then). So a stream opened after a change never reads a byte of a
+ * cache built before it.
+ *
+ * Reclamation. The stream takes the cache for one batch at a time (acquire when the
+ * batch is cut into chunks, release when its last chunk is back, both on the loop
+ * thread), so every cache has an exact count of the batches reading it; a job that
+ * uses a cache holds a reference too. A cache that is no longer attached (replaced,
+ * stale, corrupt) is unmapped as soon as that count is 0: the number of caches a run
+ * may attach is unbounded, and superseded files are not kept on disk by our mappings. */
 #include "cache_keeper.h"
 
 #include <inttypes.h>
@@ -27,12 +42,22 @@
 #include "cache.h"
 #include "log.h"
 
-enum keeper_state { K_CHECKING, K_ABSENT, K_BUILDING, K_READY, K_STALE, K_FAILED };
-static const char *const state_names[] = {"checking", "absent", "building", "ready", "stale", "failed"};
+enum keeper_state { K_CHECKING, K_ABSENT, K_BUILDING, K_READY, K_STALE, K_FAILED, K_OFF };
+static const char *const state_names[] = {"checking", "absent", "building", "ready", "stale", "failed", "off"};
 
 enum job_kind { JOB_NONE, JOB_CHECK, JOB_BUILD, JOB_VERIFY };
 
-#define MAX_CACHES 16 /* caches attached over one run (each rebuild adds one) */
+/* `cache build --force` over a valid cache at most this often: any client may ask,
+ * and each forced build rereads the whole source. */
+#define FORCE_INTERVAL_NS (60ull * 1000000000ull)
+
+/* A cache this keeper opened, with the number of readers holding it. */
+struct held {
+    cache *c;
+    uint32_t refs;                  /* batches reading it + the job using it */
+    bool advise;                    /* much larger than memory: advise the next pages */
+    struct held *next;
+};
 
 struct cache_keeper {
     uv_async_t done;
@@ -45,15 +70,21 @@ struct cache_keeper {
     void (*pending_verify)(void *ctx, int rc, const char *message); /* a verify waiting for the job */
     void *pending_verify_ctx;
     char error[LD_ERRMSG_MAX];
-    cache *caches[MAX_CACHES];      /* every cache attached so far; the last is current */
-    int n_caches;
-    cache *current;
+    struct held *held;              /* every cache still mapped; current is one of them */
+    struct held *current;           /* the attached cache, or NULL */
+    uint64_t tickets;               /* tickets issued: one per stream opened */
+    uint64_t valid_for;             /* current matches the source for tickets <= this */
+    uint64_t last_force_ns;         /* uv_hrtime() of the last forced build's start; 0: none */
+    uint64_t attached, freed;       /* caches attached and unmapped over the run */
+    uint64_t freed_hits, freed_hit_bytes;
     /* the running job; written by the thread until it signals `done` */
     pthread_t thread;
     bool thread_live;
     struct {
         enum job_kind kind;
         bool force;
+        uint64_t ticket;            /* the last ticket issued when the job started */
+        struct held *uses;          /* check/verify: the cache it looks at (a reference) */
         int rc;
         cache *opened;              /* check/build: the cache to attach */
         bool set_aside, stale;      /* check: what was found */
@@ -78,11 +109,6 @@ static void progress_cb(void *ctx, enum cache_stage stage, uint64_t done, uint64
 
 /* ---- the keeper's thread ---------------------------------------------------------- */
 
-static uint64_t current_fingerprint(const cache *c)
-{
-    return c ? cache_meta(c)->fingerprint : 0;
-}
-
 static void job_check(cache_keeper *k)
 {
     uint64_t fp;
@@ -92,7 +118,7 @@ static void job_check(cache_keeper *k)
         k->job.rc = rc;
         return;
     }
-    if (k->current && current_fingerprint(k->current) == fp) {
+    if (k->job.uses && cache_meta(k->job.uses->c)->fingerprint == fp) {
         k->job.rc = 0; /* unchanged: keep what is attached */
         return;
     }
@@ -128,10 +154,46 @@ static void *keeper_thread(void *arg)
     switch (k->job.kind) {
     case JOB_CHECK: job_check(k); break;
     case JOB_BUILD: job_build(k); break;
-    case JOB_VERIFY: k->job.rc = cache_verify(k->current, progress_cb, k, &k->cancel, k->job.msg); break;
+    case JOB_VERIFY: k->job.rc = cache_verify(k->job.uses->c, progress_cb, k, &k->cancel, k->job.msg); break;
     case JOB_NONE: break;
     }
     uv_async_send(&k->done);
+    return NULL;
+}
+
+/* ---- references ----------------------------------------------------------------------- */
+
+static void held_unmap(cache_keeper *k, struct held *h)
+{
+    struct held **pp = &k->held;
+    while (*pp != h)
+        pp = &(*pp)->next;
+    *pp = h->next;
+    uint64_t hits, bytes;
+    cache_hits(h->c, &hits, &bytes);
+    k->freed_hits += hits;
+    k->freed_hit_bytes += bytes;
+    k->freed++;
+    ld_log(LD_LOG_DEBUG, "dataset '%s': unmapped a superseded cache (%" PRIu64 " so far)", k->d->name, k->freed);
+    cache_free(h->c);
+    free(h);
+}
+
+static void held_unref(cache_keeper *k, struct held *h)
+{
+    if (!h)
+        return;
+    if (h->refs == 0)
+        abort(); /* more releases than acquires: the reference count is broken */
+    if (--h->refs == 0 && h != k->current)
+        held_unmap(k, h);
+}
+
+static struct held *held_of(cache_keeper *k, const cache *c)
+{
+    for (struct held *h = k->held; h; h = h->next)
+        if (h->c == c)
+            return h;
     return NULL;
 }
 
@@ -144,16 +206,25 @@ static int start_job(cache_keeper *k, enum job_kind kind, bool force)
     memset(&k->job, 0, sizeof k->job);
     k->job.kind = kind;
     k->job.force = force;
+    k->job.ticket = k->tickets;
+    if (kind != JOB_BUILD && k->current) {
+        k->job.uses = k->current;
+        k->current->refs++;
+    }
     atomic_store(&k->progress_done, 0);
     atomic_store(&k->progress_total, 0);
     int e = pthread_create(&k->thread, NULL, keeper_thread, k);
     if (e != 0) {
+        held_unref(k, k->job.uses);
+        k->job.uses = NULL;
         snprintf(k->error, sizeof k->error, "cannot start the cache thread: %s", strerror(e));
         return ld_from_errno(e);
     }
     k->thread_live = true;
     if (kind == JOB_BUILD) {
         k->state = K_BUILDING;
+        if (force)
+            k->last_force_ns = uv_hrtime();
         ld_log(LD_LOG_INFO, "dataset '%s': building the cache %s", k->d->name, k->path);
     } else if (kind == JOB_CHECK && k->state != K_READY) {
         k->state = K_CHECKING;
@@ -161,42 +232,47 @@ static int start_job(cache_keeper *k, enum job_kind kind, bool force)
     return 0;
 }
 
-/* Attaches c (or, past MAX_CACHES, frees it and says why); false when not attached. */
-static bool attach(cache_keeper *k, cache *c)
+/* Makes c the cache batches read, proven for tickets up to `ticket`. */
+static void attach(cache_keeper *k, cache *c, uint64_t ticket)
 {
-    if (k->n_caches == MAX_CACHES) {
-        /* A mapping a worker may still read is never freed while the daemon runs, so the
-         * number of caches one run may attach is bounded; restart the daemon to go on. */
-        ld_log(LD_LOG_WARN, "dataset '%s': %d caches attached in one run; not attaching more (restart loaderd)",
-               k->d->name, MAX_CACHES);
+    struct held *h = calloc(1, sizeof *h);
+    if (!h) {
+        /* Serving from the source is always right; only the speed-up is lost. */
         cache_free(c);
-        k->state = k->current ? K_READY : K_FAILED;
-        snprintf(k->error, sizeof k->error, "%d caches attached in one run: restart loaderd to attach another",
-                 MAX_CACHES);
-        return false;
+        k->state = K_FAILED;
+        snprintf(k->error, sizeof k->error, "out of memory attaching the cache");
+        return;
     }
-    k->caches[k->n_caches++] = c;
-    k->current = c;
     long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
     uint64_t ram = pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page : 0;
-    atomic_store(&k->d->cache_advise, ram && cache_meta(c)->file_size > ram / 2);
-    atomic_store_explicit(&k->d->cached, c, memory_order_release);
+    h->c = c;
+    h->advise = ram && cache_meta(c)->file_size > ram / 2;
+    h->next = k->held;
+    k->held = h;
+    k->current = h;
+    k->valid_for = ticket;
+    k->attached++;
     k->state = K_READY;
     k->error[0] = '\0';
-    return true;
 }
 
 static void detach(cache_keeper *k)
 {
-    atomic_store_explicit(&k->d->cached, NULL, memory_order_release);
+    struct held *h = k->current;
     k->current = NULL;
+    if (h && h->refs == 0)
+        held_unmap(k, h);
 }
 
 static int start_verify(cache_keeper *k, void (*done)(void *ctx, int rc, const char *message), void *ctx);
 
+/* Starts what waits for the thread: a verify, a build, or a check that streams opened
+ * since the last one need before they may read the cache. */
 static void maybe_pending(cache_keeper *k)
 {
-    if (k->pending_verify && !k->thread_live) {
+    if (k->thread_live || k->state == K_OFF)
+        return;
+    if (k->pending_verify) {
         void (*done)(void *, int, const char *) = k->pending_verify;
         void *ctx = k->pending_verify_ctx;
         k->pending_verify = NULL;
@@ -209,12 +285,34 @@ static void maybe_pending(cache_keeper *k)
         }
         return;
     }
-    if (k->pending_build && !k->thread_live) {
+    if (k->pending_build) {
         bool force = k->pending_force;
         k->pending_build = k->pending_force = false;
-        if (force || k->state != K_READY)
+        if (force || k->state != K_READY) {
             start_job(k, JOB_BUILD, force);
+            return;
+        }
     }
+    if (k->current && k->valid_for < k->tickets)
+        start_job(k, JOB_CHECK, false);
+}
+
+/* A batch found the attached cache corrupt or cut short: never serve it again. */
+static void drop_bad(cache_keeper *k, int why, uint64_t index)
+{
+    char reason[LD_ERRMSG_MAX], aside[LD_ERRMSG_MAX];
+    snprintf(reason, sizeof reason, "sample %" PRIu64 ": %s (found while serving)", index,
+             why == CACHE_BAD_CHECKSUM ? "checksum mismatch (data corrupt)" : "the file was truncated");
+    int r = cache_set_aside_file(k->current->c, reason, aside);
+    ld_log(LD_LOG_WARN, "dataset '%s': cache %s: %s; %s, serving from the source%s", k->d->name, k->path, reason,
+           r == 0 ? "set aside as .bad" : "not set aside", k->mode != CONFIG_CACHE_OFF ? " and rebuilding it" : "");
+    if (r < 0 && r != LD_ENOENT)
+        ld_log(LD_LOG_WARN, "dataset '%s': %s", k->d->name, aside);
+    detach(k);
+    k->state = K_ABSENT;
+    snprintf(k->error, sizeof k->error, "%s", reason);
+    k->pending_build = true;
+    maybe_pending(k);
 }
 
 static void on_done(uv_async_t *a)
@@ -224,17 +322,20 @@ static void on_done(uv_async_t *a)
         return;
     pthread_join(k->thread, NULL);
     k->thread_live = false;
+    struct held *used = k->job.uses;
+    k->job.uses = NULL;
     const char *name = k->d->name;
     switch (k->job.kind) {
     case JOB_CHECK:
         if (k->job.rc == 0 && k->job.opened) {
-            if (k->current) {
+            if (k->current)
                 detach(k); /* the source moved on and a matching cache was found */
-            }
-            if (attach(k, k->job.opened))
-                ld_log(LD_LOG_INFO, "dataset '%s': serving from the cache %s", name, k->path);
+            attach(k, k->job.opened, k->job.ticket);
+            ld_log(LD_LOG_INFO, "dataset '%s': serving from the cache %s", name, k->path);
         } else if (k->job.rc == 0) {
-            /* fingerprint unchanged: nothing to do */
+            /* Fingerprint unchanged: proven for every stream opened before the check. */
+            if (k->current && k->current == used && k->job.ticket > k->valid_for)
+                k->valid_for = k->job.ticket;
         } else if (k->job.rc == LD_ENOENT) {
             if (k->current) {
                 detach(k);
@@ -252,7 +353,7 @@ static void on_done(uv_async_t *a)
                    k->job.set_aside ? " (set aside as .bad; it will be rebuilt)" : "; it will be rebuilt");
             k->state = k->job.set_aside ? K_ABSENT : K_STALE;
             snprintf(k->error, sizeof k->error, "%s", k->job.msg);
-            if (k->mode == CONFIG_CACHE_AUTO && k->n_caches > 0)
+            if (k->mode == CONFIG_CACHE_AUTO && k->attached > 0)
                 k->pending_build = true; /* it was in use: rebuild right away */
         } else {
             if (k->current)
@@ -264,9 +365,13 @@ static void on_done(uv_async_t *a)
         break;
     case JOB_BUILD:
         if (k->job.rc == 0) {
-            if (attach(k, k->job.opened))
+            if (k->current)
+                detach(k);
+            attach(k, k->job.opened, k->job.ticket);
+            if (k->current)
                 ld_log(LD_LOG_INFO, "dataset '%s': cache built (%" PRIu64 " samples, %.1f MiB); serving from it",
-                       name, cache_meta(k->current)->count, (double)cache_meta(k->current)->file_size / (1 << 20));
+                       name, cache_meta(k->current->c)->count,
+                       (double)cache_meta(k->current->c)->file_size / (1 << 20));
         } else if (k->job.rc == LD_ECANCELED) {
             k->state = k->current ? K_READY : K_ABSENT;
         } else {
@@ -276,17 +381,19 @@ static void on_done(uv_async_t *a)
         }
         break;
     case JOB_VERIFY:
-        if (k->job.rc == LD_ECACHE) {
+        if (k->job.rc == LD_ECACHE && used) {
             /* Never serve it again: detach, set aside, rebuild. */
             ld_log(LD_LOG_WARN, "dataset '%s': %s", name, k->job.msg);
-            detach(k);
             char aside[LD_ERRMSG_MAX];
-            if (cache_set_aside(k->path, k->job.msg, aside) < 0)
+            int r = cache_set_aside_file(used->c, k->job.msg, aside);
+            if (r < 0 && r != LD_ENOENT)
                 ld_log(LD_LOG_WARN, "dataset '%s': %s", name, aside);
-            k->state = K_ABSENT;
-            snprintf(k->error, sizeof k->error, "%s", k->job.msg);
-            if (k->mode != CONFIG_CACHE_OFF)
+            if (k->current == used) {
+                detach(k);
+                k->state = K_ABSENT;
+                snprintf(k->error, sizeof k->error, "%s", k->job.msg);
                 k->pending_build = true;
+            }
         }
         if (k->job.verify_done)
             k->job.verify_done(k->job.verify_ctx, k->job.rc, k->job.msg);
@@ -294,6 +401,7 @@ static void on_done(uv_async_t *a)
     case JOB_NONE:
         break;
     }
+    held_unref(k, used);
     maybe_pending(k);
 }
 
@@ -321,6 +429,13 @@ int cache_keeper_new(uv_loop_t *loop, dataset *d, const struct config_dataset *c
         return rc;
     }
     k->done.data = k;
+    d->keeper = k;
+    if (k->mode == CONFIG_CACHE_OFF) {
+        /* Kept only to answer `loaderctl cache ...` with what the config says. */
+        k->state = K_OFF;
+        *ret_keeper = k;
+        return 0;
+    }
     /* Temporary files of builders that died (a crash, a kill -9) are never a cache. */
     char *dup = strdup(k->path), err[LD_ERRMSG_MAX];
     if (dup) {
@@ -347,9 +462,10 @@ void cache_keeper_close(cache_keeper *k, void (*on_closed)(void *ctx), void *ctx
     if (k->thread_live) {
         pthread_join(k->thread, NULL); /* a build stops between two samples */
         k->thread_live = false;
-        if (k->job.opened && k->job.opened != k->current)
-            cache_free(k->job.opened);
+        cache_free(k->job.opened);
         k->job.opened = NULL;
+        held_unref(k, k->job.uses);
+        k->job.uses = NULL;
         if (k->job.kind == JOB_VERIFY && k->job.verify_done)
             k->job.verify_done(k->job.verify_ctx, LD_ECLOSED, "the daemon is stopping");
     }
@@ -358,6 +474,8 @@ void cache_keeper_close(cache_keeper *k, void (*on_closed)(void *ctx), void *ctx
         k->pending_verify = NULL;
         done(k->pending_verify_ctx, LD_ECLOSED, "the daemon is stopping");
     }
+    k->pending_build = false;
+    k->state = K_OFF; /* nothing more starts */
     k->on_closed = on_closed;
     k->closed_ctx = ctx;
     uv_close((uv_handle_t *)&k->done, keeper_closed);
@@ -367,39 +485,97 @@ void cache_keeper_free(cache_keeper *k)
 {
     if (!k)
         return;
-    atomic_store(&k->d->cached, NULL);
-    for (int i = 0; i < k->n_caches; i++)
-        cache_free(k->caches[i]);
+    if (k->d->keeper == k)
+        k->d->keeper = NULL;
+    while (k->held) {
+        struct held *h = k->held;
+        k->held = h->next;
+        cache_free(h->c);
+        free(h);
+    }
     free(k->path);
     free(k);
 }
 
-void cache_keeper_stream_opened(cache_keeper *k)
+uint64_t cache_keeper_stream_opened(cache_keeper *k)
 {
+    uint64_t ticket = ++k->tickets;
+    if (k->state == K_OFF)
+        return ticket;
     if (k->mode == CONFIG_CACHE_REBUILD && !k->rebuilt_once) {
         k->rebuilt_once = true;
         k->pending_build = true;
         k->pending_force = true;
-    } else if (k->state == K_READY) {
-        /* Has the source changed since? The check runs in the background. */
-        start_job(k, JOB_CHECK, false);
-        return;
+    } else if (k->state == K_FAILED) {
+        /* Whatever failed (an unreadable file, a full disk) may be fixed by now. */
+        if (k->mode == CONFIG_CACHE_AUTO)
+            k->pending_build = true; /* a valid cache, if the check finds one, is kept */
+        if (!k->thread_live) {
+            start_job(k, JOB_CHECK, false);
+            return ticket;
+        }
     } else if (k->mode == CONFIG_CACHE_AUTO &&
                (k->state == K_ABSENT || k->state == K_STALE || k->state == K_CHECKING)) {
         /* While the start-up check runs, the build waits for its verdict: it starts
          * only if the check finds no valid cache (maybe_pending). */
         k->pending_build = true;
     }
+    /* With a cache attached, maybe_pending starts the check this stream needs. */
     maybe_pending(k);
+    return ticket;
+}
+
+cache *cache_keeper_acquire(cache_keeper *k, uint64_t ticket, bool *ret_advise)
+{
+    struct held *h = k->current;
+    if (!h)
+        return NULL;
+    uint64_t bad_index = 0;
+    int why = cache_bad(h->c, &bad_index);
+    if (why != CACHE_BAD_NONE) {
+        drop_bad(k, why, bad_index);
+        return NULL;
+    }
+    if (ticket > k->valid_for)
+        return NULL; /* opened after the last proof: the source until a check passes */
+    h->refs++;
+    if (ret_advise)
+        *ret_advise = h->advise;
+    return h->c;
+}
+
+void cache_keeper_release(cache_keeper *k, cache *c)
+{
+    if (!c)
+        return;
+    struct held *h = held_of(k, c);
+    if (!h)
+        abort(); /* a cache we never handed out: the reference count is broken */
+    held_unref(k, h);
 }
 
 int cache_keeper_build(cache_keeper *k, bool force, char *errbuf)
 {
+    if (k->state == K_OFF) {
+        ld_errorf(errbuf, "dataset '%s' has cache.mode: off: its cache %s is neither built nor used "
+                  "(set mode: auto or rebuild to use it)", k->d->name, k->path);
+        return LD_ENOTSUP;
+    }
     if (k->state == K_BUILDING)
         return 0;
     if (k->state == K_READY && !force) {
         ld_errorf(errbuf, "dataset '%s': the cache %s is valid; use --force to rebuild it", k->d->name, k->path);
         return LD_EEXIST;
+    }
+    if (force && k->state == K_READY && k->last_force_ns) {
+        uint64_t since = uv_hrtime() - k->last_force_ns;
+        if (since < FORCE_INTERVAL_NS) {
+            ld_errorf(errbuf, "dataset '%s': a forced rebuild of %s started %.0f s ago; forced rebuilds of a "
+                      "valid cache are limited to one per %llu s (try again in %.0f s; a cache whose source "
+                      "changed is rebuilt without --force)", k->d->name, k->path, (double)since / 1e9,
+                      FORCE_INTERVAL_NS / 1000000000ull, (double)(FORCE_INTERVAL_NS - since) / 1e9 + 0.5);
+            return LD_EAGAIN;
+        }
     }
     k->pending_build = true;
     k->pending_force = k->pending_force || force;
@@ -420,6 +596,10 @@ static int start_verify(cache_keeper *k, void (*done)(void *ctx, int rc, const c
 int cache_keeper_verify(cache_keeper *k, void (*done)(void *ctx, int rc, const char *message), void *ctx,
                         char *errbuf)
 {
+    if (k->state == K_OFF) {
+        ld_errorf(errbuf, "dataset '%s' has cache.mode: off: its cache %s is not used", k->d->name, k->path);
+        return LD_ENOTSUP;
+    }
     if (!k->current && !k->thread_live) {
         ld_errorf(errbuf, "dataset '%s' has no cache to verify (state: %s)", k->d->name, state_names[k->state]);
         return LD_ENOENT;
@@ -450,19 +630,24 @@ void cache_keeper_describe(const cache_keeper *k, cJSON *o)
     uint64_t done = atomic_load(&((cache_keeper *)k)->progress_done);
     if (k->thread_live && total)
         cJSON_AddNumberToObject(o, "progress", (double)done / (double)total);
-    uint64_t hits = 0, bytes = 0;
-    for (int i = 0; i < k->n_caches; i++) {
-        uint64_t h, b;
-        cache_hits(k->caches[i], &h, &b);
-        hits += h;
+    uint64_t hits = k->freed_hits, bytes = k->freed_hit_bytes, mapped = 0;
+    for (const struct held *h = k->held; h; h = h->next) {
+        uint64_t hh, b;
+        cache_hits(h->c, &hh, &b);
+        hits += hh;
         bytes += b;
+        mapped++;
     }
     cJSON_AddNumberToObject(o, "hits", (double)hits);
     cJSON_AddNumberToObject(o, "hit_bytes", (double)bytes);
+    /* Caches attached over the run, and those still mapped (the attached one, and
+     * replaced ones that batches or a job still read). */
+    cJSON_AddNumberToObject(o, "attached", (double)k->attached);
+    cJSON_AddNumberToObject(o, "mapped", (double)mapped);
     if (k->error[0])
         cJSON_AddStringToObject(o, "error", k->error);
     if (k->current) {
         cJSON *info = cJSON_AddObjectToObject(o, "file");
-        cache_info(k->current, info);
+        cache_info(k->current->c, info);
     }
 }

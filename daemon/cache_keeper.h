@@ -18,24 +18,38 @@
 
 typedef struct cache_keeper cache_keeper;
 
-/* Starts checking the cache of dataset d (cfg->cache_mode must not be off): sweeps temp
- * files left by dead builders, fingerprints the source and opens the cache if there is
- * one; a corrupt cache is set aside, a stale one left for a rebuild. */
+/* Starts checking the cache of dataset d (cfg->cache_path set): sweeps temp files left
+ * by dead builders, fingerprints the source and opens the cache if there is one; a
+ * corrupt cache is set aside, a stale one left for a rebuild. In mode off it does
+ * nothing but answer requests with what the config says. Sets d->keeper. */
 int cache_keeper_new(uv_loop_t *loop, dataset *d, const struct config_dataset *cfg, cache_keeper **ret_keeper,
                      char *errbuf);
 /* Cancels a running job, waits for the thread, closes the handle; on_closed runs (on
  * the loop) when the keeper's handle is closed. The caches it attached stay mapped until
  * cache_keeper_free. */
 void cache_keeper_close(cache_keeper *k, void (*on_closed)(void *ctx), void *ctx);
-/* After the loop has finished and the workers are idle: unmaps its caches, frees. */
+/* After the loop has finished, every stream is freed and the workers are idle: unmaps
+ * its caches, clears d->keeper, frees. */
 void cache_keeper_free(cache_keeper *k);
 
 /* A stream was opened on the dataset: in mode auto, build when there is no valid cache;
  * in mode rebuild, build once per daemon run; when a cache is attached, check that the
- * source has not changed since (and detach it, then rebuild, when it has). */
-void cache_keeper_stream_opened(cache_keeper *k);
-/* `loaderctl cache build [--force]`: starts a build (force: even over a valid cache).
- * 0 when a build was started or is already running; errbuf says why not otherwise. */
+ * source has not changed since (and detach it, then rebuild, when it has); a failed
+ * cache is checked (and built) again. Returns the stream's ticket for acquire. */
+uint64_t cache_keeper_stream_opened(cache_keeper *k);
+/* The cache one batch of the stream holding `ticket` may read, with a reference the
+ * caller gives back with cache_keeper_release() when the batch's reads are done; NULL
+ * (read the source) when none is attached or when no check has passed since that
+ * stream opened. *ret_advise: the cache is much larger than memory (advise the batch's
+ * pages). A cache a batch found corrupt or truncated (cache_bad) is set aside here,
+ * detached and rebuilt. */
+struct cache *cache_keeper_acquire(cache_keeper *k, uint64_t ticket, bool *ret_advise);
+/* Drops a reference from cache_keeper_acquire (c may be NULL); a replaced cache is
+ * unmapped when its last reader is gone. */
+void cache_keeper_release(cache_keeper *k, struct cache *c);
+/* `loaderctl cache build [--force]`: starts a build (force: even over a valid cache, at
+ * most once a minute: LD_EAGAIN with the time to wait). 0 when a build was started or
+ * is already running; errbuf says why not otherwise (LD_ENOTSUP in mode off). */
 int cache_keeper_build(cache_keeper *k, bool force, char *errbuf);
 /* `loaderctl cache verify`: checks every sample's checksum on the keeper's thread and
  * calls done (on the loop) with 0, or the error and a message naming the first bad
@@ -44,9 +58,10 @@ int cache_keeper_build(cache_keeper *k, bool force, char *errbuf);
  * verify is already under way: done is not called then. */
 int cache_keeper_verify(cache_keeper *k, void (*done)(void *ctx, int rc, const char *message), void *ctx,
                         char *errbuf);
-/* Adds the state to o: {"state": "absent|checking|building|ready|stale|failed",
- * "progress": 0..1, "path", "mode", "hits", "hit_bytes", "error", and the header's
- * fields when ready}. */
+/* Adds the state to o: {"state": "absent|checking|building|ready|stale|failed|off",
+ * "progress": 0..1, "path", "mode", "hits", "hit_bytes", "attached" (caches attached
+ * this run), "mapped" (still mapped: the attached one and replaced ones still read),
+ * "error", and the header's fields when ready}. */
 void cache_keeper_describe(const cache_keeper *k, cJSON *o);
 
 #endif

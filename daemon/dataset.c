@@ -89,21 +89,22 @@ int dataset_label_field(const dataset *d)
 }
 
 /* The cache holds field 0's bytes and the label of every sample, checked against the
- * source's fingerprint when it was attached; a length that still disagrees with what the
- * slot expects (which would mean a bug, not a changed source) falls back to the source. */
+ * source's fingerprint before the stream was given it. A sample that fails its checksum
+ * or lies past a truncation (cache_read marks the cache bad, and the keeper sets it
+ * aside) and a length that disagrees with what the slot expects fall back to the
+ * source, which has the right bytes. */
 static int read_once(const dataset *d, uint64_t index, const struct dataset_read_ctx *ctx, void *const dst[],
                      char *errbuf)
 {
     if (d->ops->read_ctx)
         return d->ops->read_ctx(d, index, ctx, dst, errbuf);
-    cache *c = atomic_load_explicit(&d->cached, memory_order_acquire);
+    cache *c = ctx ? ctx->cache : NULL;
     if (c) {
-        const void *p;
         uint64_t len;
         int64_t label;
         uint64_t want = d->fields[0].ragged ? d->ops->item_bytes(d, index, 0) : dataset_row_bytes(d, 0);
-        if (cache_sample(c, index, &p, &len, &label) == 0 && len == want) {
-            memcpy(dst[0], p, len);
+        char cerr[LD_ERRMSG_MAX];
+        if (cache_read(c, index, dst[0], want, &len, &label, true, cerr) == 0 && len == want) {
             int lf = dataset_label_field(d);
             if (lf > 0)
                 memcpy(dst[lf], &label, sizeof label);
@@ -130,8 +131,8 @@ int dataset_read(const dataset *d, uint64_t index, const struct dataset_read_ctx
                  char *errbuf)
 {
     int rc = read_once(d, index, ctx, dst, errbuf);
-    if (rc == 0 || rc == LD_ENOMEM)
-        return rc;
+    if (rc == 0 || rc == LD_ENOMEM || rc == LD_EDATASET)
+        return rc; /* not this sample's fault: another one would not do better */
     note_bad(d, index, errbuf);
     if (d->on_error != CONFIG_ON_ERROR_REPLACE || d->count < 2)
         return rc;

@@ -31,10 +31,14 @@ struct dataset_field {
 
 typedef struct dataset dataset;
 
-/* What a read may depend on besides the sample: the stream's seed and the epoch. */
+/* What a read may depend on besides the sample: the stream's seed and the epoch, and
+ * the cache the batch may read (NULL: read the source). The stream takes the cache
+ * from the keeper for each batch (cache_keeper_acquire) and holds it until the batch's
+ * reads are done, so it is never unmapped under a reader. */
 struct dataset_read_ctx {
     uint64_t seed;
     uint64_t epoch;
+    struct cache *cache;
 };
 
 struct dataset_ops {
@@ -54,7 +58,7 @@ struct dataset_ops {
     int (*read)(const dataset *d, uint64_t index, void *const dst[], char *errbuf);
     /* Instead of read, for kinds whose samples depend on the stream (random
      * augmentation keyed by the stream's seed and the epoch): same contract, plus ctx.
-     * A kind with read_ctx reads its attached cache itself (dataset_read does not). */
+     * A kind with read_ctx reads ctx->cache itself (dataset_read does not). */
     int (*read_ctx)(const dataset *d, uint64_t index, const struct dataset_read_ctx *ctx, void *const dst[],
                     char *errbuf);
     /* The sample's name for messages (a relative path); optional. Any thread. */
@@ -101,12 +105,10 @@ struct dataset {
                                      * bytes of memcpy that take as long; cuts batches into chunks */
     int n_fields;
     struct dataset_field fields[LD_MAX_FIELDS];
-    /* The packed cache of this dataset once it is valid (cache_keeper.c attaches it;
-     * workers read it through dataset_read). Never freed while the daemon runs: a
-     * replaced cache stays mapped until shutdown, so a worker never reads freed memory. */
-    _Atomic(struct cache *) cached;
-    _Atomic(bool) cache_advise;     /* ask the kernel for the next batches' pages (a
-                                     * cache much larger than memory) */
+    /* The keeper of this dataset's cache file, or NULL (no `cache:` section). Set by
+     * cache_keeper_new(); used on the loop thread only (streams ask it which cache a
+     * batch may read). */
+    struct cache_keeper *keeper;
     /* Bad samples (dataset_read): the policy, how many failed and how many were
      * replaced, and one bit per sample so each bad file is logged once. */
     /* Class names by label (files, image_folder: the first-level sub-folders, sorted);
@@ -118,8 +120,12 @@ struct dataset {
     _Atomic uint64_t *bad_seen;
 };
 
-/* Reads sample `index` into dst[] like ops->read, from the attached cache when there
- * is one (its field 0 bytes and its label), else from the source. A sample that cannot
+/* Reads sample `index` into dst[] like ops->read, from ctx->cache when there is one
+ * (its field 0 bytes, checked against the sample's checksum, and its label), else
+ * from the source; a cached sample that fails its check or cannot be read (the file
+ * shrank) is read from the source instead, and the cache is marked bad for the keeper.
+ * LD_EDATASET (the source itself cannot be served, e.g. a mapped file shrank) and
+ * LD_ENOMEM are returned as they are, never replaced. A sample that cannot
  * be read is, under on_error: replace, replaced by another one chosen from the index
  * alone (the same whatever the worker or timing; for a ragged field, one of the same
  * length), counted, and its path logged once; under fail, or when no substitute can be

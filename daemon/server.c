@@ -430,10 +430,7 @@ static void op_open(conn *c, const cJSON *req, int64_t id)
            sid, name, c->id, c->name, p.batch_size, p.seed, p.epoch, p.rank, p.world_size, p.prefetch);
     cJSON *r = proto_reply_ok(id);
     stream_describe_layout(cs->s, r);
-    reply_send(c, r);
-    cache_keeper *k = keeper_of(srv, d);
-    if (k)
-        cache_keeper_stream_opened(k);
+    reply_send(c, r); /* stream_open told the dataset's cache keeper */
 }
 
 /* A next's answer: ctx is its outbox entry, which the connection keeps until the
@@ -1081,8 +1078,8 @@ int server_new(uv_loop_t *loop, const struct config *cfg, dataset **datasets, si
         return rc;
     }
     for (size_t i = 0; i < n_datasets; i++) {
-        if (cfg->datasets[i].cache_mode == CONFIG_CACHE_OFF)
-            continue;
+        if (!cfg->datasets[i].cache_path)
+            continue; /* no `cache:` section (mode off with a path still answers cache requests) */
         char err[LD_ERRMSG_MAX];
         if (cache_keeper_new(loop, datasets[i], &cfg->datasets[i], &srv->keepers[i], err) < 0)
             ld_log(LD_LOG_WARN, "%s; serving from the source", err); /* a cache is an optimisation */

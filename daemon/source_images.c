@@ -144,31 +144,34 @@ static int images_read_ctx(const dataset *d, uint64_t index, const struct datase
         ld_errorf(errbuf, "out of memory");
         return LD_ENOMEM;
     }
-    const void *raw = NULL;
     uint64_t len = 0;
     int64_t label = -1;
-    struct cache *c = atomic_load_explicit(&d->cached, memory_order_acquire);
-    if (!c || cache_sample(c, index, &raw, &len, &label) < 0) {
-        uint64_t need = im->files->ops->raw_bytes(im->files, index);
-        if (need > IMAGES_MAX_ENCODED) {
-            ld_errorf(errbuf, "sample %" PRIu64 " (%s): %" PRIu64 " bytes, more than an image may have (%u MiB)",
-                      index, dataset_sample_name(im->files, index), need, IMAGES_MAX_ENCODED >> 20);
-            return LD_ESAMPLE;
+    uint64_t need = im->files->ops->raw_bytes(im->files, index);
+    if (need > IMAGES_MAX_ENCODED) {
+        ld_errorf(errbuf, "sample %" PRIu64 " (%s): %" PRIu64 " bytes, more than an image may have (%u MiB)",
+                  index, dataset_sample_name(im->files, index), need, IMAGES_MAX_ENCODED >> 20);
+        return LD_ESAMPLE;
+    }
+    if (need > sc->raw_cap) {
+        uint8_t *p = realloc(sc->raw, need ? need : 1);
+        if (!p) {
+            ld_errorf(errbuf, "out of memory");
+            return LD_ENOMEM;
         }
-        if (need > sc->raw_cap) {
-            uint8_t *p = realloc(sc->raw, need ? need : 1);
-            if (!p) {
-                ld_errorf(errbuf, "out of memory");
-                return LD_ENOMEM;
-            }
-            sc->raw = p;
-            sc->raw_cap = need;
-        }
+        sc->raw = p;
+        sc->raw_cap = need;
+    }
+    /* From the cache when the batch may read it: copied out (checked against the
+     * sample's checksum, safe from a truncated file) before the decoder sees it; a
+     * sample the cache cannot give is read from the file. */
+    char cerr[LD_ERRMSG_MAX];
+    if (!ctx->cache || cache_read(ctx->cache, index, sc->raw, sc->raw_cap, &len, &label, true, cerr) < 0 ||
+        len != need) {
         int rc = im->files->ops->read_raw(im->files, index, sc->raw, sc->raw_cap, &len, &label, errbuf);
         if (rc < 0)
             return rc;
-        raw = sc->raw;
     }
+    const uint8_t *raw = sc->raw;
     int rc = images_transform(im, index, raw, len, ctx->seed, ctx->epoch, dst[0], sc, errbuf);
     if (rc < 0)
         return rc;

@@ -5,7 +5,8 @@
  * so nothing of the original source is needed: field 0 comes from each sample's bytes
  * and the label field from the index. The file is checked at open (magic, version,
  * footer, header and index checksums) but not against any fingerprint: there is no
- * source to compare with. `loaderctl cache verify` checks every sample's bytes. */
+ * source to compare with. Each sample's bytes are checked against their checksum
+ * when served (packed_read), and the whole file by `loaderctl cache verify`. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -66,18 +67,24 @@ static uint64_t packed_item_bytes(const dataset *d, uint64_t index, int field)
     return len;
 }
 
+/* Each sample is checked against its checksum as it is copied out: a flipped byte
+ * is a bad sample (on_error decides), a file cut short under us fails the stream
+ * (LD_EDATASET: every later sample would fail too). */
 static int packed_read(const dataset *d, uint64_t index, void *const dst[], char *errbuf)
 {
     const struct packed *p = (const struct packed *)d;
-    const void *ptr;
-    uint64_t len;
+    uint64_t len, want = d->fields[0].ragged ? packed_item_bytes(d, index, 0) : dataset_row_bytes(d, 0);
     int64_t label;
-    int rc = cache_sample(p->c, index, &ptr, &len, &label);
-    if (rc < 0) {
-        ld_errorf(errbuf, "sample %llu of '%s': not in the cache file", (unsigned long long)index, d->source);
+    char err[LD_ERRMSG_MAX];
+    int rc = cache_read(p->c, index, dst[0], want, &len, &label, true, err);
+    if (rc == LD_EIO) {
+        ld_errorf(errbuf, "dataset '%s': %s; restart loaderd once the file is whole again", d->name, err);
+        return LD_EDATASET;
+    }
+    if (rc < 0 || len != want) {
+        ld_errorf(errbuf, "dataset '%s': %s", d->name, rc < 0 ? err : "sample length changed");
         return LD_ESAMPLE;
     }
-    memcpy(dst[0], ptr, len);
     if (p->label_field > 0)
         memcpy(dst[p->label_field], &label, sizeof label);
     return 0;

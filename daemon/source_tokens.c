@@ -9,9 +9,11 @@
  *
  * open() maps the whole file read-only and shared, so every stream and every worker
  * reads the same page-cache pages and read() is a single memcpy into the batch slot.
- * The mapping relies on the file not shrinking while the daemon runs (a truncated
- * mapping raises SIGBUS); replacing the file by rename is safe, since the mapping
- * keeps the old inode alive. */
+ * Replacing the file by rename is safe, since the mapping keeps the old inode alive.
+ * A file truncated or overwritten in place with a shorter one would raise SIGBUS on
+ * the next read past its new end: the copy runs under mapguard, so that read fails
+ * with LD_EDATASET (the stream that read it ends with a clear error) and the daemon
+ * and every other stream go on. */
 #include "dataset.h"
 
 #include <errno.h>
@@ -25,6 +27,7 @@
 #include <unistd.h>
 
 #include "log.h"
+#include "mapguard.h"
 
 struct tokens_dataset {
     struct dataset base;            /* first: a tokens_dataset is a dataset */
@@ -130,6 +133,11 @@ static int tokens_open(const struct config_dataset *cfg, dataset **ret_dataset, 
         goto out;
     }
 
+    r = mapguard_init();
+    if (r < 0) {
+        snprintf(errbuf, LD_ERRMSG_MAX, "dataset '%s': cannot install the SIGBUS guard", cfg->name);
+        goto out;
+    }
     map = mmap(NULL, (size_t)bytes, PROT_READ, MAP_SHARED, f, 0);
     if (map == MAP_FAILED) {
         int e = errno;
@@ -193,7 +201,13 @@ static int tokens_read(const dataset *d, uint64_t index, void *const dst[], char
                  index, d->name, d->count);
         return LD_EINVAL;
     }
-    memcpy(dst[0], td->map + index * td->stride_bytes, td->window_bytes);
+    if (mapguard_copy(dst[0], td->map + index * td->stride_bytes, td->window_bytes) < 0) {
+        ld_errorf(errbuf, "dataset '%s': '%s' shrank while being served (it had %" PRIu64
+                 " bytes at start; window %" PRIu64 " is gone); restart loaderd once the file is whole "
+                 "again, and replace token files by rename, not in place",
+                 d->name, d->source, (uint64_t)td->map_len, index);
+        return LD_EDATASET;
+    }
     return 0;
 }
 

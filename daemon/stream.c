@@ -13,7 +13,14 @@
  *                  waiting `next` request.
  *
  * Nothing but sample bytes is touched by workers; every state change happens on the
- * loop thread, so the ring needs no lock. A closing stream cancels its queued chunks and
+ * loop thread, so the ring needs no lock.
+ *
+ * The dataset's cache. A stream gets a ticket from the dataset's cache keeper when it
+ * opens, and each batch asks the keeper, when it is cut into chunks, which cache it
+ * may read with that ticket: none until a check started after the stream opened has
+ * proven the cache matches the source (so a stream opened after a change never reads a
+ * byte of the old cache), and a reference that the batch holds until its last chunk is
+ * back (so a replaced cache is unmapped only once no worker can read it). A closing stream cancels its queued chunks and
  * is freed when the chunks already running have come back.
  */
 #include "stream.h"
@@ -26,6 +33,7 @@
 #include <string.h>
 
 #include "cache.h"
+#include "cache_keeper.h"
 #include "log.h"
 #include "sampler.h"
 
@@ -67,6 +75,7 @@ struct stream_slot {
     uint32_t rows;
     uint32_t n_chunks;
     bool busy;                      /* chunks outstanding; loop thread only */
+    struct cache *cache;            /* what the chunks may read (a keeper reference), or NULL */
     atomic_uint chunks_left;
     atomic_int err;                 /* first failing chunk wins */
     char errmsg[LD_ERRMSG_MAX];     /* written by the chunk that set err */
@@ -89,6 +98,7 @@ struct stream {
     int fail_rc;
     char fail_msg[LD_ERRMSG_MAX];
     uint32_t busy_slots;
+    uint64_t cache_ticket;          /* from the dataset's cache keeper at open */
     bool closing, unlinked;
     struct {
         stream_next_cb cb;
@@ -209,7 +219,7 @@ static void chunk_run(struct pool_task *t)
     const dataset *d = s->ds;
     void *dst[LD_MAX_FIELDS];
     char err[LD_ERRMSG_MAX];
-    const struct dataset_read_ctx rctx = {.seed = s->p.seed, .epoch = sl->epoch};
+    const struct dataset_read_ctx rctx = {.seed = s->p.seed, .epoch = sl->epoch, .cache = sl->cache};
 
     for (uint32_t row = k->row_begin; row < k->row_end; row++) {
         if (atomic_load_explicit(&sl->err, memory_order_relaxed))
@@ -284,10 +294,12 @@ static void start_fill(stream *s, uint32_t slot, uint64_t seq)
     hdr->batch = sl->batch;
     hdr->rows = sl->rows;
 
+    bool advise = false;
+    sl->cache = s->ds->keeper ? cache_keeper_acquire(s->ds->keeper, s->cache_ticket, &advise) : NULL;
     /* A cache much larger than memory: tell the kernel which samples this batch will
      * read, a prefetch depth before the workers get to them. */
-    struct cache *cached = atomic_load_explicit(&s->ds->cached, memory_order_acquire);
-    if (cached && atomic_load_explicit(&s->ds->cache_advise, memory_order_relaxed)) {
+    struct cache *cached = sl->cache;
+    if (cached && advise) {
         uint64_t idx[256];
         for (uint32_t row = 0; row < sl->rows;) {
             size_t n = 0;
@@ -408,11 +420,20 @@ static void deliver(stream *s)
     }
 }
 
+/* The slot's last chunk is back (run or cancelled): nothing reads its cache any more. */
+static void slot_idle(stream *s, struct stream_slot *sl)
+{
+    sl->busy = false;
+    s->busy_slots--;
+    if (sl->cache)
+        cache_keeper_release(s->ds->keeper, sl->cache);
+    sl->cache = NULL;
+}
+
 static void slot_filled(stream *s, uint32_t slot)
 {
     struct stream_slot *sl = &s->slots[slot];
-    sl->busy = false;
-    s->busy_slots--;
+    slot_idle(s, sl);
     if (s->closing) {
         if (s->busy_slots == 0)
             stream_free(s);
@@ -422,7 +443,7 @@ static void slot_filled(stream *s, uint32_t slot)
     if (err < 0) {
         if (sl->seq < s->failed_seq) {
             s->failed_seq = sl->seq;
-            s->fail_rc = err == LD_ENOMEM ? err : LD_ESAMPLE;
+            s->fail_rc = err == LD_ENOMEM || err == LD_EDATASET ? err : LD_ESAMPLE;
             snprintf(s->fail_msg, sizeof s->fail_msg, "%s", sl->errmsg);
             ld_log(LD_LOG_WARN, "stream %" PRIu64 " (dataset '%s'): epoch %" PRIu64 " batch %" PRIu64 ": %s",
                    s->id, s->ds->name, sl->epoch, sl->batch, sl->errmsg);
@@ -439,10 +460,8 @@ static void chunk_cancelled(struct pool_task *t)
 {
     struct stream_task *k = (struct stream_task *)t;
     struct stream_slot *sl = &k->s->slots[k->slot];
-    if (atomic_fetch_sub(&sl->chunks_left, 1) == 1) {
-        sl->busy = false;
-        k->s->busy_slots--;
-    }
+    if (atomic_fetch_sub(&sl->chunks_left, 1) == 1)
+        slot_idle(k->s, sl);
 }
 
 int stream_open(stream_hub *h, dataset *d, uint64_t id, const struct stream_params *p,
@@ -539,6 +558,8 @@ int stream_open(stream_hub *h, dataset *d, uint64_t id, const struct stream_para
     }
     s->hub = h;
     h->live++;
+    if (d->keeper)
+        s->cache_ticket = cache_keeper_stream_opened(d->keeper);
     schedule(s);
     *ret_stream = s;
     return 0;

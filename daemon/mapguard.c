@@ -1,0 +1,89 @@
+/* mapguard — SIGBUS from a shrunk file mapping becomes an error code of the one read.
+ *
+ * Databases that map their files do the same (a jump buffer per thread, armed around
+ * the access): the alternative, pread() into the batch slot, costs a system call per
+ * sample on the fast path of every mapped kind. The handler is installed with
+ * SA_NODEFER because the jump does not restore the signal mask (sigsetjmp(…, 0) keeps
+ * the fast path free of system calls): SIGBUS must stay unblocked for the next fault
+ * on that thread. See mapguard.h for the contract. */
+#include "mapguard.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <string.h>
+
+#include "ld_error.h"
+
+/* The armed guard of this thread, or NULL. Initial-exec TLS (the daemon links this
+ * module statically), so reading it in a signal handler is safe. */
+static _Thread_local sigjmp_buf *guard_jb;
+
+static struct sigaction previous;
+static pthread_once_t install_once = PTHREAD_ONCE_INIT;
+static int install_rc;
+
+static void on_sigbus(int sig, siginfo_t *si, void *uc)
+{
+    sigjmp_buf *jb = guard_jb;
+    if (jb) {
+        guard_jb = NULL;
+        siglongjmp(*jb, 1);
+    }
+    /* Not a guarded read: give SIGBUS its old meaning. A fault re-executes the
+     * instruction and faults again under the old disposition; a sent signal is sent
+     * again. */
+    sigaction(SIGBUS, &previous, NULL);
+    if (si && si->si_code <= 0)
+        raise(sig);
+    (void)uc;
+}
+
+static void install(void)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_sigaction = on_sigbus;
+    sa.sa_flags = SA_SIGINFO | SA_NODEFER;
+    sigemptyset(&sa.sa_mask);
+    if (sigaction(SIGBUS, &sa, &previous) < 0)
+        install_rc = ld_from_errno(errno);
+}
+
+int mapguard_init(void)
+{
+    pthread_once(&install_once, install);
+    return install_rc;
+}
+
+int mapguard_copy(void *dst, const void *src, size_t n)
+{
+    sigjmp_buf jb;
+    if (sigsetjmp(jb, 0)) {
+        atomic_signal_fence(memory_order_seq_cst);
+        return LD_EIO;
+    }
+    guard_jb = &jb;
+    atomic_signal_fence(memory_order_seq_cst); /* armed before the first byte is read */
+    memcpy(dst, src, n);
+    atomic_signal_fence(memory_order_seq_cst); /* every byte read before disarming */
+    guard_jb = NULL;
+    return 0;
+}
+
+int mapguard_run(int (*fn)(void *arg), void *arg)
+{
+    sigjmp_buf jb;
+    if (sigsetjmp(jb, 0)) {
+        atomic_signal_fence(memory_order_seq_cst);
+        return LD_EIO;
+    }
+    guard_jb = &jb;
+    atomic_signal_fence(memory_order_seq_cst);
+    int r = fn(arg);
+    atomic_signal_fence(memory_order_seq_cst);
+    guard_jb = NULL;
+    return r;
+}
