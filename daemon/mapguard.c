@@ -22,8 +22,7 @@
 static _Thread_local sigjmp_buf *guard_jb;
 
 static struct sigaction previous;
-static pthread_once_t install_once = PTHREAD_ONCE_INIT;
-static int install_rc;
+static pthread_mutex_t install_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static void on_sigbus(int sig, siginfo_t *si, void *uc)
 {
@@ -41,21 +40,26 @@ static void on_sigbus(int sig, siginfo_t *si, void *uc)
     (void)uc;
 }
 
-static void install(void)
-{
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_sigaction = on_sigbus;
-    sa.sa_flags = SA_SIGINFO | SA_NODEFER;
-    sigemptyset(&sa.sa_mask);
-    if (sigaction(SIGBUS, &sa, &previous) < 0)
-        install_rc = ld_from_errno(errno);
-}
-
+/* Installs the handler unless it is in place: a test framework (or anything else)
+ * that set its own since the last call is put behind ours as the one chained to. */
 int mapguard_init(void)
 {
-    pthread_once(&install_once, install);
-    return install_rc;
+    int r = 0;
+    pthread_mutex_lock(&install_lock);
+    struct sigaction cur;
+    if (sigaction(SIGBUS, NULL, &cur) < 0) {
+        r = ld_from_errno(errno);
+    } else if (!(cur.sa_flags & SA_SIGINFO) || cur.sa_sigaction != on_sigbus) {
+        struct sigaction sa;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_sigaction = on_sigbus;
+        sa.sa_flags = SA_SIGINFO | SA_NODEFER;
+        sigemptyset(&sa.sa_mask);
+        if (sigaction(SIGBUS, &sa, &previous) < 0)
+            r = ld_from_errno(errno);
+    }
+    pthread_mutex_unlock(&install_lock);
+    return r;
 }
 
 int mapguard_copy(void *dst, const void *src, size_t n)

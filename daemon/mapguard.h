@@ -19,8 +19,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* Installs the SIGBUS handler once per process (idempotent, thread-safe). Called by
- * whoever maps a file that can change, before the first guarded read. 0 or a
+/* Installs the SIGBUS handler unless it is in place (idempotent, thread-safe). Called
+ * by whoever maps a file that can change, before the first guarded read. 0 or a
  * negative LD_* code (sigaction failed). */
 int mapguard_init(void);
 /* memcpy(dst, src, n), or LD_EIO when src (or dst) stopped being backed by a file. */

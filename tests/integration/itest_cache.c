@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -140,20 +141,49 @@ static uint64_t read_epoch_checked(lc_client *c, uint64_t seed)
     return n;
 }
 
-/* Reads whole epochs (each a new stream, checked) until the cache has served `want`
- * samples: a stream reads the source until the check started at its open has passed,
- * so the first batches of each stream may come from the files. */
+/* Reads one stream (every sample checked against its file) until the cache has
+ * served `want` samples in all, 30 s at most: a stream reads the source until the check
+ * started at its open has passed, so its first batches may come from the files. */
 static void read_until_hits(lc_client *c, uint64_t seed, double want)
 {
-    for (int i = 0; i < 20; i++) {
-        assert_int_equal(read_epoch_checked(c, seed + (uint64_t)i), N_FILES);
-        cJSON *j = cache_call(c, "cache_info", NULL);
-        double hits = num(j, "hits", NULL);
-        cJSON_Delete(j);
-        if (hits >= want)
-            return;
+    lc_stream_options o;
+    lc_stream_options_init(&o);
+    o.batch_size = 32;
+    o.seed = seed;
+    o.epochs = 0;
+    lc_stream *s = NULL;
+    if (lc_stream_open(c, "records", &o, &s) < 0)
+        fail_msg("open: %s", lc_client_error(c));
+    time_t start = time(NULL);
+    for (uint64_t n = 0;;) {
+        lc_batch *b;
+        if (lc_stream_next(s, 10000, &b) < 0)
+            fail_msg("next: %s", lc_client_error(c));
+        lc_field data, label;
+        assert_int_equal(lc_batch_field_by_name(b, "data", &data), 0);
+        assert_int_equal(lc_batch_field_by_name(b, "label", &label), 0);
+        for (uint32_t row = 0; row < lc_batch_rows(b); row++, n++) {
+            const uint8_t *buf = (const uint8_t *)data.data + (size_t)row * FILE_SIZE;
+            int64_t lab = ((const int64_t *)label.data)[row];
+            bool found = false;
+            for (uint64_t i = (uint64_t)lab; i < N_FILES && !found; i += N_CLASSES)
+                found = harness_file_matches(i, buf, FILE_SIZE, FILE_SIZE, false);
+            if (!found)
+                fail_msg("a sample with label %lld matches no file of that class", (long long)lab);
+        }
+        uint64_t index = lc_batch_index(b);
+        lc_batch_release(b);
+        if (index % 4 == 0) {
+            cJSON *j = cache_call(c, "cache_info", NULL);
+            double hits = num(j, "hits", NULL);
+            cJSON_Delete(j);
+            if (hits >= want)
+                break;
+        }
+        if (time(NULL) - start > 30)
+            fail_msg("the cache never served %.0f samples (%llu read)", want, (unsigned long long)n);
     }
-    fail_msg("the cache never served %.0f samples", want);
+    lc_stream_close(s);
 }
 
 static void test_build_serve_restart(void **state)
@@ -375,6 +405,261 @@ static void test_unwritable_cache_dir_and_packed(void **state)
     harness_stop_clean(h);
 }
 
+/* Reads one epoch and checks every sample: file `changed` must have its new content
+ * (every byte `byte`), every other file its generated content. Fails on a single byte
+ * of the old version of `changed`. */
+static void read_epoch_expect_change(lc_client *c, uint64_t seed, uint64_t changed, uint8_t byte)
+{
+    lc_stream_options o;
+    lc_stream_options_init(&o);
+    o.batch_size = 32;
+    o.seed = seed;
+    o.epochs = 1;
+    lc_stream *s = NULL;
+    if (lc_stream_open(c, "records", &o, &s) < 0)
+        fail_msg("open: %s", lc_client_error(c));
+    uint64_t n = 0, seen_new = 0;
+    lc_batch *b;
+    int r;
+    while ((r = lc_stream_next(s, 10000, &b)) == 0) {
+        lc_field data;
+        assert_int_equal(lc_batch_field_by_name(b, "data", &data), 0);
+        for (uint32_t row = 0; row < lc_batch_rows(b); row++, n++) {
+            const uint8_t *buf = (const uint8_t *)data.data + (size_t)row * FILE_SIZE;
+            if (harness_file_matches(changed, buf, FILE_SIZE, FILE_SIZE, false))
+                fail_msg("batch %llu: the old content of file %llu was served after it changed",
+                         (unsigned long long)lc_batch_index(b), (unsigned long long)changed);
+            bool all_new = true;
+            for (int k = 0; k < FILE_SIZE && all_new; k++)
+                all_new = buf[k] == byte;
+            seen_new += all_new;
+        }
+        lc_batch_release(b);
+    }
+    assert_int_equal(r, LC_EEND);
+    assert_int_equal(n, N_FILES);
+    assert_int_equal(seen_new, 1);
+    lc_stream_close(s);
+}
+
+/* Rewrites file i with FILE_SIZE bytes of `byte`; restores its times when asked (the
+ * change the stat fingerprint cannot see). */
+static void rewrite_same_size(struct harness *h, uint64_t i, uint8_t byte, bool keep_times)
+{
+    char path[4300];
+    snprintf(path, sizeof path, "%s/rec/class_%03llu/%07llu.bin", h->dir, (unsigned long long)(i % N_CLASSES),
+             (unsigned long long)i);
+    struct stat st;
+    assert_int_equal(stat(path, &st), 0);
+    uint8_t buf[FILE_SIZE];
+    memset(buf, byte, sizeof buf);
+    int fd = open(path, O_WRONLY);
+    assert_true(fd >= 0);
+    assert_int_equal(pwrite(fd, buf, sizeof buf, 0), FILE_SIZE);
+    close(fd);
+    struct timespec times[2] = {st.st_atim, st.st_mtim};
+    if (keep_times)
+        assert_int_equal(utimensat(AT_FDCWD, path, times, 0), 0);
+}
+
+static void start_cache_cfg(struct harness *h, const char *cache_yaml)
+{
+    char ds[512], dir[200];
+    snprintf(ds, sizeof ds, "  records:\n    kind: files\n    path: rec\n    cache: %s\n", cache_yaml);
+    snprintf(dir, sizeof dir, "%s/cache", h->dir);
+    mkdir(dir, 0755);
+    harness_write_config(h, "  workers: 2\n", ds);
+    harness_start(h);
+}
+
+/* A same-size rewrite is never served from the old cache by a stream opened after it:
+ * with the stat fingerprint (the mtime moved) and with the content fingerprint (the
+ * mtime put back). Rewritten again and again, the cache follows. */
+static void test_stale_never_served(void **state)
+{
+    struct harness *h = *state;
+    static const char *const modes[] = {"{path: cache/rec.ldcache}",
+                                        "{path: cache/rec.ldcache, fingerprint: content}"};
+    for (int m = 0; m < 2; m++) {
+        start_cache_cfg(h, modes[m]);
+        build_now(h);
+        lc_client *c = harness_connect(h, 10000, "itest_cache");
+        read_until_hits(c, 1, N_FILES); /* served from the cache */
+        for (uint8_t round = 0; round < 3; round++) {
+            uint64_t changed = 5 + round * 7;
+            rewrite_same_size(h, changed, (uint8_t)(0xe0 + round), m == 1);
+            read_epoch_expect_change(c, 10 + round, changed, (uint8_t)(0xe0 + round));
+            read_epoch_expect_change(c, 20 + round, changed, (uint8_t)(0xe0 + round));
+            /* Put it back for the next round's checks of the other files. */
+            cJSON *j = wait_state(c, "ready");
+            cJSON_Delete(j);
+            char path[4300];
+            snprintf(path, sizeof path, "%s/rec/class_%03llu/%07llu.bin", h->dir,
+                     (unsigned long long)(changed % N_CLASSES), (unsigned long long)changed);
+            uint8_t buf[FILE_SIZE];
+            for (int k = 0; k < FILE_SIZE; k++)
+                buf[k] = harness_file_byte(changed, (uint64_t)k);
+            harness_write_file(h, path + strlen(h->dir) + 1, buf, sizeof buf);
+        }
+        lc_client_close(c);
+        harness_stop_clean(h);
+        char cachefile[300];
+        snprintf(cachefile, sizeof cachefile, "%s/cache/rec.ldcache", h->dir);
+        unlink(cachefile);
+    }
+}
+
+/* A data byte flipped after the build, no verify run: the stream still gets the right
+ * bytes (read from the files), the cache is set aside and rebuilt. */
+static void test_corrupt_sample_checked_when_served(void **state)
+{
+    struct harness *h = *state;
+    start_with_cache(h, "auto");
+    build_now(h);
+    for (long k = 0; k < 40; k++)
+        flip_byte(h, 4096 + k * 256 + 9); /* a byte in each of the first 40 samples */
+    lc_client *c = harness_connect(h, 10000, "itest_cache");
+    for (int i = 0; i < 20 && !bad_copy_exists(h); i++)
+        assert_int_equal(read_epoch_checked(c, (uint64_t)i), N_FILES);
+    assert_true(bad_copy_exists(h));
+    cJSON *j = wait_state(c, "ready");
+    cJSON_Delete(j);
+    read_until_hits(c, 50, N_FILES);
+    lc_client_close(c);
+    harness_stop_clean(h);
+    char *log = harness_log(h);
+    assert_non_null(strstr(log, "checksum mismatch (data corrupt) (found while serving)"));
+    free(log);
+
+    /* A `packed` file has no source to fall back on: the bad sample follows on_error
+     * (replace, for packed), never served, and the log names the checksum. */
+    harness_write_config(h, "  workers: 2\n", "  records:\n    kind: packed\n    path: cache/rec.ldcache\n");
+    flip_byte(h, 4096 + 9);
+    harness_start(h);
+    c = harness_connect(h, 10000, "itest_cache");
+    lc_stream_options o;
+    lc_stream_options_init(&o);
+    o.batch_size = 400;
+    o.epochs = 1;
+    o.shuffle = 0;
+    lc_stream *s = NULL;
+    assert_int_equal(lc_stream_open(c, "records", &o, &s), 0);
+    lc_batch *b = NULL;
+    assert_int_equal(lc_stream_next(s, 10000, &b), 0);
+    lc_field data;
+    assert_int_equal(lc_batch_field_by_name(b, "data", &data), 0);
+    for (uint32_t row = 0; row < lc_batch_rows(b); row++) {
+        const uint8_t *buf = (const uint8_t *)data.data + (size_t)row * FILE_SIZE;
+        bool known = false;
+        for (uint64_t i = 0; i < N_FILES && !known; i++)
+            known = harness_file_matches(i, buf, FILE_SIZE, FILE_SIZE, false);
+        if (!known)
+            fail_msg("row %u of the packed batch holds corrupt bytes", row);
+    }
+    lc_batch_release(b);
+    lc_stream_close(s);
+    lc_client_close(c);
+    harness_stop_clean(h);
+    log = harness_log(h);
+    assert_non_null(strstr(log, "sample 0 (offset 4096, 200 bytes): checksum mismatch"));
+    free(log);
+}
+
+/* mode off: cache requests say so; temporary files of a dead builder are removed at
+ * start, those of a live process kept. */
+static void test_mode_off_and_sweep_at_start(void **state)
+{
+    struct harness *h = *state;
+    start_cache_cfg(h, "{path: cache/rec.ldcache, mode: off}");
+    lc_client *c = harness_connect(h, 10000, "itest_cache");
+    char *text = NULL;
+    assert_true(lc_request_json(c, "{\"op\":\"cache_build\",\"dataset\":\"records\"}", &text) < 0);
+    assert_non_null(strstr(lc_client_error(c), "cache.mode: off"));
+    cJSON *j = cache_call(c, "cache_info", NULL);
+    assert_string_equal(state_of(j), "off");
+    cJSON_Delete(j);
+    assert_int_equal(read_epoch_checked(c, 1), N_FILES);
+    lc_client_close(c);
+    harness_stop_clean(h);
+
+    pid_t dead = fork();
+    assert_true(dead >= 0);
+    if (dead == 0)
+        _exit(0);
+    assert_int_equal(waitpid(dead, NULL, 0), dead);
+    char dead_tmp[300], live_tmp[300];
+    snprintf(dead_tmp, sizeof dead_tmp, "cache/rec.ldcache.tmp.%d.00112233445566ff", (int)dead);
+    snprintf(live_tmp, sizeof live_tmp, "cache/rec.ldcache.tmp.%d.00112233445566ff", (int)getpid());
+    harness_write_file(h, dead_tmp, "x", 1);
+    harness_write_file(h, live_tmp, "x", 1);
+    start_cache_cfg(h, "{path: cache/rec.ldcache}");
+    c = harness_connect(h, 10000, "itest_cache");
+    j = wait_state(c, "absent");
+    cJSON_Delete(j);
+    char path[400];
+    snprintf(path, sizeof path, "%s/%s", h->dir, dead_tmp);
+    assert_int_equal(access(path, F_OK), -1);
+    snprintf(path, sizeof path, "%s/%s", h->dir, live_tmp);
+    assert_int_equal(access(path, F_OK), 0);
+    lc_client_close(c);
+    harness_stop_clean(h);
+}
+
+/* Mappings of deleted cache files the daemon holds (superseded copies kept on disk). */
+static int deleted_cache_maps(pid_t pid)
+{
+    char path[64], line[4600];
+    snprintf(path, sizeof path, "/proc/%d/maps", (int)pid);
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    int n = 0;
+    while (fgets(line, sizeof line, f))
+        if (strstr(line, "rec.ldcache") && strstr(line, "(deleted)"))
+            n++;
+    fclose(f);
+    return n;
+}
+
+/* Far more than 16 rebuilds in one run (each change of the source replaces the
+ * cache): every one attaches, and no superseded copy stays mapped once its readers
+ * are gone. */
+static void test_many_rebuilds_reclaimed(void **state)
+{
+    struct harness *h = *state;
+    start_with_cache(h, "auto");
+    build_now(h);
+    lc_client *c = harness_connect(h, 10000, "itest_cache");
+    char path[4300];
+    snprintf(path, sizeof path, "%s/rec/class_001/0000005.bin", h->dir);
+    for (int round = 0; round < 20; round++) {
+        struct timespec times[2] = {{.tv_sec = 1000000000 + round}, {.tv_sec = 1000000000 + round}};
+        assert_int_equal(utimensat(AT_FDCWD, path, times, 0), 0);
+        cJSON *j = cache_call(c, "cache_info", NULL);
+        double before = num(j, "attached", NULL);
+        cJSON_Delete(j);
+        assert_int_equal(read_epoch_checked(c, (uint64_t)round), N_FILES);
+        for (int i = 0;; i++) {
+            j = cache_call(c, "cache_info", NULL);
+            bool done = strcmp(state_of(j), "ready") == 0 && num(j, "attached", NULL) > before;
+            if (strcmp(state_of(j), "failed") == 0)
+                fail_msg("round %d: %s", round, cJSON_PrintUnformatted(j));
+            cJSON_Delete(j);
+            if (done)
+                break;
+            assert_true(i < 400);
+            usleep(20000);
+        }
+    }
+    cJSON *j = cache_call(c, "cache_info", NULL);
+    assert_true(num(j, "attached", NULL) >= 21);
+    assert_int_equal((int)num(j, "mapped", NULL), 1);
+    cJSON_Delete(j);
+    assert_int_equal(deleted_cache_maps(h->pid), 0);
+    read_until_hits(c, 100, N_FILES);
+    lc_client_close(c);
+    harness_stop_clean(h);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -382,6 +667,10 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_corruption_is_never_served, setup, teardown),
         cmocka_unit_test_setup_teardown(test_rebuild_mode_and_shared_build, setup, teardown),
         cmocka_unit_test_setup_teardown(test_unwritable_cache_dir_and_packed, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_stale_never_served, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_corrupt_sample_checked_when_served, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_mode_off_and_sweep_at_start, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_many_rebuilds_reclaimed, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

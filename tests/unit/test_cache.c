@@ -25,9 +25,11 @@
 #include <sys/wait.h>
 #include <dirent.h>
 #include <unistd.h>
+#include <uv.h>
 #include <xxhash.h>
 
 #include "cache.h"
+#include "cache_keeper.h"
 #include "dataset.h"
 #include "log.h"
 
@@ -1215,6 +1217,429 @@ static void test_concurrent_reads(void **state)
     dataset_free(d);
 }
 
+static uint64_t align_to(uint64_t v)
+{
+    return (v + CACHE_ALIGN - 1) / CACHE_ALIGN * CACHE_ALIGN;
+}
+
+/* The index of write_fixed_tree's file i in the dataset (sorted paths, not numbers). */
+static uint64_t sample_of(const dataset *d, unsigned i)
+{
+    char rel[64];
+    snprintf(rel, sizeof rel, "class_%u/%04u.bin", i % 3, i);
+    for (uint64_t k = 0; k < d->count; k++)
+        if (strcmp(dataset_sample_name(d, k), rel) == 0)
+            return k;
+    fail_msg("no sample %s", rel);
+    return 0;
+}
+
+/* ---- two builders, and files cut short under a reader ---------------------------------- */
+
+/* Two processes build the same path at once: each writes its own temporary file and
+ * renames it over the path, so the survivor is whole and nothing is left behind. */
+static void test_two_builders(void **state)
+{
+    struct tdir *t = *state;
+    write_fixed_tree(t->src, 300, 1000);
+    dataset *d = open_dataset(t);
+    uint64_t fp = fingerprint(d, DATASET_FINGERPRINT_STAT);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        char err[LD_ERRMSG_MAX];
+        _exit(cache_build(d, t->cache, fp, NULL, NULL, NULL, err) == 0 ? 0 : 1);
+    }
+    build_ok(d, t->cache, fp);
+    int status = 0;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
+    cache *c = open_ok(t->cache, fp);
+    verify_ok(c);
+    check_equal(d, c);
+    cache_free(c);
+    assert_int_equal(count_temps(t->out), 0);
+    dataset_free(d);
+}
+
+/* A cache truncated in place while mapped: reads past the new end fail with LD_EIO and
+ * mark the cache bad instead of raising SIGBUS; verify says truncated. */
+static void test_truncated_under_reader(void **state)
+{
+    struct tdir *t = *state;
+    char err[LD_ERRMSG_MAX] = "";
+    write_fixed_tree(t->src, 64, 8192);
+    dataset *d = open_dataset(t);
+    build_ok(d, t->cache, 1);
+    cache *c = open_ok(t->cache, 1);
+    uint8_t buf[8192];
+    uint64_t len, bad = 0;
+    int64_t label;
+    assert_int_equal(cache_read(c, 63, buf, sizeof buf, &len, &label, true, err), 0);
+    assert_int_equal(cache_bad(c, NULL), CACHE_BAD_NONE);
+    assert_int_equal(truncate(t->cache, 3 * 4096), 0);
+    assert_int_equal(cache_read(c, 60, buf, sizeof buf, &len, &label, true, err), LD_EIO);
+    assert_non_null(strstr(err, "truncated"));
+    assert_int_equal(cache_bad(c, &bad), CACHE_BAD_TRUNCATED);
+    assert_true(bad == 60 || bad >= 1); /* the index page itself may be the one gone */
+    assert_int_equal(cache_verify(c, NULL, NULL, NULL, err), LD_ECACHE);
+    assert_non_null(strstr(err, "truncated"));
+    /* The guard is per read: the daemon's other work goes on. */
+    assert_int_equal(cache_read(c, 60, buf, sizeof buf, &len, &label, true, err), LD_EIO);
+    cache_free(c);
+    dataset_free(d);
+}
+
+/* A flipped sample byte is found when the sample is served, not only by verify. */
+static void test_checked_when_served(void **state)
+{
+    struct tdir *t = *state;
+    char err[LD_ERRMSG_MAX] = "";
+    write_fixed_tree(t->src, 8, 300);
+    dataset *d = open_dataset(t);
+    build_ok(d, t->cache, 1);
+    cache *c = open_ok(t->cache, 1);
+    flip_byte(t->cache, CACHE_HEADER_SIZE + 3 * align_to(300) + 17); /* sample 3 */
+    unsigned file3 = 0;
+    while (sample_of(d, file3) != 3)
+        file3++;
+    uint8_t buf[300];
+    uint64_t len, bad = 99;
+    int64_t label;
+    assert_int_equal(cache_read(c, 2, buf, sizeof buf, &len, &label, true, err), 0);
+    assert_int_equal(cache_read(c, 3, buf, sizeof buf, &len, &label, true, err), LD_ECACHE);
+    assert_non_null(strstr(err, "sample 3 "));
+    assert_int_equal(cache_bad(c, &bad), CACHE_BAD_CHECKSUM);
+    assert_int_equal(bad, 3);
+    /* dataset_read given this cache serves the source's bytes instead. */
+    int64_t lab2 = -7;
+    void *dst[2] = {buf, &lab2};
+    struct dataset_read_ctx ctx = {.cache = c};
+    assert_int_equal(dataset_read(d, 3, &ctx, dst, err), 0);
+    for (size_t j = 0; j < sizeof buf; j++)
+        if (buf[j] != testfs_byte(file3, j))
+            fail_msg("byte %zu of sample 3 is not the source's", j);
+    cache_free(c);
+    dataset_free(d);
+}
+
+/* A token_windows file shrunk in place under the mapping: the read fails with
+ * LD_EDATASET naming the file, no SIGBUS, and dataset_read does not replace it. */
+static void test_tokens_shrunk(void **state)
+{
+    struct tdir *t = *state;
+    char path[600], err[LD_ERRMSG_MAX] = "";
+    snprintf(path, sizeof path, "%s/tokens.bin", t->root);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    for (unsigned i = 0; i < 64 * 1024; i++) {
+        uint16_t tok = (uint16_t)(i * 7u);
+        assert_int_equal(fwrite(&tok, 2, 1, f), 1);
+    }
+    fclose(f);
+    struct config_dataset cfg = {.name = "tok", .kind = CONFIG_DATASET_TOKEN_WINDOWS, .path = path,
+                                 .token_dtype = LD_DTYPE_UINT16, .context = 1023, .stride = 1023,
+                                 .on_error = CONFIG_ON_ERROR_REPLACE};
+    dataset *d = NULL;
+    assert_int_equal(dataset_open(&cfg, &d, err), 0);
+    uint16_t win[1024];
+    void *dst[1] = {win};
+    struct dataset_read_ctx ctx = {0};
+    uint64_t last = d->count - 1;
+    assert_int_equal(dataset_read(d, last, &ctx, dst, err), 0);
+    assert_int_equal(truncate(path, 4096), 0);
+    assert_int_equal(dataset_read(d, last, &ctx, dst, err), LD_EDATASET);
+    assert_non_null(strstr(err, "shrank"));
+    assert_non_null(strstr(err, path));
+    assert_int_equal(atomic_load(&d->replaced_samples), 0);
+    assert_int_equal(dataset_read(d, 0, &ctx, dst, err), 0); /* the first page is still there */
+    dataset_free(d);
+}
+
+/* ---- the keeper -------------------------------------------------------------------------- */
+
+struct keeper_fixture {
+    uv_loop_t loop;
+    dataset *d;
+    cache_keeper *k;
+    struct config_dataset cfg;
+    bool closed;
+};
+
+static cJSON *keeper_info(cache_keeper *k)
+{
+    cJSON *o = cJSON_CreateObject();
+    cache_keeper_describe(k, o);
+    return o;
+}
+
+static bool keeper_in(cache_keeper *k, const char *state)
+{
+    cJSON *o = keeper_info(k);
+    bool r = strcmp(cJSON_GetStringValue(cJSON_GetObjectItem(o, "state")), state) == 0;
+    cJSON_Delete(o);
+    return r;
+}
+
+static double keeper_num(cache_keeper *k, const char *key)
+{
+    cJSON *o = keeper_info(k);
+    double v = cJSON_GetNumberValue(cJSON_GetObjectItem(o, key));
+    cJSON_Delete(o);
+    return v;
+}
+
+/* Runs the loop until the keeper is in `state` with no job running (10 s at most). */
+static void keeper_wait(struct keeper_fixture *f, const char *state)
+{
+    for (int i = 0; i < 2000; i++) {
+        uv_run(&f->loop, UV_RUN_NOWAIT);
+        cJSON *o = keeper_info(f->k);
+        bool idle = !cJSON_GetObjectItem(o, "progress");
+        bool in = strcmp(cJSON_GetStringValue(cJSON_GetObjectItem(o, "state")), state) == 0;
+        cJSON_Delete(o);
+        if (in && idle && i > 0)
+            return;
+        usleep(5000);
+    }
+    cJSON *o = keeper_info(f->k);
+    fail_msg("keeper never became %s: %s", state, cJSON_PrintUnformatted(o));
+}
+
+/* Runs the loop until `ticket` may read the cache; returns the reference. */
+static cache *keeper_acquire_wait(struct keeper_fixture *f, uint64_t ticket)
+{
+    for (int i = 0; i < 2000; i++) {
+        cache *c = cache_keeper_acquire(f->k, ticket, NULL);
+        if (c)
+            return c;
+        uv_run(&f->loop, UV_RUN_NOWAIT);
+        usleep(5000);
+    }
+    fail_msg("ticket %" PRIu64 " never got the cache", ticket);
+    return NULL;
+}
+
+static void keeper_start(struct keeper_fixture *f, struct tdir *t, int mode, const char *cache_path)
+{
+    memset(f, 0, sizeof *f);
+    assert_int_equal(uv_loop_init(&f->loop), 0);
+    f->d = open_dataset(t);
+    f->cfg = (struct config_dataset){.name = "ds", .kind = CONFIG_DATASET_FILES, .path = t->src,
+                                     .pattern = "*", .cache_path = (char *)cache_path, .cache_mode = mode};
+    char err[LD_ERRMSG_MAX] = "";
+    if (cache_keeper_new(&f->loop, f->d, &f->cfg, &f->k, err) != 0)
+        fail_msg("cache_keeper_new: %s", err);
+    assert_ptr_equal(f->d->keeper, f->k);
+}
+
+static void keeper_closed_cb(void *ctx)
+{
+    ((struct keeper_fixture *)ctx)->closed = true;
+}
+
+static void keeper_stop(struct keeper_fixture *f)
+{
+    cache_keeper_close(f->k, keeper_closed_cb, f);
+    while (!f->closed)
+        uv_run(&f->loop, UV_RUN_NOWAIT);
+    cache_keeper_free(f->k);
+    assert_null(f->d->keeper);
+    assert_int_equal(uv_loop_close(&f->loop), 0);
+    dataset_free(f->d);
+}
+
+/* Rewrites file i of write_fixed_tree with the same size, new bytes and a new mtime. */
+static void rewrite_file(const char *root, unsigned i, unsigned seed, time_t mtime)
+{
+    char rel[64], path[600];
+    snprintf(rel, sizeof rel, "class_%u/%04u.bin", i % 3, i);
+    testfs_write(root, rel, seed, 1000);
+    snprintf(path, sizeof path, "%s/%s", root, rel);
+    struct timespec ts[2] = {{.tv_sec = mtime}, {.tv_sec = mtime}};
+    assert_int_equal(utimensat(AT_FDCWD, path, ts, 0), 0);
+}
+
+/* A stream opened after a change never gets the old cache; a replaced cache stays
+ * mapped while a batch holds it and is unmapped after; far more than 16 rebuilds in
+ * one run work (no attach limit). */
+static void test_keeper_tickets_and_reclaim(void **state)
+{
+    struct tdir *t = *state;
+    struct keeper_fixture f;
+    write_fixed_tree(t->src, 30, 1000);
+    keeper_start(&f, t, CONFIG_CACHE_AUTO, t->cache);
+    keeper_wait(&f, "absent");
+    uint64_t t1 = cache_keeper_stream_opened(f.k);
+    assert_null(cache_keeper_acquire(f.k, t1, NULL));    /* building: the source */
+    keeper_wait(&f, "ready");
+    cache *c1 = cache_keeper_acquire(f.k, t1, NULL);     /* built after t1 opened */
+    assert_non_null(c1);
+
+    /* A new stream waits for its own check, even with nothing changed. */
+    uint64_t t2 = cache_keeper_stream_opened(f.k);
+    assert_null(cache_keeper_acquire(f.k, t2, NULL));
+    cache *c2 = keeper_acquire_wait(&f, t2);
+    assert_ptr_equal(c2, c1);
+    cache_keeper_release(f.k, c2);
+
+    /* Same size, new bytes: the stream opened after it reads the source, and once the
+     * rebuild is attached, the new bytes. */
+    rewrite_file(t->src, 4, 777, 1500000000);
+    uint64_t t3 = cache_keeper_stream_opened(f.k);
+    assert_null(cache_keeper_acquire(f.k, t3, NULL));
+    cache *c3 = keeper_acquire_wait(&f, t3);
+    assert_ptr_not_equal(c3, c1);
+    uint8_t buf[1000];
+    uint64_t len;
+    int64_t label;
+    char err[LD_ERRMSG_MAX] = "";
+    const uint64_t s4 = sample_of(f.d, 4);
+    assert_int_equal(cache_read(c3, s4, buf, sizeof buf, &len, &label, true, err), 0);
+    assert_int_equal(buf[0], testfs_byte(777, 0));
+    assert_int_equal(buf[999], testfs_byte(777, 999));
+    cache_keeper_release(f.k, c3);
+    /* c1 is still held by a batch of stream 1: mapped and readable until released. */
+    assert_int_equal((int)keeper_num(f.k, "mapped"), 2);
+    assert_int_equal(cache_read(c1, s4, buf, sizeof buf, &len, &label, true, err), 0);
+    assert_int_equal(buf[0], testfs_byte(4, 0));
+    cache_keeper_release(f.k, c1);
+    assert_int_equal((int)keeper_num(f.k, "mapped"), 1);
+
+    /* 20 more changes and rebuilds in one run: each attaches, none stays mapped. */
+    for (unsigned n = 0; n < 20; n++) {
+        rewrite_file(t->src, n % 30, 1000 + n, 1500000001 + n);
+        uint64_t tk = cache_keeper_stream_opened(f.k);
+        cache *c = keeper_acquire_wait(&f, tk);
+        assert_int_equal(cache_read(c, sample_of(f.d, n % 30), buf, sizeof buf, &len, &label, true, err), 0);
+        assert_int_equal(buf[7], testfs_byte(1000 + n, 7));
+        cache_keeper_release(f.k, c);
+        assert_int_equal((int)keeper_num(f.k, "mapped"), 1);
+    }
+    assert_true(keeper_num(f.k, "attached") >= 22);
+    assert_true(keeper_in(f.k, "ready"));
+    keeper_stop(&f);
+}
+
+struct verify_result {
+    bool called;
+    int rc;
+    char msg[LD_ERRMSG_MAX];
+};
+
+static void verify_cb(void *ctx, int rc, const char *message)
+{
+    struct verify_result *v = ctx;
+    v->called = true;
+    v->rc = rc;
+    snprintf(v->msg, sizeof v->msg, "%s", message ? message : "");
+}
+
+/* A verify asked for while a build runs waits for the build and checks its result; a
+ * second verify meanwhile is refused; a forced rebuild is rate-limited. */
+static void test_keeper_verify_during_build_and_force(void **state)
+{
+    struct tdir *t = *state;
+    struct keeper_fixture f;
+    char err[LD_ERRMSG_MAX] = "";
+    write_fixed_tree(t->src, 200, 1000);
+    keeper_start(&f, t, CONFIG_CACHE_AUTO, t->cache);
+    keeper_wait(&f, "absent");
+    assert_int_equal(cache_keeper_build(f.k, false, err), 0);
+    assert_true(keeper_in(f.k, "building")); /* the loop has not run: still building */
+    struct verify_result v = {0}, v2 = {0};
+    assert_int_equal(cache_keeper_verify(f.k, verify_cb, &v, err), 0);
+    assert_int_equal(cache_keeper_verify(f.k, verify_cb, &v2, err), LD_EBUSY);
+    assert_non_null(strstr(err, "already running"));
+    for (int i = 0; i < 2000 && !v.called; i++) {
+        uv_run(&f.loop, UV_RUN_NOWAIT);
+        usleep(5000);
+    }
+    assert_true(v.called);
+    if (v.rc != 0)
+        fail_msg("verify after the build: %d %s", v.rc, v.msg);
+    assert_false(v2.called);
+    assert_true(keeper_in(f.k, "ready"));
+
+    /* Not forced over a valid cache: refused; forced: once, then limited. */
+    assert_int_equal(cache_keeper_build(f.k, false, err), LD_EEXIST);
+    assert_int_equal(cache_keeper_build(f.k, true, err), 0);
+    keeper_wait(&f, "ready");
+    assert_int_equal(cache_keeper_build(f.k, true, err), LD_EAGAIN);
+    assert_non_null(strstr(err, "limited to one per 60 s"));
+    keeper_stop(&f);
+}
+
+/* A failed cache (its directory missing) is retried at the next stream open once the
+ * cause is gone; mode off says so. */
+static void test_keeper_failed_retried_and_off(void **state)
+{
+    struct tdir *t = *state;
+    struct keeper_fixture f;
+    char path[600], dir[500], err[LD_ERRMSG_MAX] = "";
+    snprintf(dir, sizeof dir, "%s/later", t->root);
+    snprintf(path, sizeof path, "%s/ds.ldcache", dir);
+    write_fixed_tree(t->src, 10, 100);
+    keeper_start(&f, t, CONFIG_CACHE_AUTO, path);
+    keeper_wait(&f, "absent");
+    uint64_t t1 = cache_keeper_stream_opened(f.k);
+    keeper_wait(&f, "failed");
+    assert_null(cache_keeper_acquire(f.k, t1, NULL));
+    assert_int_equal(mkdir(dir, 0755), 0);
+    uint64_t t2 = cache_keeper_stream_opened(f.k);
+    cache *c = keeper_acquire_wait(&f, t2);
+    cache_keeper_release(f.k, c);
+    assert_true(keeper_in(f.k, "ready"));
+    keeper_stop(&f);
+
+    keeper_start(&f, t, CONFIG_CACHE_OFF, path);
+    assert_true(keeper_in(f.k, "off"));
+    uint64_t t3 = cache_keeper_stream_opened(f.k);
+    uv_run(&f.loop, UV_RUN_NOWAIT);
+    assert_null(cache_keeper_acquire(f.k, t3, NULL));
+    assert_int_equal(cache_keeper_build(f.k, true, err), LD_ENOTSUP);
+    assert_non_null(strstr(err, "cache.mode: off"));
+    struct verify_result v = {0};
+    assert_int_equal(cache_keeper_verify(f.k, verify_cb, &v, err), LD_ENOTSUP);
+    assert_non_null(strstr(err, "cache.mode: off"));
+    keeper_stop(&f);
+}
+
+/* A sample found corrupt while served: the batch got the source's bytes, and at the
+ * next batch the keeper sets the file aside, stops handing it out and rebuilds. */
+static void test_keeper_drops_bad_cache(void **state)
+{
+    struct tdir *t = *state;
+    struct keeper_fixture f;
+    char bad[600], err[LD_ERRMSG_MAX] = "";
+    snprintf(bad, sizeof bad, "%s.bad", t->cache);
+    write_fixed_tree(t->src, 30, 1000);
+    keeper_start(&f, t, CONFIG_CACHE_AUTO, t->cache);
+    keeper_wait(&f, "absent");
+    uint64_t t1 = cache_keeper_stream_opened(f.k);
+    cache *c = keeper_acquire_wait(&f, t1);
+    flip_byte(t->cache, CACHE_HEADER_SIZE + 5 * align_to(1000) + 3);
+    uint8_t buf[1000];
+    int64_t label = -7;
+    void *dst[2] = {buf, &label};
+    struct dataset_read_ctx ctx = {.cache = c};
+    for (uint64_t i = 0; i < 30; i++)
+        assert_int_equal(dataset_read(f.d, i, &ctx, dst, err), 0);
+    assert_int_equal(dataset_read(f.d, 5, &ctx, dst, err), 0);
+    unsigned file5 = 0;
+    while (sample_of(f.d, file5) != 5)
+        file5++;
+    assert_int_equal(buf[3], testfs_byte(file5, 3));
+    cache_keeper_release(f.k, c);
+    assert_null(cache_keeper_acquire(f.k, t1, NULL)); /* found bad: set aside, rebuilding */
+    assert_true(exists(bad));
+    c = keeper_acquire_wait(&f, t1);
+    assert_int_equal(cache_verify(c, NULL, NULL, NULL, err), 0);
+    cache_keeper_release(f.k, c);
+    keeper_stop(&f);
+}
+
 int main(void)
 {
     ld_log_set_level(LD_LOG_WARN);
@@ -1237,6 +1662,14 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_advise, setup, teardown),
         cmocka_unit_test_setup_teardown(test_refused, setup, teardown),
         cmocka_unit_test_setup_teardown(test_concurrent_reads, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_two_builders, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_truncated_under_reader, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_checked_when_served, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_tokens_shrunk, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_keeper_tickets_and_reclaim, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_keeper_verify_during_build_and_force, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_keeper_failed_retried_and_off, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_keeper_drops_bad_cache, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
