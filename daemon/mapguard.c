@@ -12,6 +12,7 @@
 #include <pthread.h>
 #include <setjmp.h>
 #include <signal.h>
+#include <stdbool.h>
 #include <stdatomic.h>
 #include <string.h>
 
@@ -20,6 +21,19 @@
 /* The armed guard of this thread, or NULL. Initial-exec TLS (the daemon links this
  * module statically), so reading it in a signal handler is safe. */
 static _Thread_local sigjmp_buf *guard_jb;
+/* SIGBUS is unblocked on this thread. A fault signal that is blocked kills the process
+ * whatever its handler (the worker pool starts its threads with every signal blocked,
+ * so that SIGTERM reaches the loop thread): the first guard on a thread unblocks it. */
+static _Thread_local bool thread_ready;
+
+static void thread_prepare(void)
+{
+    sigset_t bus;
+    sigemptyset(&bus);
+    sigaddset(&bus, SIGBUS);
+    pthread_sigmask(SIG_UNBLOCK, &bus, NULL);
+    thread_ready = true;
+}
 
 static struct sigaction previous;
 static pthread_mutex_t install_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -64,6 +78,8 @@ int mapguard_init(void)
 
 int mapguard_copy(void *dst, const void *src, size_t n)
 {
+    if (!thread_ready)
+        thread_prepare();
     sigjmp_buf jb;
     if (sigsetjmp(jb, 0)) {
         atomic_signal_fence(memory_order_seq_cst);
@@ -79,6 +95,8 @@ int mapguard_copy(void *dst, const void *src, size_t n)
 
 int mapguard_run(int (*fn)(void *arg), void *arg)
 {
+    if (!thread_ready)
+        thread_prepare();
     sigjmp_buf jb;
     if (sigsetjmp(jb, 0)) {
         atomic_signal_fence(memory_order_seq_cst);

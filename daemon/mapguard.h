@@ -9,7 +9,8 @@
  * keeps its old meaning (the previous handler, or death).
  *
  * Cost: one sigsetjmp (no system call: the signal mask is not saved) and two
- * thread-local stores per guarded call; the copy itself runs at memcpy's speed.
+ * thread-local stores per guarded call; the copy itself runs at memcpy's speed. The
+ * first guarded call on a thread unblocks SIGBUS there (one system call per thread).
  * Any thread may use the guard; guards do not nest (an inner call would disarm the
  * outer one early). The functions called inside a guard must not take locks or
  * allocate, since they may be abandoned halfway. */
