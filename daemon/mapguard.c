@@ -5,7 +5,9 @@
  * sample on the fast path of every mapped kind. The handler is installed with
  * SA_NODEFER because the jump does not restore the signal mask (sigsetjmp(…, 0) keeps
  * the fast path free of system calls): SIGBUS must stay unblocked for the next fault
- * on that thread. See mapguard.h for the contract. */
+ * on that thread. A handler run by a sanitizer's own handler may still have SIGBUS
+ * blocked, so after a jump the thread unblocks it again (a system call on the error
+ * path only). See mapguard.h for the contract. */
 #include "mapguard.h"
 
 #include <errno.h>
@@ -83,6 +85,7 @@ int mapguard_copy(void *dst, const void *src, size_t n)
     sigjmp_buf jb;
     if (sigsetjmp(jb, 0)) {
         atomic_signal_fence(memory_order_seq_cst);
+        thread_prepare(); /* the jump left the handler's mask in place */
         return LD_EIO;
     }
     guard_jb = &jb;
@@ -100,6 +103,7 @@ int mapguard_run(int (*fn)(void *arg), void *arg)
     sigjmp_buf jb;
     if (sigsetjmp(jb, 0)) {
         atomic_signal_fence(memory_order_seq_cst);
+        thread_prepare(); /* the jump left the handler's mask in place */
         return LD_EIO;
     }
     guard_jb = &jb;
