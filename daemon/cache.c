@@ -37,6 +37,14 @@
 #include <time.h>
 #include <unistd.h>
 #include <xxhash.h>
+#if defined(__x86_64__)
+#include <xxh_x86dispatch.h>
+/* Sample checksums are computed when a sample is served: the dispatching variant uses
+ * AVX2 or AVX-512 where the CPU has them (3-5x the SSE2 build's speed), same result. */
+#define sample_hash XXH3_64bits_dispatch
+#else
+#define sample_hash XXH3_64bits
+#endif
 
 #include "log.h"
 #include "mapguard.h"
@@ -433,7 +441,7 @@ int cache_build(const dataset *d, const char *path, uint64_t fingerprint,
             .offset = b.data_pos + b.data_fill,
             .length = got,
             .label = label,
-            .checksum = XXH3_64bits(dst, (size_t)got),
+            .checksum = sample_hash(dst, (size_t)got),
         };
         b.data_fill += (size_t)padded;
         if (b.index_fill == BUILD_INDEX_ENTRIES) {
@@ -957,7 +965,7 @@ int cache_read(cache *c, uint64_t index, void *dst, uint64_t cap, uint64_t *ret_
         goto truncated;
     /* The copy is checked, not the mapping: what is served is what was verified, and
      * the bytes are still in this core's cache. */
-    if (verify && XXH3_64bits(dst, (size_t)e.length) != e.checksum) {
+    if (verify && sample_hash(dst, (size_t)e.length) != e.checksum) {
         mark_bad(c, CACHE_BAD_CHECKSUM, index);
         return cache_fail(errbuf, LD_ECACHE, c->path, "sample %" PRIu64 " (offset %" PRIu64
                           ", %" PRIu64 " bytes): checksum mismatch (data corrupt)", index,
@@ -1056,7 +1064,7 @@ struct hash_job {
 static int hash_guarded(void *arg)
 {
     struct hash_job *j = arg;
-    j->hash = XXH3_64bits(j->p, j->n);
+    j->hash = sample_hash(j->p, j->n);
     return 0;
 }
 
