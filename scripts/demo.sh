@@ -3,7 +3,8 @@
 # temporary socket, and use it the way a trainer and an operator would:
 #   1. read the records once with loaderctl (the built-in benchmark client): that epoch is
 #      served from the files while the daemon builds the dataset's single-file cache;
-#   2. read them again: every sample now comes from the cache (`cache info` shows how many);
+#   2. read them again: from the cache, once the check started at the stream's open has
+#      found the files unchanged (`cache info` shows how many samples it served);
 #   3. a Python training loop (the headline use) takes JPEG batches as torch tensors;
 #   4. show the daemon's status, stop it cleanly and check that nothing is left in /dev/shm.
 set -euo pipefail
