@@ -1,6 +1,11 @@
 /* loaderd — the process: read the config, open the datasets, start the workers and the
- * server, run the loop until SIGTERM or SIGINT, then take everything down in order so
- * that no socket file and no shared-memory object is left behind.
+ * server, run the loop until SIGTERM, SIGINT or SIGQUIT, then take everything down in
+ * order so that no socket file and no shared-memory object is left behind.
+ *
+ * Every signal an operator or systemd commonly sends is handled, so that none kills the
+ * process without that clean-up: SIGHUP (which conventionally asks for a reload, not
+ * supported yet) and SIGUSR1/SIGUSR2 are logged and ignored, SIGPIPE is ignored (a
+ * client that hangs up is seen as a write error on its connection).
  *
  * Startup errors are fatal with a clear message and exit status 1. */
 #include <getopt.h>
@@ -19,11 +24,17 @@
 #include "ring.h"
 #include "server.h"
 
+/* Signals that stop the daemon cleanly, and signals that are only logged. */
+static const int stop_signals[] = {SIGTERM, SIGINT, SIGQUIT};
+static const int ignored_signals[] = {SIGHUP, SIGUSR1, SIGUSR2};
+#define N_STOP (sizeof stop_signals / sizeof stop_signals[0])
+#define N_IGNORED (sizeof ignored_signals / sizeof ignored_signals[0])
+
 struct daemon {
     uv_loop_t *loop;
-    uv_signal_t sigterm, sigint;
+    uv_signal_t signals[N_STOP + N_IGNORED];
+    size_t n_signals;               /* initialised handles in signals[] */
     server *srv;
-    int signals_open;
 };
 
 static void usage(FILE *f)
@@ -40,18 +51,51 @@ static void signal_closed(uv_handle_t *h)
     (void)h;
 }
 
-static void server_done(void *ctx)
+static void signals_close(struct daemon *d)
 {
-    struct daemon *d = ctx;
-    uv_close((uv_handle_t *)&d->sigterm, signal_closed);
-    uv_close((uv_handle_t *)&d->sigint, signal_closed);
+    for (size_t i = 0; i < d->n_signals; i++)
+        uv_close((uv_handle_t *)&d->signals[i], signal_closed);
+    d->n_signals = 0;
 }
 
-static void on_signal(uv_signal_t *h, int signum)
+static void server_done(void *ctx)
+{
+    signals_close(ctx);
+}
+
+static void on_stop_signal(uv_signal_t *h, int signum)
 {
     struct daemon *d = h->data;
-    ld_log(LD_LOG_INFO, "received %s", strsignal(signum));
+    ld_log(LD_LOG_INFO, "received %s (SIG%s); stopping", strsignal(signum), sigabbrev_np(signum));
     server_stop(d->srv, server_done, d);
+}
+
+static void on_ignored_signal(uv_signal_t *h, int signum)
+{
+    (void)h;
+    if (signum == SIGHUP)
+        ld_log(LD_LOG_WARN, "received SIGHUP: reload is not supported yet; ignoring SIGHUP");
+    else
+        ld_log(LD_LOG_WARN, "received SIG%s: loaderd gives it no meaning; ignoring it", sigabbrev_np(signum));
+}
+
+/* Installs the handlers before the socket exists, so that no signal can end the
+ * process between the bind and the loop. The callbacks run inside uv_run only. */
+static int signals_start(struct daemon *d)
+{
+    for (size_t i = 0; i < N_STOP + N_IGNORED; i++) {
+        uv_signal_t *h = &d->signals[i];
+        int rc = uv_signal_init(d->loop, h);
+        if (rc < 0)
+            return rc;
+        d->n_signals++;
+        h->data = d;
+        rc = i < N_STOP ? uv_signal_start(h, on_stop_signal, stop_signals[i])
+                        : uv_signal_start(h, on_ignored_signal, ignored_signals[i - N_STOP]);
+        if (rc < 0)
+            return rc;
+    }
+    return 0;
 }
 
 int main(int argc, char **argv)
@@ -132,15 +176,15 @@ int main(int argc, char **argv)
         goto out;
     }
     d.loop = uv_default_loop();
+    int rc = signals_start(&d);
+    if (rc < 0) {
+        ld_log(LD_LOG_ERROR, "cannot install the signal handlers: %s", uv_strerror(rc));
+        goto out;
+    }
     if (server_new(d.loop, cfg, datasets, n_open, workers, &d.srv, err) < 0) {
         ld_log(LD_LOG_ERROR, "%s", err);
         goto out;
     }
-    uv_signal_init(d.loop, &d.sigterm);
-    uv_signal_init(d.loop, &d.sigint);
-    d.sigterm.data = d.sigint.data = &d;
-    uv_signal_start(&d.sigterm, on_signal, SIGTERM);
-    uv_signal_start(&d.sigint, on_signal, SIGINT);
 
     ld_log(LD_LOG_INFO, "listening on %s with %u workers, memory budget %" PRIu64 " MiB",
            server_socket_path(d.srv), pool_threads(workers), cfg->memory_budget >> 20);
@@ -151,6 +195,10 @@ int main(int argc, char **argv)
 
 out:
     if (d.loop) {
+        if (d.n_signals) {
+            signals_close(&d);
+            uv_run(d.loop, UV_RUN_NOWAIT); /* let the handles close before the loop does */
+        }
         server_free(d.srv);
         uv_loop_close(d.loop);
     }

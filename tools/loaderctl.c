@@ -29,28 +29,57 @@ struct ctl_opts {
     bool json;
 };
 
+/* Each command's synopsis and what it does: the overall usage lists them all, and
+ * `loaderctl COMMAND --help` prints its own. */
+static const struct {
+    const char *name;
+    const char *usage;
+} ctl_commands[] = {
+    {"status", "  status [--json]        the daemon's counters: clients, streams, throughput, memory\n"},
+    {"datasets", "  datasets [--json]      the configured datasets and their fields\n"},
+    {"streams", "  streams [--json]       the open streams\n"},
+    {"read", "  read DATASET [--epochs N] [--batch-size B] [--no-shuffle] [--seed S] [--epoch E]\n"
+             "       [--rank R] [--world-size W] [--drop-last] [--start-batch K] [--prefetch P]\n"
+             "       [--touch] [--json]\n"
+             "                         attach as a trainer, consume N epochs (default 1, batch 64),\n"
+             "                         print samples/s; --touch reads every byte of each batch\n"},
+    {"cache", "  cache build DATASET [--force]   build the dataset's cache file now (--force: even\n"
+              "                         over a valid one) and wait for it, showing progress\n"
+              "  cache verify DATASET   check every sample of the cache against its checksum\n"
+              "  cache info DATASET     the cache's state, header fields, size and hits\n"},
+};
+
+static const char ctl_options_usage[] =
+    "options (before the command):\n"
+    "  --socket PATH          loaderd's socket (default: %s)\n"
+    "  --timeout MS           per-request timeout (default: %d)\n"
+    "  --daemon-uid UID       the user loaderd must run as (a number or a name; default:\n"
+    "                         $LOADERD_UID, else this user or root)\n"
+    "  --json                 print JSON instead of text\n";
+
 static void ctl_usage(FILE *f)
 {
-    fprintf(f,
-            "usage: loaderctl [--socket PATH] [--timeout MS] [--json] COMMAND [ARGS]\n"
-            "\n"
-            "commands:\n"
-            "  status                 the daemon's counters: clients, streams, throughput, memory\n"
-            "  datasets               the configured datasets and their fields\n"
-            "  streams                the open streams\n"
-            "  read DATASET [--epochs N] [--batch-size B] [--no-shuffle] [--seed S] [--epoch E]\n"
-            "       [--rank R] [--world-size W] [--drop-last] [--start-batch K] [--prefetch P]\n"
-            "       [--touch]         attach as a trainer, consume N epochs, print samples/s\n"
-            "  cache build DATASET [--force]   build the dataset's cache file now (--force: even\n"
-            "                         over a valid one) and wait for it, showing progress\n"
-            "  cache verify DATASET   check every sample of the cache against its checksum\n"
-            "  cache info DATASET     the cache's state, header fields, size and hits\n"
-            "\n"
-            "options:\n"
-            "  --socket PATH          loaderd's socket (default: %s)\n"
-            "  --timeout MS           per-request timeout (default: %d)\n"
-            "  --json                 print JSON instead of text\n",
-            lc_default_socket(), CTL_DEFAULT_TIMEOUT_MS);
+    fprintf(f, "usage: loaderctl [--socket PATH] [--timeout MS] [--daemon-uid UID] [--json] COMMAND [ARGS]\n"
+               "       loaderctl COMMAND --help\n\ncommands:\n");
+    for (size_t k = 0; k < sizeof ctl_commands / sizeof ctl_commands[0]; k++)
+        fputs(ctl_commands[k].usage, f);
+    fputs("\n", f);
+    fprintf(f, ctl_options_usage, lc_default_socket(), CTL_DEFAULT_TIMEOUT_MS);
+}
+
+/* `loaderctl CMD --help`: 0 after printing CMD's usage, -1 for an unknown command. */
+static int ctl_command_usage(const char *cmd)
+{
+    for (size_t k = 0; k < sizeof ctl_commands / sizeof ctl_commands[0]; k++) {
+        if (strcmp(ctl_commands[k].name, cmd) == 0) {
+            printf("usage: loaderctl [OPTIONS] ...\n");
+            fputs(ctl_commands[k].usage, stdout);
+            printf("\n");
+            printf(ctl_options_usage, lc_default_socket(), CTL_DEFAULT_TIMEOUT_MS);
+            return 0;
+        }
+    }
+    return -1;
 }
 
 static int ctl_usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -765,6 +794,9 @@ int main(int argc, char **argv)
             if (ctl_parse_u64(argv[++i], 1, 86400000, &v) < 0)
                 return ctl_usage_error("--timeout needs milliseconds in [1, 86400000]");
             o.timeout_ms = (int)v;
+        } else if (strcmp(a, "--daemon-uid") == 0 && i + 1 < argc) {
+            /* The library reads it when it checks who answers on the socket. */
+            setenv("LOADERD_UID", argv[++i], 1);
         } else if (strcmp(a, "--json") == 0) {
             o.json = true;
         } else if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
@@ -784,6 +816,12 @@ int main(int argc, char **argv)
     const char *cmd = argv[i];
     int cargc = argc - i;
     char **cargv = argv + i;
+    for (int k = 1; k < cargc; k++)
+        if (strcmp(cargv[k], "--help") == 0 || strcmp(cargv[k], "-h") == 0) {
+            if (ctl_command_usage(cmd) < 0)
+                return ctl_usage_error("unknown command %s", cmd);
+            return 0;
+        }
     if (strcmp(cmd, "read") == 0) {
         ret = ctl_cmd_read(&c, &o, cargc, cargv);
         lc_client_close(c);

@@ -7,11 +7,13 @@
 #include "harness.h"
 #include "loaderclient.h"
 
+#include <cJSON.h>
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
 #include <inttypes.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -288,10 +290,26 @@ int harness_run_to_exit(struct harness *h, const char *const *extra_args)
 
 int harness_stop(struct harness *h)
 {
+    return harness_stop_with(h, SIGTERM);
+}
+
+int harness_stop_with(struct harness *h, int sig)
+{
     if (h->pid <= 0)
         return -1;
-    kill(h->pid, SIGTERM);
+    kill(h->pid, sig);
     return harness_wait_exit(h);
+}
+
+bool harness_alive(struct harness *h)
+{
+    if (h->pid <= 0)
+        return false;
+    int st = harness_reap(h->pid, false);
+    if (st == -2)
+        return true;
+    h->pid = 0;
+    return false;
 }
 
 int harness_shm_count(pid_t pid, char *buf, size_t size)
@@ -459,6 +477,163 @@ void harness_stop_clean(struct harness *h)
     int n = harness_shm_count(pid, names, sizeof names);
     if (n != 0)
         fail_msg("loaderd %d left shared memory behind: %s", (int)pid, names);
+    struct stat sst;
+    if (lstat(h->socket, &sst) == 0)
+        fail_msg("loaderd %d left its socket file %s behind", (int)pid, h->socket);
+}
+
+/* ---- loaderctl, status, raw frames ----------------------------------------------- */
+
+static const char *harness_ctl_bin(void)
+{
+    const char *b = getenv("LOADERCTL_BIN");
+    return b && *b ? b : "build/bin/loaderctl";
+}
+
+int harness_ctl(struct harness *h, char *out, size_t size, ...)
+{
+    const char *argv[40];
+    int argc = 0;
+    argv[argc++] = harness_ctl_bin();
+    argv[argc++] = "--socket";
+    argv[argc++] = h->socket;
+    va_list ap;
+    va_start(ap, size);
+    const char *a;
+    while ((a = va_arg(ap, const char *)) != NULL && argc < 39)
+        argv[argc++] = a;
+    va_end(ap);
+    argv[argc] = NULL;
+    int fds[2];
+    if (pipe2(fds, O_CLOEXEC) < 0)
+        fail_msg("harness: pipe: %s", strerror(errno));
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid < 0)
+        fail_msg("harness: fork: %s", strerror(errno));
+    if (pid == 0) {
+        dup2(fds[1], 1);
+        dup2(fds[1], 2);
+        execv(argv[0], (char *const *)argv);
+        dprintf(2, "harness: cannot run %s: %s (set LOADERCTL_BIN)\n", argv[0], strerror(errno));
+        _exit(127);
+    }
+    close(fds[1]);
+    size_t used = 0;
+    int64_t deadline = harness_now_ms() + 20000;
+    for (;;) {
+        struct pollfd p = { .fd = fds[0], .events = POLLIN };
+        int left = (int)(deadline - harness_now_ms());
+        if (left <= 0 || poll(&p, 1, left) <= 0) {
+            kill(pid, SIGKILL);
+            harness_reap(pid, true);
+            close(fds[0]);
+            fail_msg("harness: loaderctl did not finish within 20 s");
+        }
+        char chunk[1024];
+        ssize_t n = read(fds[0], chunk, sizeof chunk);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            break;
+        size_t take = (size_t)n;
+        if (size && used + take > size - 1)
+            take = size - 1 - used;
+        if (out && take)
+            memcpy(out + used, chunk, take);
+        used += take;
+    }
+    close(fds[0]);
+    if (out && size)
+        out[used] = '\0';
+    return harness_reap(pid, true);
+}
+
+double harness_status_num(struct harness *h, const char *key, const char *sub)
+{
+    lc_client *c = harness_connect(h, 10000, "harness-status");
+    char *json = NULL;
+    int r = lc_request_json(c, "{\"op\":\"status\"}", &json);
+    if (r < 0)
+        fail_msg("harness: status: %s: %s", lc_strerror(r), lc_client_error(c));
+    lc_client_close(c);
+    cJSON *st = cJSON_Parse(json);
+    lc_free(json);
+    const cJSON *o = cJSON_GetObjectItemCaseSensitive(st, key);
+    if (sub)
+        o = cJSON_GetObjectItemCaseSensitive(o, sub);
+    if (!cJSON_IsNumber(o)) {
+        cJSON_Delete(st);
+        fail_msg("harness: status has no number %s%s%s", key, sub ? "." : "", sub ? sub : "");
+    }
+    double v = o->valuedouble;
+    cJSON_Delete(st);
+    return v;
+}
+
+int harness_wait_leased(struct harness *h, int want)
+{
+    int leased = -1;
+    for (int i = 0; i < 100; i++) {
+        leased = (int)harness_status_num(h, "slots", "leased");
+        if (leased == want)
+            break;
+        harness_sleep_ms(20);
+    }
+    return leased;
+}
+
+int harness_raw_connect(const struct harness *h)
+{
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_un sa = { .sun_family = AF_UNIX };
+    snprintf(sa.sun_path, sizeof sa.sun_path, "%s", h->socket);
+    if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof sa) < 0)
+        fail_msg("harness: connect %s: %s", h->socket, strerror(errno));
+    return fd;
+}
+
+void harness_raw_send(int fd, const char *json)
+{
+    uint32_t len = (uint32_t)strlen(json);
+    uint8_t hdr[4] = { (uint8_t)(len >> 24), (uint8_t)(len >> 16), (uint8_t)(len >> 8), (uint8_t)len };
+    if (send(fd, hdr, 4, MSG_NOSIGNAL) != 4 || send(fd, json, len, MSG_NOSIGNAL) != (ssize_t)len)
+        fail_msg("harness: send: %s", strerror(errno));
+}
+
+static bool harness_read_full(int fd, void *buf, size_t len, int64_t deadline)
+{
+    size_t got = 0;
+    while (got < len) {
+        struct pollfd p = { .fd = fd, .events = POLLIN };
+        int left = (int)(deadline - harness_now_ms());
+        if (left <= 0 || poll(&p, 1, left) != 1)
+            return false;
+        ssize_t n = read(fd, (char *)buf + got, len - got);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            return false;
+        got += (size_t)n;
+    }
+    return true;
+}
+
+char *harness_raw_reply(int fd, int timeout_ms)
+{
+    int64_t deadline = harness_now_ms() + timeout_ms;
+    uint8_t hdr[4];
+    if (!harness_read_full(fd, hdr, 4, deadline))
+        return NULL;
+    uint32_t len = (uint32_t)hdr[0] << 24 | (uint32_t)hdr[1] << 16 | (uint32_t)hdr[2] << 8 | hdr[3];
+    char *buf = calloc(1, (size_t)len + 1);
+    if (!buf)
+        fail_msg("harness: out of memory");
+    if (!harness_read_full(fd, buf, len, deadline)) {
+        free(buf);
+        return NULL;
+    }
+    return buf;
 }
 
 lc_client *harness_connect(struct harness *h, int timeout_ms, const char *name)

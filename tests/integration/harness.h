@@ -72,8 +72,32 @@ struct lc_client *harness_connect(struct harness *h, int timeout_ms, const char 
 /* SIGTERM, then waits up to 10 s. Returns the exit status (0 for a clean stop),
  * 128 + signal when it died of a signal, -1 when it had to be killed after 10 s. */
 int harness_stop(struct harness *h);
+/* The same with another signal (SIGINT, SIGQUIT...). */
+int harness_stop_with(struct harness *h, int sig);
+/* Whether the daemon still runs (it has not exited). */
+bool harness_alive(struct harness *h);
 /* The daemon's log so far, as a malloc'd NUL-terminated string (never NULL). */
 char *harness_log(const struct harness *h);
+
+/* Runs $LOADERCTL_BIN (else build/bin/loaderctl) with `--socket <h->socket>` and the
+ * NULL-terminated arguments, its stdout and stderr into out (size bytes, NUL-terminated,
+ * cut when longer), and returns its exit status (128 + signal when it died of one).
+ * Fails the test when it does not finish within 20 s. */
+int harness_ctl(struct harness *h, char *out, size_t size, ...) __attribute__((sentinel));
+/* One number from the daemon's status reply: `key`, or `key`.`sub` when sub is not
+ * NULL (e.g. "slots", "leased"). Connects a client of its own for the request. */
+double harness_status_num(struct harness *h, const char *key, const char *sub);
+/* Slots leased across the daemon, from status; polls up to 2 s for the count to drop to
+ * `want` (replies to releases are pipelined), then returns what it saw. */
+int harness_wait_leased(struct harness *h, int want);
+
+/* Raw protocol access, for tests of what the library never sends: a connected socket
+ * (the test fails when it cannot connect), one frame out, and the next frame in as a
+ * malloc'd NUL-terminated JSON text (NULL when the daemon closed the connection or
+ * nothing came within timeout_ms). */
+int harness_raw_connect(const struct harness *h);
+void harness_raw_send(int fd, const char *json);
+char *harness_raw_reply(int fd, int timeout_ms);
 
 /* Counts /dev/shm entries "loaderd.<pid>.*" (the rings of daemon `pid`) and, when buf is
  * not NULL, writes their names there separated by spaces, for failure messages. */
