@@ -199,6 +199,31 @@ static void client_pending_forget_stream(lc_client *c, const lc_stream *s)
 
 /* ---- sending ------------------------------------------------------------------------ */
 
+/* The daemon hung up while we were sending: it may have said why first (a full
+ * daemon, a deadline), in an error frame that is already in our receive queue. */
+static int client_break_closed(lc_client *c)
+{
+    char buf[4096], msg[LD_ERRMSG_MAX];
+    ssize_t n;
+    while ((n = recv(c->fd, buf, sizeof buf, MSG_DONTWAIT)) > 0)
+        if (proto_reader_feed(c->reader, buf, (size_t)n) < 0)
+            break;
+    const char *payload;
+    size_t len;
+    while (proto_reader_next(c->reader, &payload, &len) == 1) {
+        cJSON *reply = NULL;
+        if (proto_parse(payload, len, &reply, msg) == 0 && proto_request_id(reply) < 0) {
+            int st = proto_reply_status(reply, msg);
+            cJSON_Delete(reply);
+            if (st < 0)
+                return client_break(c, st, "loaderd closed the connection: %s", msg);
+            continue;
+        }
+        cJSON_Delete(reply);
+    }
+    return client_break(c, LC_ECONNRESET, "loaderd closed the connection");
+}
+
 /* Writes all of buf before the deadline. A partial frame left behind means the framing
  * is lost, so that breaks the connection; nothing sent at all does not. */
 static int client_send_all(lc_client *c, const char *buf, size_t len, int64_t deadline,
@@ -235,7 +260,7 @@ static int client_send_all(lc_client *c, const char *buf, size_t len, int64_t de
         }
         int e = n < 0 ? errno : EPIPE;
         if (e == EPIPE || e == ECONNRESET)
-            return client_break(c, LC_ECONNRESET, "loaderd closed the connection");
+            return client_break_closed(c);
         return client_break(c, ld_from_errno(e), "sending '%s' to loaderd: %s", op, strerror(e));
     }
     return 0;
@@ -403,11 +428,11 @@ static int client_take_frames(lc_client *c, int64_t want, cJSON **ret_reply)
             return client_break(c, LC_EPROTO, "malformed reply from loaderd: %s", msg);
         int64_t id = proto_request_id(reply);
         if (c->pending_head == c->pending_len || id != c->pending[c->pending_head].id) {
-            /* A reply with a null id is the daemon refusing the connection's framing
-             * (or a bug): show its own message when it has one. */
-            int code = LC_EPROTO;
-            if (id < 0 && proto_reply_status(reply, msg) < 0)
-                client_break(c, code, "loaderd rejected a request: %s", msg);
+            /* A reply with a null id is the daemon ending the connection (the framing
+             * broke, a limit, a deadline): its code and message say why. */
+            int code = LC_EPROTO, st;
+            if (id < 0 && (st = proto_reply_status(reply, msg)) < 0)
+                client_break(c, code = st, "loaderd closed the connection: %s", msg);
             else if (c->pending_head == c->pending_len)
                 client_break(c, code, "unexpected reply from loaderd (id %lld, no request outstanding)",
                              (long long)id);

@@ -14,7 +14,7 @@
 #define CLIENT_ERRMSG_MAX (2 * LD_ERRMSG_MAX) /* room for our prefix + the daemon's message */
 #define CLIENT_REPLY_LIMIT LD_FRAME_MAX_LIMIT /* largest reply frame we accept: 64 MiB */
 #define CLIENT_DEFAULT_TIMEOUT_MS 30000
-#define CLIENT_READ_AHEAD 2          /* next requests a stream keeps ahead of the trainer */
+#define CLIENT_READ_AHEAD LC_READ_AHEAD /* next requests a stream keeps ahead of the trainer */
 #define CLIENT_DEFER_MAX_FRAMES 32     /* releases queued before they are sent on their own */
 
 /* What to do with a reply when it arrives. Replies come in request order, so the

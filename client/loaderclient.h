@@ -57,6 +57,9 @@ extern "C" {
 #define LC_DTYPE_FLOAT32 7
 
 #define LC_MAX_DIMS 5 /* batch dim + up to 4 */
+/* Next requests a stream keeps outstanding ahead of the trainer: that many slots may be
+ * leased to a stream whose trainer holds no batch. */
+#define LC_READ_AHEAD 2
 
 typedef struct lc_client lc_client;
 typedef struct lc_stream lc_stream;

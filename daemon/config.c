@@ -109,6 +109,13 @@ static const struct key server_keys[] = {
     {.name = "prefetch", .type = KEY_INT, .min = 1, .max = 64, .def = 4, SERVER_AT(prefetch)},
     {.name = "log_level", .type = KEY_ENUM, .def = LD_LOG_INFO, SERVER_AT(log_level),
      .from_name = ld_log_level_from_name, .choices = "error, warn, info, debug"},
+    {.name = "socket_group", .type = KEY_STRING, SERVER_AT(socket_group)},
+    {.name = "hello_timeout", .type = KEY_INT, .min = 1, .max = 3600, .def = 10, SERVER_AT(hello_timeout_s)},
+    {.name = "idle_timeout", .type = KEY_INT, .min = 0, .max = 7 * 86400, .def = 600, SERVER_AT(idle_timeout_s)},
+    {.name = "max_reply_bytes", .type = KEY_SIZE, .min = 64 * 1024, .max = (int64_t)GIB, .def = 8 * (int64_t)MIB,
+     SERVER_AT(max_reply_bytes)},
+    {.name = "max_total_reply_bytes", .type = KEY_SIZE, .min = 64 * 1024, .max = 16 * (int64_t)GIB,
+     .def = 64 * (int64_t)MIB, SERVER_AT(max_total_reply_bytes)},
 };
 
 /* stride's default 0 means "same as context" (min is 1, so YAML cannot say 0). */
@@ -1380,6 +1387,7 @@ void config_free(struct config *c)
     }
     free(c->datasets);
     free(c->socket_path);
+    free(c->socket_group);
     free(c->file);
     free(c);
 }

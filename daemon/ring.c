@@ -37,6 +37,14 @@
 
 #define RING_SHM_DIR "/dev/shm"
 
+/* The group rings are shared with, or -1: set once at start-up (ring_share_with_group). */
+static gid_t ring_group = (gid_t)-1;
+
+void ring_share_with_group(gid_t gid)
+{
+    ring_group = gid;
+}
+
 struct ring {
     char name[RING_NAME_MAX];
     bool unlinked;
@@ -158,6 +166,16 @@ int ring_open(const char *prefix, uint64_t stream_id, uint32_t slot_count, uint6
         goto fail;
     }
     created = true;
+    /* A trainer in the service group maps the ring with its own uid: the ring carries
+     * that group and group read, never write (a client never writes into a slot). */
+    if (ring_group != (gid_t)-1) {
+        mode |= 0040;
+        if (fchown(fd, (uid_t)-1, ring_group) < 0) {
+            ret = ld_from_errno(errno);
+            ld_errorf(errbuf, "cannot give %s to group %u: %s", r->name, (unsigned)ring_group, strerror(errno));
+            goto fail;
+        }
+    }
     /* The umask must not decide who may map the ring: the configured mode is the
      * contract (0600, or group-readable for the service group). */
     if (fchmod(fd, mode) < 0) {

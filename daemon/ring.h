@@ -14,6 +14,7 @@
 
 #include <stdint.h>
 #include <stddef.h>
+#include <sys/types.h>
 
 enum ring_state { RING_FREE = 0, RING_FILLING = 1, RING_READY = 2, RING_LEASED = 3 };
 #define RING_NAME_MAX 96
@@ -21,10 +22,15 @@ enum ring_state { RING_FREE = 0, RING_FILLING = 1, RING_READY = 2, RING_LEASED =
 typedef struct ring ring;
 
 /* Creates `/<prefix>.<pid>.<stream_id>.<16 random hex>` with `slot_count` slots of
- * `slot_bytes` (rounded up to LD_RING_ALIGN), mode `mode`. LD_ENOSPC with an errbuf
- * message naming /dev/shm and the size when the pages cannot be committed. */
+ * `slot_bytes` (rounded up to LD_RING_ALIGN), mode `mode` (plus group read and the
+ * shared group when ring_share_with_group set one). LD_ENOSPC with an errbuf message
+ * naming /dev/shm and the size when the pages cannot be committed. */
 int ring_open(const char *prefix, uint64_t stream_id, uint32_t slot_count, uint64_t slot_bytes,
               unsigned mode, ring **ret_ring, char *errbuf);
+/* Rings created from now on belong to group `gid` and are readable by it (mode 0640
+ * from 0600): for a daemon that serves the members of a group (its socket's group).
+ * (gid_t)-1 goes back to private rings. Called at start-up, from the loop thread. */
+void ring_share_with_group(gid_t gid);
 /* Unmaps and removes the name if still present. Accepts NULL. */
 void ring_free(ring *r);
 /* Removes the name now (once the client has mapped it); idempotent. */

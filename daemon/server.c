@@ -12,7 +12,9 @@
  */
 #include "server.h"
 
+#include <grp.h>
 #include <inttypes.h>
+#include <malloc.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,8 +32,8 @@
 
 #define READ_BUF_SIZE (64u * 1024u)
 #define WRITE_BATCH 32
-#define MAX_UNSENT_BYTES (16u << 20) /* a client this far behind on reading is dropped */
-#define MAX_QUEUED_REPLIES 4096u     /* replies held behind a waiting next, likewise */
+#define MAX_QUEUED_REPLIES 4096u     /* replies held behind a waiting next: past this, dropped */
+#define TRIM_AFTER_BYTES (1u << 20)  /* a connection that queued this much hands memory back when it goes */
 #define RATE_WINDOW 6                /* seconds of history for samples_per_s */
 #define LOADERD_VERSION "0.1.0"
 
@@ -46,6 +48,9 @@ struct reply {
     char *frame;                    /* NULL while a deferred reply waits */
     size_t len;
 };
+
+/* What a queued reply costs: its frame and its outbox entry. */
+#define REPLY_COST(len) ((uint64_t)(len) + sizeof(struct reply))
 
 struct conn_stream {
     struct conn_stream *next;
@@ -62,12 +67,16 @@ struct conn {
     uint64_t id;
     proto_reader *reader;
     bool hello, closing;
+    bool reserved;                  /* holds the slot kept for operator commands: no streams */
     bool doomed;                    /* to be closed from the reaper, outside any callback chain */
     bool reading;                   /* in on_read: replies are written once, after the last frame */
     conn *doom_next;
     char name[LD_NAME_MAX];
     struct reply *out_head, *out_tail;
     uint32_t out_count;             /* replies in the outbox, sent or not */
+    uint64_t queued_bytes;          /* replies queued and not yet written to the socket */
+    uint64_t peak_queued_bytes;
+    uint64_t connected_ns, last_frame_ns; /* for the hello deadline and the idle timeout */
     struct conn_stream *streams;
     char rbuf[READ_BUF_SIZE];
 };
@@ -76,6 +85,7 @@ struct write_req {
     uv_write_t req;
     conn *c;
     int n;
+    uint64_t cost;                  /* of the replies it carries, in conn.queued_bytes */
     char *frames[WRITE_BATCH];
 };
 
@@ -94,6 +104,8 @@ struct server {
     conn *doomed;
     conn *conns;
     uint32_t n_conns, n_streams;
+    uint32_t n_reserved;            /* connections in the operator slot (0 or 1) */
+    uint64_t queued_bytes;          /* replies queued unread, across connections */
     uint64_t next_conn_id, next_stream_id;
     uint64_t memory_used;
     uint64_t started_ns;
@@ -129,11 +141,18 @@ static void conn_doom(conn *c)
     uv_timer_start(&c->srv->reaper, on_reap, 0, 0);
 }
 
+static void queued_sub(conn *c, uint64_t cost)
+{
+    c->queued_bytes -= cost;
+    c->srv->queued_bytes -= cost;
+}
+
 static void write_done(uv_write_t *req, int status)
 {
     struct write_req *w = (struct write_req *)req;
     for (int i = 0; i < w->n; i++)
         free(w->frames[i]);
+    queued_sub(w->c, w->cost);
     if (status < 0 && status != UV_ECANCELED && !w->c->closing) {
         ld_log(LD_LOG_DEBUG, "client %" PRIu64 ": write failed: %s", w->c->id, uv_strerror(status));
         conn_doom(w->c);
@@ -156,6 +175,7 @@ static void flush(conn *c)
             struct reply *r = c->out_head;
             bufs[w->n] = uv_buf_init(r->frame, (unsigned)r->len);
             w->frames[w->n++] = r->frame;
+            w->cost += REPLY_COST(r->len);
             c->out_head = r->next;
             if (!c->out_head)
                 c->out_tail = NULL;
@@ -166,15 +186,11 @@ static void flush(conn *c)
         if (rc < 0) {
             for (int i = 0; i < w->n; i++)
                 free(w->frames[i]);
+            queued_sub(c, w->cost);
             free(w);
             conn_doom(c);
             return;
         }
-    }
-    if (!c->closing && uv_stream_get_write_queue_size((uv_stream_t *)&c->pipe) > MAX_UNSENT_BYTES) {
-        ld_log(LD_LOG_WARN, "client %" PRIu64 " (%s): more than %u MiB of replies unread; disconnecting",
-               c->id, c->name, MAX_UNSENT_BYTES >> 20);
-        conn_doom(c);
     }
 }
 
@@ -208,6 +224,30 @@ static void reply_fill(conn *c, struct reply *r, cJSON *msg)
     cJSON_Delete(msg);
     if (rc < 0) {
         ld_log(LD_LOG_ERROR, "client %" PRIu64 ": cannot encode a reply: %s", c->id, ld_strerror(rc));
+        conn_doom(c);
+        return;
+    }
+    /* Replies queue up when a client does not read them, or while a next that cannot
+     * finish holds its place in front of them (a client that asks for `streams`
+     * thousands of times behind it): bound them in bytes, per connection and in all.
+     * One reply alone always goes, however large. */
+    server *srv = c->srv;
+    uint64_t cost = REPLY_COST(r->len);
+    bool alone = c->queued_bytes == 0;
+    c->queued_bytes += cost;
+    srv->queued_bytes += cost;
+    if (c->queued_bytes > c->peak_queued_bytes)
+        c->peak_queued_bytes = c->queued_bytes;
+    if (!alone && (c->queued_bytes > srv->cfg->max_reply_bytes ||
+                   srv->queued_bytes > srv->cfg->max_total_reply_bytes)) {
+        bool mine = c->queued_bytes > srv->cfg->max_reply_bytes;
+        ld_log(LD_LOG_WARN,
+               "client %" PRIu64 " (%s): %" PRIu64 " bytes of replies queued unread (%s %" PRIu64
+               " bytes, server.%s); disconnecting",
+               c->id, c->name, mine ? c->queued_bytes : srv->queued_bytes,
+               mine ? "limit per connection" : "limit across all connections",
+               mine ? srv->cfg->max_reply_bytes : srv->cfg->max_total_reply_bytes,
+               mine ? "max_reply_bytes" : "max_total_reply_bytes");
         conn_doom(c);
         return;
     }
@@ -381,6 +421,10 @@ static void op_open(conn *c, const cJSON *req, int64_t id)
         reply_error(c, id, rc, err);
         return;
     }
+    if ((rc = proto_epoch_span(epoch, epochs, &epochs, err)) < 0) {
+        reply_error(c, id, rc, err);
+        return;
+    }
     if (rank >= world) {
         snprintf(err, sizeof err, "rank %" PRId64 " is not below world_size %" PRId64, rank, world);
         reply_error(c, id, LD_EINVAL, err);
@@ -390,6 +434,12 @@ static void op_open(conn *c, const cJSON *req, int64_t id)
     if (!d) {
         snprintf(err, sizeof err, "no dataset named '%s' (see `loaderctl datasets`)", name);
         reply_error(c, id, LD_ENODATASET, err);
+        return;
+    }
+    if (c->reserved) {
+        snprintf(err, sizeof err, "all %u client slots are taken (server.max_clients); this connection holds "
+                 "the one kept for operator commands, which cannot open streams", srv->cfg->max_clients);
+        reply_error(c, id, LD_ELIMIT, err);
         return;
     }
     if (srv->n_streams >= srv->cfg->max_streams) {
@@ -775,8 +825,13 @@ static void conn_closed(uv_handle_t *h)
 {
     conn *c = h->data;
     server *srv = c->srv;
+    bool trim = c->peak_queued_bytes >= TRIM_AFTER_BYTES;
     proto_reader_free(c->reader);
     free(c);
+    /* Many small replies leave the heap fragmented: give the pages back, so that a
+     * burst of queued replies does not stay resident after its client has gone. */
+    if (trim)
+        malloc_trim(0);
     closed_one(srv);
 }
 
@@ -800,8 +855,22 @@ static void conn_close(conn *c)
     while (c->out_head) {
         struct reply *r = c->out_head;
         c->out_head = r->next;
+        if (r->frame)
+            queued_sub(c, REPLY_COST(r->len));
         free(r->frame);
         free(r);
+    }
+    if (c->reserved) {
+        srv->n_reserved--;
+    } else if (srv->n_reserved) {
+        /* A trainer slot is free now: the connection in the operator slot takes it, so
+         * that the operator slot is free again for the next loaderctl. */
+        for (conn *k = srv->conns; k; k = k->next)
+            if (k->reserved) {
+                k->reserved = false;
+                srv->n_reserved--;
+                break;
+            }
     }
     c->out_tail = NULL;
     if (c->prev)
@@ -900,6 +969,7 @@ static void on_frames(conn *c, int rc)
         }
         if (rc == 0)
             return;
+        c->last_frame_ns = uv_hrtime();
         handle_frame(c, payload, len);
         if (c->closing || c->doomed)
             return;
@@ -927,14 +997,22 @@ static void on_connection(uv_stream_t *listener, int status)
         uv_close((uv_handle_t *)&c->pipe, conn_closed);
         return;
     }
+    c->connected_ns = c->last_frame_ns = uv_hrtime();
     c->next = srv->conns;
     if (srv->conns)
         srv->conns->prev = c;
     srv->conns = c;
+    bool full = srv->n_conns - srv->n_reserved >= srv->cfg->max_clients;
     srv->n_conns++;
-    if (srv->n_conns > srv->cfg->max_clients) {
+    if (full && srv->n_reserved == 0) {
+        /* One connection beyond max_clients is kept for operator commands, so that
+         * loaderctl can still look at a daemon whose clients fill every slot. */
+        c->reserved = true;
+        srv->n_reserved++;
+    } else if (full) {
         char err[LD_ERRMSG_MAX];
-        snprintf(err, sizeof err, "the daemon already serves %u clients (server.max_clients)", srv->cfg->max_clients);
+        snprintf(err, sizeof err, "the daemon already serves %u clients (server.max_clients), and the slot "
+                 "kept for operator commands is taken", srv->cfg->max_clients);
         conn_fatal(c, LD_ELIMIT, err);
         return;
     }
@@ -943,6 +1021,57 @@ static void on_connection(uv_stream_t *listener, int status)
 }
 
 /* ---- listening socket ----------------------------------------------------------- */
+
+/* A group by name or number, for server.socket_group. */
+static int server_group(const char *name, gid_t *ret_gid, char *errbuf)
+{
+    char *end;
+    errno = 0;
+    unsigned long v = strtoul(name, &end, 10);
+    if (*name >= '0' && *name <= '9' && *end == '\0' && errno == 0 && v < (gid_t)-1) {
+        *ret_gid = (gid_t)v;
+        return 0;
+    }
+    struct group gr, *found = NULL;
+    char buf[4096];
+    int e = getgrnam_r(name, &gr, buf, sizeof buf, &found);
+    if (!found) {
+        snprintf(errbuf, LD_ERRMSG_MAX, "server.socket_group: no group named '%s'%s%s", name, e ? ": " : "",
+                 e ? strerror(e) : "");
+        return e ? ld_from_errno(e) : LD_ENOENT;
+    }
+    *ret_gid = gr.gr_gid;
+    return 0;
+}
+
+/* Who may map the rings. With server.socket_group, the daemon serves that group: the
+ * socket and every ring belong to it (rings 0640). A socket passed by systemd whose
+ * mode lets its group connect (SocketGroup= with SocketMode=0660) means the same for
+ * its group. Otherwise rings stay private to the daemon's user (0600). */
+static int server_share_group(server *srv, bool passed, char *errbuf)
+{
+    const char *path = srv->socket_path;
+    gid_t gid;
+    int rc;
+    if (srv->cfg->socket_group) {
+        if ((rc = server_group(srv->cfg->socket_group, &gid, errbuf)) < 0)
+            return rc;
+        if (!passed && chown(path, (uid_t)-1, gid) < 0) {
+            snprintf(errbuf, LD_ERRMSG_MAX, "cannot give the socket '%s' to group %s (server.socket_group): %s "
+                     "(the daemon must run as root or be a member of the group)", path, srv->cfg->socket_group,
+                     strerror(errno));
+            return ld_from_errno(errno);
+        }
+    } else {
+        struct stat st;
+        if (!passed || stat(path, &st) < 0 || !(st.st_mode & S_IWGRP))
+            return 0;
+        gid = st.st_gid;
+    }
+    ring_share_with_group(gid);
+    ld_log(LD_LOG_INFO, "serving group %u: the socket and the rings (mode 0640) belong to it", (unsigned)gid);
+    return 0;
+}
 
 static int bind_socket(server *srv, const char *path, char *errbuf)
 {
@@ -957,7 +1086,8 @@ static int bind_socket(server *srv, const char *path, char *errbuf)
         size_t n = sizeof srv->socket_path;
         if (uv_pipe_getsockname(&srv->listener, srv->socket_path, &n) < 0)
             snprintf(srv->socket_path, sizeof srv->socket_path, "(systemd socket)");
-        return 0;
+        ld_log(LD_LOG_INFO, "using the socket passed by systemd: %s", srv->socket_path);
+        return server_share_group(srv, true, errbuf);
     }
     /* libuv 1.44 truncates a long path silently: check it ourselves. */
     if (strlen(path) >= sizeof srv->socket_path) {
@@ -1000,7 +1130,7 @@ static int bind_socket(server *srv, const char *path, char *errbuf)
         snprintf(errbuf, LD_ERRMSG_MAX, "cannot set mode 0660 on '%s': %s", path, strerror(errno));
         return ld_from_errno(errno);
     }
-    return 0;
+    return server_share_group(srv, false, errbuf);
 }
 
 static void on_reap(uv_timer_t *t)
@@ -1010,10 +1140,34 @@ static void on_reap(uv_timer_t *t)
         conn_close(srv->doomed); /* conn_close unlinks it from the list */
 }
 
+/* A connection that never says hello (or sends part of a frame, then nothing), or that
+ * holds no stream and sends nothing for a long time, only takes a client slot: close it. */
+static void server_expire_idle(server *srv, uint64_t now)
+{
+    const struct config *cfg = srv->cfg;
+    char err[LD_ERRMSG_MAX];
+    for (conn *c = srv->conns; c; c = c->next) {
+        if (c->closing || c->doomed)
+            continue;
+        if (!c->hello && now - c->connected_ns >= (uint64_t)cfg->hello_timeout_s * 1000000000u) {
+            snprintf(err, sizeof err, "no hello within %u s of connecting (server.hello_timeout); closing the "
+                     "connection", cfg->hello_timeout_s);
+            conn_fatal(c, LD_ETIMEDOUT, err);
+        } else if (c->hello && cfg->idle_timeout_s && !c->streams && !c->out_head &&
+                   now - c->last_frame_ns >= (uint64_t)cfg->idle_timeout_s * 1000000000u) {
+            snprintf(err, sizeof err, "idle for %u s without a stream (server.idle_timeout); closing the "
+                     "connection", cfg->idle_timeout_s);
+            conn_fatal(c, LD_ETIMEDOUT, err);
+        }
+    }
+}
+
 static void on_tick(uv_timer_t *t)
 {
     server *srv = t->data;
     uint64_t now = uv_hrtime();
+    if (!srv->stopping)
+        server_expire_idle(srv, now);
     srv->rate_pos = (srv->rate_pos + 1) % RATE_WINDOW;
     srv->rate_samples[srv->rate_pos] = srv->samples_served;
     srv->rate_ns[srv->rate_pos] = now;

@@ -587,6 +587,24 @@ static int check_bool(const cJSON *item, const char *key, bool *ret, char *errbu
     return 0;
 }
 
+int proto_epoch_span(int64_t epoch, int64_t epochs, int64_t *ret_epochs, char *errbuf)
+{
+    if (epoch < 0 || epoch > LD_EPOCH_MAX || epochs < 0 || epochs > LD_EPOCH_MAX || !ret_epochs) {
+        ld_errorf(errbuf, "field 'epoch' / 'epochs': expected integers in [0, %lld]", (long long)LD_EPOCH_MAX);
+        return LD_EFIELD;
+    }
+    int64_t room = LD_EPOCH_MAX - epoch + 1; /* epochs from `epoch` up to LD_EPOCH_MAX */
+    if (epochs > room) {
+        ld_errorf(errbuf,
+                  "field 'epochs': %" PRId64 " epochs from epoch %" PRId64 " run past epoch %lld (2^53 - 1), "
+                  "the largest the protocol carries exactly; at most %" PRId64 " fit",
+                  epochs, epoch, (long long)LD_EPOCH_MAX, room);
+        return LD_EFIELD;
+    }
+    *ret_epochs = epochs ? epochs : room;
+    return 0;
+}
+
 int proto_get_bool(const cJSON *obj, const char *key, bool *ret, char *errbuf)
 {
     const cJSON *item = NULL;

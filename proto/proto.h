@@ -29,6 +29,10 @@
 #define LD_ERRMSG_MAX 512                      /* error message buffers */
 #define LD_JSON_SAFE_INT 9007199254740991LL    /* 2^53 - 1: larger integers lose precision in JSON */
 
+/* Epochs travel as JSON numbers (the open request, every next reply), so the largest
+ * one a stream may reach is the largest integer a double holds exactly. */
+#define LD_EPOCH_MAX LD_JSON_SAFE_INT
+
 /* Operation names (the "op" field of a request). */
 #define LD_OP_HELLO "hello"
 #define LD_OP_DATASETS "datasets"
@@ -135,6 +139,12 @@ int proto_opt_bool(const cJSON *obj, const char *key, bool def, bool *ret, char 
 /* Strings: non-empty, at most maxlen bytes (excluding NUL), no control characters.
  * *ret points into obj. */
 int proto_get_str(const cJSON *obj, const char *key, size_t maxlen, const char **ret, char *errbuf);
+
+/* For an open: checks that a stream starting at `epoch` and running `epochs` epochs
+ * (0: unbounded) never reaches an epoch past LD_EPOCH_MAX, which neither client could
+ * read back exactly. 0 and, in *ret_epochs, the count to run (an unbounded stream ends
+ * after epoch LD_EPOCH_MAX); LD_EFIELD with a message naming both fields otherwise. */
+int proto_epoch_span(int64_t epoch, int64_t epochs, int64_t *ret_epochs, char *errbuf);
 
 /* ---- replies ----------------------------------------------------------------------
  * Every reply echoes the request's id: {"id":7,"ok":true,...} or

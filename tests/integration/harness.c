@@ -170,7 +170,14 @@ static const char *harness_bin(void)
     return b && *b ? b : "build/bin/loaderd";
 }
 
+static pid_t harness_spawn_fd(struct harness *h, const char *const *extra_args, int listen_fd);
+
 static pid_t harness_spawn(struct harness *h, const char *const *extra_args)
+{
+    return harness_spawn_fd(h, extra_args, -1);
+}
+
+static pid_t harness_spawn_fd(struct harness *h, const char *const *extra_args, int listen_fd)
 {
     const char *argv[32];
     int argc = 0;
@@ -194,6 +201,19 @@ static pid_t harness_spawn(struct harness *h, const char *const *extra_args)
             dup2(devnull, 0);
         dup2(logfd, 1);
         dup2(logfd, 2);
+        if (listen_fd >= 0) {
+            /* sd_listen_fds(3): the sockets start at fd 3, LISTEN_PID names this process. */
+            char lpid[24];
+            snprintf(lpid, sizeof lpid, "%d", (int)getpid());
+            if (listen_fd != 3) {
+                dup2(listen_fd, 3);
+                close(listen_fd);
+            } else {
+                fcntl(3, F_SETFD, 0);
+            }
+            setenv("LISTEN_FDS", "1", 1);
+            setenv("LISTEN_PID", lpid, 1);
+        }
         execv(argv[0], (char *const *)argv);
         dprintf(2, "harness: cannot run %s: %s (set LOADERD_BIN)\n", argv[0], strerror(errno));
         _exit(127);
@@ -233,11 +253,33 @@ static bool harness_socket_answers(const char *path)
     return ok;
 }
 
+static void harness_wait_listening(struct harness *h);
+
 void harness_start(struct harness *h)
 {
     if (h->pid > 0)
         fail_msg("harness: loaderd already runs (pid %d)", (int)h->pid);
     h->pid = harness_spawn(h, NULL);
+    harness_wait_listening(h);
+}
+
+void harness_start_activated(struct harness *h, unsigned mode)
+{
+    if (h->pid > 0)
+        fail_msg("harness: loaderd already runs (pid %d)", (int)h->pid);
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_un sa = { .sun_family = AF_UNIX };
+    snprintf(sa.sun_path, sizeof sa.sun_path, "%s", h->socket);
+    if (fd < 0 || bind(fd, (struct sockaddr *)&sa, sizeof sa) < 0 || chmod(h->socket, mode) < 0 ||
+        listen(fd, 128) < 0)
+        fail_msg("harness: cannot listen on %s: %s", h->socket, strerror(errno));
+    h->pid = harness_spawn_fd(h, NULL, fd);
+    close(fd);
+    harness_wait_listening(h);
+}
+
+static void harness_wait_listening(struct harness *h)
+{
     int64_t deadline = harness_now_ms() + HARNESS_WAIT_MS;
     for (;;) {
         int st = harness_reap(h->pid, false);
@@ -571,12 +613,12 @@ double harness_status_num(struct harness *h, const char *key, const char *sub)
     return v;
 }
 
-int harness_wait_leased(struct harness *h, int want)
+int harness_wait_leased(struct harness *h, int at_most)
 {
     int leased = -1;
     for (int i = 0; i < 100; i++) {
         leased = (int)harness_status_num(h, "slots", "leased");
-        if (leased == want)
+        if (leased <= at_most)
             break;
         harness_sleep_ms(20);
     }

@@ -60,6 +60,11 @@ void harness_write_file(struct harness *h, const char *relpath, const void *data
  * to 10 s until the socket accepts a connection. The test fails (showing the log) if
  * the daemon exits first or the socket never answers. */
 void harness_start(struct harness *h);
+/* Starts loaderd as systemd's socket activation does: the test binds and listens on
+ * h->socket itself (mode `mode`) and passes it as fd 3 with LISTEN_FDS=1 and LISTEN_PID;
+ * the config's own socket is <dir>/unused.sock. Waits as harness_start does. The daemon
+ * does not remove a socket it was given: harness_free does. */
+void harness_start_activated(struct harness *h, unsigned mode);
 /* Starts loaderd with extra arguments and does not wait: for tests of bad configs.
  * Returns the exit status as harness_stop does, after waiting up to 10 s for it. */
 int harness_run_to_exit(struct harness *h, const char *const *extra_args);
@@ -88,8 +93,10 @@ int harness_ctl(struct harness *h, char *out, size_t size, ...) __attribute__((s
  * NULL (e.g. "slots", "leased"). Connects a client of its own for the request. */
 double harness_status_num(struct harness *h, const char *key, const char *sub);
 /* Slots leased across the daemon, from status; polls up to 2 s for the count to drop to
- * `want` (replies to releases are pipelined), then returns what it saw. */
-int harness_wait_leased(struct harness *h, int want);
+ * `at_most` or below (releases are pipelined), then returns what it saw. A stream whose
+ * trainer holds no batch has at most LC_READ_AHEAD leased: the nexts the library asked
+ * ahead, answered and waiting in its socket. */
+int harness_wait_leased(struct harness *h, int at_most);
 
 /* Raw protocol access, for tests of what the library never sends: a connected socket
  * (the test fails when it cannot connect), one frame out, and the next frame in as a

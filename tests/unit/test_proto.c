@@ -993,6 +993,32 @@ static void test_dtype_table(void **state)
     assert_int_equal(proto_dtype_from_name(NULL), LD_EINVAL);
 }
 
+/* Epochs travel as JSON numbers: a stream may not reach one past 2^53 - 1. */
+static void test_epoch_span(void **state)
+{
+    (void)state;
+    char err[LD_ERRMSG_MAX];
+    int64_t n = -1;
+    assert_int_equal(proto_epoch_span(0, 5, &n, err), 0);
+    assert_int_equal(n, 5);
+    assert_int_equal(proto_epoch_span(LD_EPOCH_MAX, 1, &n, err), 0);
+    assert_int_equal(n, 1);
+    assert_int_equal(proto_epoch_span(LD_EPOCH_MAX - 1, 2, &n, err), 0);
+    /* Unbounded: ends after the last exact epoch. */
+    assert_int_equal(proto_epoch_span(LD_EPOCH_MAX - 2, 0, &n, err), 0);
+    assert_int_equal(n, 3);
+    assert_int_equal(proto_epoch_span(0, 0, &n, err), 0);
+    assert_true(n == LD_EPOCH_MAX + 1);
+    n = -1;
+    assert_int_equal(proto_epoch_span(LD_EPOCH_MAX, 2, &n, err), LD_EFIELD);
+    assert_int_equal(n, -1); /* untouched */
+    assert_non_null(strstr(err, "field 'epochs': 2 epochs from epoch 9007199254740991 run past"));
+    assert_non_null(strstr(err, "at most 1 fit"));
+    assert_int_equal(proto_epoch_span(2, LD_EPOCH_MAX, &n, err), LD_EFIELD);
+    assert_int_equal(proto_epoch_span(-1, 1, &n, err), LD_EFIELD);
+    assert_int_equal(proto_epoch_span(LD_EPOCH_MAX + 1, 0, &n, err), LD_EFIELD);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1023,6 +1049,7 @@ int main(void)
         cmocka_unit_test(test_request_id),
         cmocka_unit_test(test_error_table),
         cmocka_unit_test(test_dtype_table),
+        cmocka_unit_test(test_epoch_span),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
