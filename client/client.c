@@ -34,11 +34,13 @@
 #include "loaderclient.h"
 #include "client_internal.h"
 #include "proto.h"
+#include "proto_socket.h"
 
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
 #include <poll.h>
+#include <pwd.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -51,6 +53,8 @@
 #include <unistd.h>
 
 /* The public numbers must be the daemon's: the header promises it. */
+_Static_assert(LC_EPERM == LD_EPERM, "LC_EPERM");
+_Static_assert(LC_EACCES == LD_EACCES, "LC_EACCES");
 _Static_assert(LC_EINVAL == LD_EINVAL, "LC_EINVAL");
 _Static_assert(LC_ENOMEM == LD_ENOMEM, "LC_ENOMEM");
 _Static_assert(LC_ENOENT == LD_ENOENT, "LC_ENOENT");
@@ -548,16 +552,10 @@ LC_EXPORT const char *lc_strerror(int code)
 
 LC_EXPORT const char *lc_default_socket(void)
 {
-    /* Thread-local, so that two threads asking at once do not scribble on each other. */
+    /* Thread-local, so that two threads asking at once do not scribble on each other.
+     * The daemon computes its default with the same function. */
     static _Thread_local char buf[PATH_MAX];
-    const char *env = getenv("LOADERD_SOCKET");
-    if (env && *env)
-        return env;
-    env = getenv("XDG_RUNTIME_DIR");
-    if (env && *env)
-        snprintf(buf, sizeof buf, "%s/loaderd.sock", env);
-    else
-        snprintf(buf, sizeof buf, "/tmp/loaderd-%u.sock", (unsigned)getuid());
+    (void)proto_socket_default(buf, sizeof buf);
     return buf;
 }
 
@@ -645,6 +643,70 @@ out:
     return ret;
 }
 
+/* The uids a daemon may run as: $LOADERD_UID (a number or a user name) when set, else
+ * this user or root. A wrong LOADERD_UID is an error, not a silent default. */
+static int client_expected_uids(uid_t ret_uids[2], int *ret_n, char *errbuf, size_t errbuf_size)
+{
+    const char *env = getenv("LOADERD_UID");
+    if (!env || !*env) {
+        ret_uids[0] = getuid();
+        ret_uids[1] = 0;
+        *ret_n = 2;
+        return 0;
+    }
+    char *end;
+    errno = 0;
+    unsigned long v = strtoul(env, &end, 10);
+    if (env[0] >= '0' && env[0] <= '9' && *end == '\0' && errno == 0 && v < (uid_t)-1) {
+        ret_uids[0] = (uid_t)v;
+        *ret_n = 1;
+        return 0;
+    }
+    struct passwd pw, *found = NULL;
+    char buf[4096];
+    if (getpwnam_r(env, &pw, buf, sizeof buf, &found) != 0 || !found) {
+        snprintf(errbuf, errbuf_size, "LOADERD_UID='%s' is neither a uid nor a user name", env);
+        return LC_EINVAL;
+    }
+    ret_uids[0] = found->pw_uid;
+    *ret_n = 1;
+    return 0;
+}
+
+/* Who listens on the socket (SO_PEERCRED): another user may have bound the path first,
+ * and would then be trusted with everything the trainer reads. */
+static int client_check_peer(int fd, const char *path, uid_t *ret_uid, char *errbuf, size_t errbuf_size)
+{
+    struct ucred cred;
+    socklen_t len = sizeof cred;
+    uid_t want[2];
+    int n = 0, ret;
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) < 0) {
+        ret = ld_from_errno(errno);
+        snprintf(errbuf, errbuf_size, "cannot tell who listens on %s (SO_PEERCRED): %s", path, strerror(errno));
+        return ret;
+    }
+    if ((ret = client_expected_uids(want, &n, errbuf, errbuf_size)) < 0)
+        return ret;
+    for (int i = 0; i < n; i++)
+        if (cred.uid == want[i]) {
+            *ret_uid = cred.uid;
+            return 0;
+        }
+    if (n == 2)
+        snprintf(errbuf, errbuf_size,
+                 "the process listening on %s (pid %d) runs as uid %u, but loaderd is expected to run as uid %u "
+                 "(this user) or 0 (root): refusing to talk to it; if that daemon is the right one, set "
+                 "LOADERD_UID=%u",
+                 path, (int)cred.pid, (unsigned)cred.uid, (unsigned)want[0], (unsigned)cred.uid);
+    else
+        snprintf(errbuf, errbuf_size,
+                 "the process listening on %s (pid %d) runs as uid %u, but loaderd is expected to run as uid %u "
+                 "(LOADERD_UID): refusing to talk to it",
+                 path, (int)cred.pid, (unsigned)cred.uid, (unsigned)want[0]);
+    return LC_EPERM;
+}
+
 static void client_free(lc_client *c)
 {
     if (!c)
@@ -689,6 +751,14 @@ LC_EXPORT int lc_connect(const char *socket_path, int timeout_ms, const char *cl
     }
     if (!socket_path)
         socket_path = lc_default_socket();
+    /* The default socket's directory must be ours alone; a missing one is left to the
+     * connect, whose message says whether loaderd runs. */
+    char dirmsg[LD_ERRMSG_MAX];
+    ret = proto_socket_check_path(socket_path, false, dirmsg);
+    if (ret < 0 && ret != LD_ENOENT) {
+        snprintf(errbuf, errbuf_size, "%s", dirmsg);
+        return ret;
+    }
     if (timeout_ms <= 0)
         timeout_ms = CLIENT_DEFAULT_TIMEOUT_MS;
     int64_t deadline = client_now_ms() + timeout_ms;
@@ -708,6 +778,9 @@ LC_EXPORT int lc_connect(const char *socket_path, int timeout_ms, const char *cl
         goto out;
     }
     ret = client_connect_socket(socket_path, deadline, timeout_ms, &c->fd, errbuf, errbuf_size);
+    if (ret < 0)
+        goto out;
+    ret = client_check_peer(c->fd, socket_path, &c->server_uid, errbuf, errbuf_size);
     if (ret < 0)
         goto out;
 
@@ -1009,8 +1082,22 @@ static int client_map_ring(lc_stream *s, const char *shm, uint64_t shm_size, cha
         client_msgf(msg, "cannot open shared memory %s: %s", shm, strerror(errno));
         goto out;
     }
+    if (fstat(fd, &st) < 0) {
+        ret = ld_from_errno(errno);
+        client_msgf(msg, "cannot stat shared memory %s: %s", shm, strerror(errno));
+        goto out;
+    }
+    /* Only the daemon may have made it, and only the daemon may write it: a batch is
+     * read in place, and anyone who could write the object could change it. */
+    if (st.st_uid != s->client->server_uid || (st.st_mode & 0022)) {
+        ret = LC_EPERM;
+        client_msgf(msg, "shared memory %s belongs to uid %u with mode 0%03o; expected loaderd's uid %u and no "
+                    "write access for group or others: refusing to map it",
+                    shm, (unsigned)st.st_uid, (unsigned)(st.st_mode & 0777), (unsigned)s->client->server_uid);
+        goto out;
+    }
     /* Mapping past the object's end would turn a short object into a SIGBUS later. */
-    if (fstat(fd, &st) < 0 || (uint64_t)st.st_size < shm_size) {
+    if ((uint64_t)st.st_size < shm_size) {
         ret = LC_EPROTO;
         client_msgf(msg, "shared memory %s holds %lld bytes, loaderd said %llu", shm,
                  (long long)st.st_size, (unsigned long long)shm_size);

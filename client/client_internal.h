@@ -7,6 +7,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include "loaderclient.h"
 #include "proto.h"
@@ -90,6 +91,7 @@ struct lc_client {
     int64_t next_id;
     uint32_t max_frame;         /* the daemon's frame limit, from hello */
     int64_t server_pid;
+    uid_t server_uid;           /* the daemon's, from SO_PEERCRED: its rings must be its own */
     proto_reader *reader;
     int broken;                 /* 0, or the code that broke the connection */
     struct client_pending *pending;

@@ -28,6 +28,8 @@ extern "C" {
 #define LC_VERSION "0.1.0"
 
 /* Error codes (the same numbers as the daemon's table; see proto/PROTOCOL.md). */
+#define LC_EPERM (-1)        /* the daemon, or a ring, is not who it should be */
+#define LC_EACCES (-13)      /* the default socket's directory is not private */
 #define LC_EINVAL (-22)
 #define LC_ENOMEM (-12)
 #define LC_ENOENT (-2)
@@ -91,12 +93,18 @@ typedef struct lc_stream_options {
 
 LC_EXPORT const char *lc_version(void);
 LC_EXPORT const char *lc_strerror(int code);
-/* The default socket: $LOADERD_SOCKET, else $XDG_RUNTIME_DIR/loaderd.sock, else
- * /tmp/loaderd-<uid>.sock. */
+/* The default socket, the daemon's default too: $LOADERD_SOCKET, else
+ * $XDG_RUNTIME_DIR/loaderd.sock when that is an absolute path to a directory of this
+ * user's with mode 0700, else /tmp/loaderd-<uid>/loaderd.sock (a private 0700
+ * directory). */
 LC_EXPORT const char *lc_default_socket(void);
 
 /* Connects (NULL socket_path: lc_default_socket()) and says hello. The socket is
- * opened close-on-exec. timeout_ms bounds the connect and hello, and is the default
+ * opened close-on-exec. The daemon's identity is checked first (SO_PEERCRED): it must
+ * run as $LOADERD_UID (a uid or a user name) when that is set, else as this user or
+ * root; LC_EPERM with both uids in the message otherwise. The default socket's
+ * directory must be private (LC_EACCES otherwise), and every ring the client maps must
+ * belong to the daemon's uid and not be writable by others (LC_EPERM). timeout_ms bounds the connect and hello, and is the default
  * timeout of later requests (<= 0: 30 s). On failure *ret_client is untouched and,
  * when errbuf is not NULL, a message is written there (errbuf_size bytes). */
 LC_EXPORT int lc_connect(const char *socket_path, int timeout_ms, const char *client_name,

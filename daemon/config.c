@@ -10,6 +10,7 @@
  * "FILE:LINE:COLUMN: " (1-based, from libyaml's marks) and returns LD_ECONFIG; the
  * caller decides whether that is fatal (start) or keeps the old config (reload). */
 #include "config.h"
+#include "proto_socket.h"
 
 #include <limits.h>
 #include <stdarg.h>
@@ -1267,18 +1268,8 @@ out:
 
 void config_default_socket(char *buf, size_t size)
 {
-    /* The same order as the client's lc_default_socket(), so both meet by default. */
-    const char *env = getenv("LOADERD_SOCKET");
-    if (env && env[0]) {
-        snprintf(buf, size, "%s", env);
-        return;
-    }
-    const char *xdg = getenv("XDG_RUNTIME_DIR");
-    /* The XDG spec says a relative XDG_RUNTIME_DIR is to be ignored. */
-    if (xdg && xdg[0] == '/')
-        snprintf(buf, size, "%s/loaderd.sock", xdg);
-    else
-        snprintf(buf, size, "/tmp/loaderd-%u.sock", (unsigned)getuid());
+    /* The same function the client library uses, so both meet by default. */
+    (void)proto_socket_default(buf, size);
 }
 
 /* Defaults that depend on the machine rather than the file. */

@@ -27,6 +27,7 @@
 #include "log.h"
 #include "notify.h"
 #include "proto.h"
+#include "proto_socket.h"
 #include "ring.h"
 #include "stream.h"
 
@@ -1095,6 +1096,10 @@ static int bind_socket(server *srv, const char *path, char *errbuf)
                  path, strlen(path), sizeof srv->socket_path);
         return LD_ENAMETOOLONG;
     }
+    /* The default socket's private directory: created 0700, refused when another user
+     * owns it or can write into it (they could bind the socket before us). */
+    if ((rc = proto_socket_check_path(path, true, errbuf)) < 0)
+        return rc;
     snprintf(srv->socket_path, sizeof srv->socket_path, "%s", path);
     struct stat st;
     if (lstat(path, &st) == 0) {

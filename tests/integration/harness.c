@@ -12,6 +12,8 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
+#include <grp.h>
+#include <pwd.h>
 #include <inttypes.h>
 #include <poll.h>
 #include <signal.h>
@@ -676,6 +678,60 @@ char *harness_raw_reply(int fd, int timeout_ms)
         return NULL;
     }
     return buf;
+}
+
+/* ---- other users ------------------------------------------------------------------ */
+
+static int harness_system(const char *const *argv)
+{
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid < 0)
+        fail_msg("harness: fork: %s", strerror(errno));
+    if (pid == 0) {
+        int devnull = open("/dev/null", O_WRONLY);
+        if (devnull >= 0) {
+            dup2(devnull, 1);
+            dup2(devnull, 2);
+        }
+        execv(argv[0], (char *const *)argv);
+        _exit(127);
+    }
+    return harness_reap(pid, true);
+}
+
+int harness_test_user(const char *user, const char *group, uid_t *ret_uid, gid_t *ret_gid)
+{
+    if (geteuid() != 0)
+        return -1;
+    /* useradd and groupadd take a lock on /etc/passwd: another test may hold it. */
+    for (int attempt = 0; attempt < 50; attempt++) {
+        struct group *gr = getgrnam(group);
+        struct passwd *pw = getpwnam(user);
+        if (gr && pw) {
+            *ret_uid = pw->pw_uid;
+            *ret_gid = gr->gr_gid;
+            return 0;
+        }
+        if (!gr) {
+            const char *argv[] = { "/usr/sbin/groupadd", "-r", group, NULL };
+            harness_system(argv);
+        } else {
+            const char *argv[] = { "/usr/sbin/useradd", "-r", "-M", "-N", "-g", group, "-s", "/usr/sbin/nologin",
+                                   user, NULL };
+            harness_system(argv);
+        }
+        if (!getgrnam(group) || !getpwnam(user))
+            harness_sleep_ms(100);
+    }
+    fail_msg("harness: cannot create the test user %s in group %s (useradd/groupadd)", user, group);
+    return -1;
+}
+
+void harness_become(uid_t uid, gid_t gid)
+{
+    if (setgroups(1, &gid) < 0 || setgid(gid) < 0 || setuid(uid) < 0)
+        _exit(120);
 }
 
 lc_client *harness_connect(struct harness *h, int timeout_ms, const char *name)

@@ -106,6 +106,14 @@ int harness_raw_connect(const struct harness *h);
 void harness_raw_send(int fd, const char *json);
 char *harness_raw_reply(int fd, int timeout_ms);
 
+/* An unprivileged user `user` whose primary group is `group`, both created (useradd,
+ * groupadd) when absent, for tests of what another user may do. Returns 0 with the ids,
+ * or -1 when this process is not root (the caller skips, saying why); fails the test
+ * when root cannot create them. */
+int harness_test_user(const char *user, const char *group, uid_t *ret_uid, gid_t *ret_gid);
+/* In a forked child: become uid/gid (group list: just gid). _exit(120) when it cannot. */
+void harness_become(uid_t uid, gid_t gid);
+
 /* Counts /dev/shm entries "loaderd.<pid>.*" (the rings of daemon `pid`) and, when buf is
  * not NULL, writes their names there separated by spaces, for failure messages. */
 int harness_shm_count(pid_t pid, char *buf, size_t size);

@@ -24,6 +24,7 @@
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <time.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "harness.h"
@@ -109,11 +110,20 @@ static void test_default_socket(void **state)
     setenv("LOADERD_SOCKET", "/x/y.sock", 1);
     assert_string_equal(lc_default_socket(), "/x/y.sock");
     unsetenv("LOADERD_SOCKET");
-    setenv("XDG_RUNTIME_DIR", "/run/user/7", 1);
-    assert_string_equal(lc_default_socket(), "/run/user/7/loaderd.sock");
+    /* XDG_RUNTIME_DIR only when it is absolute, ours and 0700 (the daemon uses the same
+     * function: proto_socket_default). */
+    char xdg[] = "/tmp/ld-itest-xdg-XXXXXX", want[64];
+    assert_non_null(mkdtemp(xdg));
+    setenv("XDG_RUNTIME_DIR", xdg, 1);
+    snprintf(want, sizeof want, "%s/loaderd.sock", xdg);
+    assert_string_equal(lc_default_socket(), want);
+    snprintf(want, sizeof want, "/tmp/loaderd-%u/loaderd.sock", (unsigned)getuid());
+    assert_int_equal(chmod(xdg, 0755), 0); /* others could plant a socket there */
+    assert_string_equal(lc_default_socket(), want);
+    rmdir(xdg);
+    setenv("XDG_RUNTIME_DIR", "run/user", 1); /* relative: ignored, as the XDG spec asks */
+    assert_string_equal(lc_default_socket(), want);
     unsetenv("XDG_RUNTIME_DIR");
-    char want[64];
-    snprintf(want, sizeof want, "/tmp/loaderd-%u.sock", (unsigned)getuid());
     assert_string_equal(lc_default_socket(), want);
     if (saved_sock)
         setenv("LOADERD_SOCKET", saved_sock, 1);

@@ -177,9 +177,14 @@ static void test_defaults(void **state)
     char *saved_ld = old_ld ? strdup(old_ld) : NULL;
     unsetenv("LOADERD_SOCKET");
 
-    setenv("XDG_RUNTIME_DIR", "/run/user/4242", 1);
+    /* A private runtime directory (ours, 0700) holds the socket. */
+    char xdg[] = "/tmp/ld-test-xdg-XXXXXX", xdg_sock[64];
+    assert_non_null(mkdtemp(xdg));
+    setenv("XDG_RUNTIME_DIR", xdg, 1);
+    snprintf(xdg_sock, sizeof xdg_sock, "%s/loaderd.sock", xdg);
     struct config *c = load_ok(ONE_DATASET, path, sizeof path);
-    assert_string_equal(c->socket_path, "/run/user/4242/loaderd.sock");
+    assert_string_equal(c->socket_path, xdg_sock);
+    rmdir(xdg);
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     assert_int_equal(c->workers, cores < 1 ? 1 : cores);
     assert_true(c->memory_budget == (UINT64_C(1) << 30));
@@ -195,7 +200,7 @@ static void test_defaults(void **state)
     /* workers: 0 means one per core too; an empty server section is all defaults. */
     unsetenv("XDG_RUNTIME_DIR");
     c = load_ok("server:\n" ONE_DATASET, path, sizeof path);
-    snprintf(want, sizeof want, "/tmp/loaderd-%u.sock", (unsigned)getuid());
+    snprintf(want, sizeof want, "/tmp/loaderd-%u/loaderd.sock", (unsigned)getuid());
     assert_string_equal(c->socket_path, want);
     config_free(c);
     c = load_ok("server:\n  workers: 0\n" ONE_DATASET, path, sizeof path);
@@ -206,7 +211,7 @@ static void test_defaults(void **state)
     setenv("XDG_RUNTIME_DIR", "run/user", 1);
     config_default_socket(want, sizeof want);
     char want2[64];
-    snprintf(want2, sizeof want2, "/tmp/loaderd-%u.sock", (unsigned)getuid());
+    snprintf(want2, sizeof want2, "/tmp/loaderd-%u/loaderd.sock", (unsigned)getuid());
     assert_string_equal(want, want2);
 
     /* LOADERD_SOCKET wins over both, as it does for the client library. */

@@ -15,7 +15,10 @@
 #include <string.h>
 #include <time.h>
 
+#include <sys/stat.h>
+#include <unistd.h>
 #include "proto.h"
+#include "proto_socket.h"
 
 /* ---- helpers ---------------------------------------------------------------------- */
 
@@ -1019,6 +1022,41 @@ static void test_epoch_span(void **state)
     assert_int_equal(proto_epoch_span(LD_EPOCH_MAX + 1, 0, &n, err), LD_EFIELD);
 }
 
+/* The default socket's directory: created 0700; refused when it is a symlink, lets
+ * group or others in, or belongs to another user. */
+static void test_socket_dir_check(void **state)
+{
+    (void)state;
+    char err[LD_ERRMSG_MAX], base[] = "/tmp/ld-test-sockdir-XXXXXX", dir[128], link[128];
+    assert_non_null(mkdtemp(base));
+    snprintf(dir, sizeof dir, "%s/private", base);
+    snprintf(link, sizeof link, "%s/link", base);
+    assert_int_equal(proto_socket_check_dir(dir, false, err), LD_ENOENT);
+    assert_int_equal(proto_socket_check_dir(dir, true, err), 0);
+    struct stat st;
+    assert_int_equal(lstat(dir, &st), 0);
+    assert_int_equal(st.st_mode & 0777, 0700);
+    assert_int_equal(proto_socket_check_dir(dir, true, err), 0); /* exists already: fine */
+    assert_int_equal(chmod(dir, 0770), 0);
+    assert_int_equal(proto_socket_check_dir(dir, true, err), LD_EACCES);
+    assert_non_null(strstr(err, "mode 0770"));
+    assert_int_equal(chmod(dir, 0700), 0);
+    assert_int_equal(symlink(dir, link), 0);
+    assert_int_equal(proto_socket_check_dir(link, true, err), LD_ENOTDIR);
+    assert_non_null(strstr(err, "symbolic link"));
+    if (getuid() == 0) {
+        /* Root can hand the directory to someone else, as a squatter would own it. */
+        assert_int_equal(chown(dir, 65534, 65534), 0);
+        assert_int_equal(proto_socket_check_dir(dir, true, err), LD_EACCES);
+        assert_non_null(strstr(err, "belongs to uid 65534"));
+    }
+    unlink(link);
+    rmdir(dir);
+    rmdir(base);
+    /* Only the private directory is checked; a path someone configured is theirs. */
+    assert_int_equal(proto_socket_check_path("/run/loaderd/loaderd.sock", false, err), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1050,6 +1088,7 @@ int main(void)
         cmocka_unit_test(test_error_table),
         cmocka_unit_test(test_dtype_table),
         cmocka_unit_test(test_epoch_span),
+        cmocka_unit_test(test_socket_dir_check),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,285 @@
+/* itest_identity — who talks to whom, against a real loaderd: a client refuses a
+ * daemon that runs as an unexpected user (a squatter on the socket, or a wrong
+ * LOADERD_UID), the daemon and the client find the same default socket, and a trainer
+ * of another user in the daemon's group can map the rings (socket_group).
+ *
+ * The tests that need a second user create one (useradd) and run the trainer or the
+ * squatter as that user in a forked child; they are skipped, saying so, when the tests
+ * do not run as root. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <errno.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "harness.h"
+#include "loaderclient.h"
+
+#define N_FILES 120
+#define FILE_SIZE 48
+#define TEST_GROUP "ldtest-svc"
+#define TEST_TRAINER "ldtest-trainer"
+#define TEST_SQUATTER "ldtest-squat"
+
+static const char datasets_yaml[] = "  records:\n"
+                                    "    kind: files\n"
+                                    "    path: rec\n";
+
+static struct harness *identity_harness(const char *server_extra)
+{
+    struct harness *h = harness_new();
+    harness_gen_files(h, "rec", N_FILES, FILE_SIZE, 0, false);
+    harness_write_config(h, server_extra ? server_extra : "  workers: 1\n  memory_budget: 64MiB\n", datasets_yaml);
+    return h;
+}
+
+static void set_env(const char *name, const char *value)
+{
+    if (value)
+        setenv(name, value, 1);
+    else
+        unsetenv(name);
+}
+
+static char *save_env(const char *name)
+{
+    const char *v = getenv(name);
+    return v ? strdup(v) : NULL;
+}
+
+/* A daemon whose uid is not the expected one is refused before a byte is sent, with
+ * both uids in the message; LOADERD_UID (a number or a name) sets the expected one. */
+static void test_expected_daemon_uid(void **state)
+{
+    (void)state;
+    struct harness *h = identity_harness(NULL);
+    harness_start(h);
+    char *saved = save_env("LOADERD_UID");
+    char err[1024], want[160];
+    lc_client *c = NULL;
+    uid_t other = getuid() == 4242 ? 4243 : 4242;
+    snprintf(want, sizeof want, "%u", (unsigned)other);
+    setenv("LOADERD_UID", want, 1);
+    assert_int_equal(lc_connect(h->socket, 5000, "wrong-uid", &c, err, sizeof err), LC_EPERM);
+    assert_null(c);
+    snprintf(want, sizeof want, "runs as uid %u, but loaderd is expected to run as uid %u (LOADERD_UID)",
+             (unsigned)getuid(), (unsigned)other);
+    if (!strstr(err, want))
+        fail_msg("message '%s' lacks '%s'", err, want);
+    /* loaderctl says the same, and --daemon-uid sets it. */
+    char out[2048];
+    unsetenv("LOADERD_UID");
+    snprintf(want, sizeof want, "%u", (unsigned)other);
+    assert_int_equal(harness_ctl(h, out, sizeof out, "--daemon-uid", want, "status", NULL), 1);
+    assert_non_null(strstr(out, "refusing to talk to it"));
+    setenv("LOADERD_UID", "no-such-user-here", 1);
+    assert_int_equal(lc_connect(h->socket, 5000, "bad-env", &c, err, sizeof err), LC_EINVAL);
+    assert_non_null(strstr(err, "neither a uid nor a user name"));
+    /* The right one, by number: accepted. */
+    snprintf(want, sizeof want, "%u", (unsigned)getuid());
+    setenv("LOADERD_UID", want, 1);
+    c = harness_connect(h, 5000, "right-uid");
+    lc_client_close(c);
+    set_env("LOADERD_UID", saved);
+    free(saved);
+    harness_stop_clean(h);
+    harness_free(h);
+}
+
+/* Another user binds the socket path first (the squatting of a socket in a shared
+ * directory): the client refuses to talk to it, naming the squatter's uid. */
+static void test_squatter_refused(void **state)
+{
+    (void)state;
+    uid_t uid;
+    gid_t gid;
+    if (harness_test_user(TEST_SQUATTER, TEST_GROUP, &uid, &gid) < 0) {
+        print_message("skipped: creating a second user needs root\n");
+        skip();
+    }
+    struct harness *h = harness_new();
+    char shared[90], path[104];
+    snprintf(shared, sizeof shared, "%s/shared", h->dir);
+    snprintf(path, sizeof path, "%s/loaderd.sock", shared);
+    assert_int_equal(mkdir(shared, 0777), 0);
+    assert_int_equal(chmod(shared, 01777), 0); /* like /tmp */
+    assert_int_equal(chmod(h->dir, 0711), 0);
+    int ready[2];
+    assert_int_equal(pipe(ready), 0);
+    pid_t child = fork();
+    assert_true(child >= 0);
+    if (child == 0) {
+        close(ready[0]);
+        harness_become(uid, gid);
+        int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+        struct sockaddr_un sa = {.sun_family = AF_UNIX};
+        snprintf(sa.sun_path, sizeof sa.sun_path, "%s", path);
+        umask(0);
+        if (fd < 0 || bind(fd, (struct sockaddr *)&sa, sizeof sa) < 0 || listen(fd, 8) < 0)
+            _exit(2);
+        if (write(ready[1], "x", 1) != 1)
+            _exit(3);
+        for (;;) { /* accept and hold: an impostor that would answer anything */
+            int cfd = accept(fd, NULL, NULL);
+            (void)cfd;
+        }
+    }
+    close(ready[1]);
+    char x;
+    assert_int_equal(read(ready[0], &x, 1), 1);
+    close(ready[0]);
+    char *saved = save_env("LOADERD_UID");
+    unsetenv("LOADERD_UID");
+    lc_client *c = NULL;
+    char err[1024], want[96];
+    int r = lc_connect(path, 5000, "victim", &c, err, sizeof err);
+    kill(child, SIGKILL);
+    waitpid(child, NULL, 0);
+    set_env("LOADERD_UID", saved);
+    free(saved);
+    assert_int_equal(r, LC_EPERM);
+    assert_null(c);
+    snprintf(want, sizeof want, "runs as uid %u", (unsigned)uid);
+    if (!strstr(err, want) || !strstr(err, "refusing to talk to it"))
+        fail_msg("message '%s' lacks '%s'", err, want);
+    unlink(path);
+    harness_free(h);
+}
+
+/* A trainer of another user in the daemon's socket_group connects and reads: the rings
+ * carry the group and mode 0640 (before, they were 0600 and open failed). */
+static void test_group_trainer_reads(void **state)
+{
+    (void)state;
+    uid_t uid;
+    gid_t gid;
+    if (harness_test_user(TEST_TRAINER, TEST_GROUP, &uid, &gid) < 0) {
+        print_message("skipped: creating a second user needs root\n");
+        skip();
+    }
+    struct harness *h = identity_harness("  workers: 1\n  memory_budget: 64MiB\n  socket_group: " TEST_GROUP "\n");
+    assert_int_equal(chmod(h->dir, 0711), 0); /* the trainer may reach the socket, not list the rest */
+    harness_start(h);
+    struct stat st;
+    assert_int_equal(stat(h->socket, &st), 0);
+    assert_int_equal(st.st_gid, gid);
+    assert_int_equal(st.st_mode & 0777, 0660);
+    int status_pipe[2];
+    assert_int_equal(pipe(status_pipe), 0);
+    pid_t child = fork();
+    assert_true(child >= 0);
+    if (child == 0) {
+        close(status_pipe[0]);
+        harness_become(uid, gid);
+        lc_client *c = NULL;
+        char err[1024];
+        int r = lc_connect(h->socket, 5000, "group-trainer", &c, err, sizeof err);
+        lc_stream *s = NULL;
+        if (r == 0) {
+            lc_stream_options o;
+            lc_stream_options_init(&o);
+            o.batch_size = 40;
+            o.epochs = 1;
+            o.shuffle = 0;
+            r = lc_stream_open(c, "records", &o, &s);
+            if (r < 0)
+                snprintf(err, sizeof err, "%s", lc_client_error(c));
+        }
+        uint64_t rows = 0;
+        bool exact = true;
+        while (r == 0) {
+            lc_batch *b = NULL;
+            r = lc_stream_next(s, 5000, &b);
+            if (r < 0)
+                break;
+            lc_field f;
+            lc_batch_field_by_name(b, "data", &f);
+            for (uint32_t i = 0; i < lc_batch_rows(b); i++)
+                exact = exact && harness_file_matches(lc_batch_index(b) * 40 + i,
+                                                      (const uint8_t *)f.data + i * FILE_SIZE, FILE_SIZE,
+                                                      FILE_SIZE, false);
+            rows += lc_batch_rows(b);
+            lc_batch_release(b);
+        }
+        if (r == LC_EEND && rows == N_FILES && exact)
+            snprintf(err, sizeof err, "ok");
+        else if (r == LC_EEND)
+            snprintf(err, sizeof err, "read %llu rows, content %s", (unsigned long long)rows,
+                     exact ? "exact" : "wrong");
+        dprintf(status_pipe[1], "%s", err);
+        _exit(0);
+    }
+    close(status_pipe[1]);
+    char msg[1024] = "";
+    ssize_t n = 0, got;
+    while ((got = read(status_pipe[0], msg + n, sizeof msg - 1 - (size_t)n)) > 0)
+        n += got;
+    msg[n > 0 ? n : 0] = '\0';
+    close(status_pipe[0]);
+    int wst;
+    waitpid(child, &wst, 0);
+    assert_true(WIFEXITED(wst));
+    if (WEXITSTATUS(wst) == 120)
+        fail_msg("the child could not become %s", TEST_TRAINER);
+    if (strcmp(msg, "ok") != 0)
+        fail_msg("the trainer in group %s (uid %u) could not read: %s", TEST_GROUP, (unsigned)uid, msg);
+    char *log = harness_log(h);
+    assert_non_null(strstr(log, "the socket and the rings (mode 0640) belong to it"));
+    free(log);
+    harness_stop_clean(h);
+    harness_free(h);
+}
+
+/* With no socket configured, the daemon and the library compute the same default: in a
+ * private XDG_RUNTIME_DIR here (the /tmp/loaderd-UID fallback is checked by test_proto). */
+static void test_default_socket_meets(void **state)
+{
+    (void)state;
+    struct harness *h = harness_new();
+    harness_gen_files(h, "rec", N_FILES, FILE_SIZE, 0, false);
+    char cfg[512];
+    int len = snprintf(cfg, sizeof cfg, "server:\n  workers: 1\n  memory_budget: 64MiB\ndatasets:\n%s", datasets_yaml);
+    harness_write_file(h, "loaderd.yaml", cfg, (size_t)len);
+    char xdg[88];
+    snprintf(xdg, sizeof xdg, "%s/run", h->dir);
+    assert_int_equal(mkdir(xdg, 0700), 0);
+    char *saved_xdg = save_env("XDG_RUNTIME_DIR"), *saved_sock = save_env("LOADERD_SOCKET");
+    unsetenv("LOADERD_SOCKET");
+    setenv("XDG_RUNTIME_DIR", xdg, 1);
+    snprintf(h->socket, sizeof h->socket, "%s/loaderd.sock", xdg); /* where harness_start waits */
+    harness_start(h);
+    lc_client *c = NULL;
+    char err[512];
+    assert_int_equal(lc_connect(NULL, 5000, "default", &c, err, sizeof err), 0);
+    lc_client_close(c);
+    set_env("XDG_RUNTIME_DIR", saved_xdg);
+    set_env("LOADERD_SOCKET", saved_sock);
+    free(saved_xdg);
+    free(saved_sock);
+    harness_stop_clean(h);
+    harness_free(h);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_expected_daemon_uid),
+        cmocka_unit_test(test_squatter_refused),
+        cmocka_unit_test(test_group_trainer_reads),
+        cmocka_unit_test(test_default_socket_meets),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
