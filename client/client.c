@@ -12,7 +12,8 @@
  *    turns out to be an error, we keep the message in lc_client_error() and count it
  *    (c->release_errors), but we do not fail the unrelated call that happened to read
  *    it: that call did succeed, and a failed release changes nothing on the daemon
- *    (the slot is freed with the stream or the connection at the latest);
+ *    (the slot is freed with the stream or the connection at the latest). The next
+ *    lc_batch_release or lc_stream_close returns it, once, so the caller does learn of it;
  *  - a next that timed out stays outstanding; its reply, when it comes, is kept on its
  *    stream and the stream's next lc_stream_next returns it instead of asking again;
  *  - any other call that timed out is forgotten: its late reply is dropped.
@@ -391,6 +392,10 @@ static void client_settle(lc_client *c, const struct client_pending *p, cJSON *r
             c->release_errors++;
             client_seterr(c, "release of slot %d (generation %llu) of stream %llu failed: %s", p->slot,
                           (unsigned long long)p->generation, (unsigned long long)p->stream_id, msg);
+            if (!c->release_failed) { /* the first one not yet reported to the caller */
+                c->release_failed = st;
+                snprintf(c->release_msg, sizeof c->release_msg, "%s", c->error);
+            }
         }
         break;
     }
@@ -411,6 +416,19 @@ static void client_settle(lc_client *c, const struct client_pending *p, cJSON *r
         break;
     }
     cJSON_Delete(reply);
+}
+
+/* A release the daemon refused, reported once to the caller of a later release or of
+ * lc_stream_close (releases are pipelined: the refusal arrives after the call that
+ * sent it has returned). */
+static int client_take_release_failure(lc_client *c)
+{
+    int rc = c->release_failed;
+    if (rc < 0) {
+        c->release_failed = 0;
+        client_seterr(c, "%s", c->release_msg);
+    }
+    return rc;
 }
 
 /* Takes every complete frame out of the reader. Stops at the one with id `want`
@@ -1464,6 +1482,9 @@ LC_EXPORT int lc_stream_close(lc_stream *s)
             cJSON_Delete(reply);
         }
     }
+    /* The close's reply came after those of every release sent before it. */
+    if (ret == 0)
+        ret = client_take_release_failure(c);
     if (s->map)
         munmap((void *)s->map, s->map_size);
     if (s->prev)
@@ -1560,5 +1581,5 @@ LC_EXPORT int lc_batch_release(lc_batch *b)
         ret = client_check_usable(c);
     }
     free(b);
-    return ret;
+    return ret < 0 ? ret : client_take_release_failure(c);
 }

@@ -98,6 +98,8 @@ struct lc_client {
     size_t pending_head, pending_len, pending_cap; /* live entries: [head, len) */
     lc_stream *streams;
     uint64_t release_errors;    /* failed pipelined releases (see client.c) */
+    int release_failed;         /* the first refused release not yet returned to the caller, or 0 */
+    char release_msg[CLIENT_ERRMSG_MAX];
     char *deferred;             /* release frames not yet sent: they go out with the next request */
     size_t deferred_len, deferred_cap;
     unsigned deferred_frames;

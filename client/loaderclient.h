@@ -136,7 +136,8 @@ LC_EXPORT const void *lc_stream_ring(const lc_stream *s, size_t *ret_size);
  * read; LC_ETIMEDOUT when it did not come in time (the request stays outstanding and
  * the next call picks its batch up). */
 LC_EXPORT int lc_stream_next(lc_stream *s, int timeout_ms, lc_batch **ret_batch);
-/* Releases held batches, closes the stream on the daemon, unmaps the ring. Accepts NULL. */
+/* Releases held batches, closes the stream on the daemon, unmaps the ring. Accepts NULL.
+ * Returns an earlier release's refusal not yet reported (see lc_batch_release). */
 LC_EXPORT int lc_stream_close(lc_stream *s);
 
 LC_EXPORT uint32_t lc_batch_rows(const lc_batch *b);
@@ -151,7 +152,10 @@ LC_EXPORT int lc_batch_field_by_name(const lc_batch *b, const char *name, lc_fie
 /* 1 while the slot still holds this batch (its generation in shared memory matches). */
 LC_EXPORT int lc_batch_valid(const lc_batch *b);
 /* Gives the slot back to the daemon (without waiting for its reply) and frees b.
- * Accepts NULL. */
+ * Accepts NULL. Releases are pipelined, so the daemon's refusal of one (LC_ENOTLEASED:
+ * released already; LC_ESTALE: a recycled slot) is known only once its reply has been
+ * read by a later call: the next lc_batch_release or lc_stream_close of the client then
+ * returns that code, once, with the message in lc_client_error(). b is freed either way. */
 LC_EXPORT int lc_batch_release(lc_batch *b);
 
 #ifdef __cplusplus

@@ -574,6 +574,13 @@ void stream_close(stream *s)
     if (!s || s->closing)
         return;
     s->closing = true;
+    /* The name goes now, even while workers still fill slots of the ring (its memory
+     * goes with the last of them): a trainer killed before its first next leaves
+     * nothing in /dev/shm. */
+    if (!s->unlinked) {
+        ring_unlink(s->ring);
+        s->unlinked = true;
+    }
     while (s->w_count) {
         stream_next_cb cb;
         void *ctx;

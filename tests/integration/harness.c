@@ -627,6 +627,15 @@ int harness_wait_leased(struct harness *h, int at_most)
     return leased;
 }
 
+void harness_flush_releases(lc_client *c)
+{
+    char *json = NULL;
+    int r = lc_request_json(c, "{\"op\":\"status\"}", &json);
+    if (r < 0)
+        fail_msg("harness: status: %s: %s", lc_strerror(r), lc_client_error(c));
+    lc_free(json);
+}
+
 int harness_raw_connect(const struct harness *h)
 {
     int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);

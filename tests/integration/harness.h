@@ -97,6 +97,9 @@ double harness_status_num(struct harness *h, const char *key, const char *sub);
  * trainer holds no batch has at most LC_READ_AHEAD leased: the nexts the library asked
  * ahead, answered and waiting in its socket. */
 int harness_wait_leased(struct harness *h, int at_most);
+/* Releases are pipelined: they leave with the client's next request. A status request
+ * on c sends the queued ones and waits until the daemon has answered them. */
+void harness_flush_releases(struct lc_client *c);
 
 /* Raw protocol access, for tests of what the library never sends: a connected socket
  * (the test fails when it cannot connect), one frame out, and the next frame in as a

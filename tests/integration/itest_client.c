@@ -312,6 +312,9 @@ static void test_one_epoch_fixed(void **state)
     lc_batch *b = NULL;
     assert_int_equal(lc_stream_next(s, 0, &b), LC_EEND); /* and stays ended */
     assert_null(b);
+    /* Every release reached the daemon and was accepted: nothing is leased any more. */
+    harness_flush_releases(c);
+    assert_int_equal(harness_wait_leased(h, 0), 0);
     assert_int_equal(lc_stream_close(s), 0);
     lc_client_close(c);
     harness_stop_clean(h);
@@ -356,6 +359,8 @@ static void test_one_epoch_ragged(void **state)
         assert_int_equal(lc_batch_release(b), 0);
     }
     assert_int_equal(next_file, N_VARIED);
+    harness_flush_releases(c);
+    assert_int_equal(harness_wait_leased(h, 0), 0);
     assert_int_equal(lc_stream_close(s), 0);
     lc_client_close(c);
     harness_stop_clean(h);
@@ -404,8 +409,23 @@ static void test_release_semantics(void **state)
     assert_int_equal(lc_request_json(c, "{\"op\":\"release\",\"stream\":999,\"slot\":0,\"generation\":1}", &reply),
                      LC_ENOSTREAM);
     lc_batch_release(NULL);
+    /* The caller learns of the refused release from the next release (b2's own goes
+     * through), once, with the message naming the slot. */
+    assert_int_equal(lc_batch_release(b2), LC_ENOTLEASED);
+    char want[64];
+    snprintf(want, sizeof want, "release of slot %d (generation %llu)", slot, (unsigned long long)gen);
+    assert_non_null(strstr(lc_client_error(c), want));
+    assert_int_equal(lc_stream_next(s, 0, &b2), 0);
     assert_int_equal(lc_batch_release(b2), 0);
-    assert_int_equal(lc_stream_close(s), 0);
+    /* A refusal read by lc_stream_close is returned by it. */
+    assert_int_equal(lc_stream_next(s, 0, &b2), 0);
+    snprintf(req, sizeof req, "{\"op\":\"release\",\"stream\":%llu,\"slot\":%d,\"generation\":%llu}",
+             (unsigned long long)lc_stream_id(s), lc_batch_slot(b2), (unsigned long long)lc_batch_generation(b2));
+    assert_int_equal(lc_request_json(c, req, &reply), 0);
+    lc_free(reply);
+    reply = NULL;
+    assert_int_equal(lc_batch_release(b2), 0); /* queued; refused by the daemon */
+    assert_int_equal(lc_stream_close(s), LC_ENOTLEASED);
     lc_stream_close(NULL);
     lc_client_close(c);
     harness_stop_clean(h);

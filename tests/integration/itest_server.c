@@ -73,15 +73,6 @@ static lc_stream *open_records(lc_client *c, uint32_t batch)
     return s;
 }
 
-/* Releases are pipelined: they leave with the client's next request. A status request
- * on the same connection sends the queued ones and waits until the daemon has them. */
-static void flush_releases(lc_client *c)
-{
-    char *json = NULL;
-    assert_int_equal(lc_request_json(c, "{\"op\":\"status\"}", &json), 0);
-    lc_free(json);
-}
-
 static void assert_log_has(struct harness *h, const char *needle)
 {
     char *log = harness_log(h);
@@ -246,8 +237,8 @@ static void test_silent_connections(void **state)
     lc_stream *s2 = open_records(second, 8);
     assert_int_equal(lc_stream_next(s2, 5000, &b), 0);
     assert_int_equal(lc_batch_release(b), 0);
-    flush_releases(trainer);
-    flush_releases(second);
+    harness_flush_releases(trainer);
+    harness_flush_releases(second);
     assert_true(harness_wait_leased(h, 2 * LC_READ_AHEAD) <= 2 * LC_READ_AHEAD);
     lc_client_close(second);
     lc_client_close(trainer);
@@ -479,7 +470,7 @@ static void test_socket_activation(void **state)
     lc_batch *b = NULL;
     assert_int_equal(lc_stream_next(s, 5000, &b), 0);
     assert_int_equal(lc_batch_release(b), 0);
-    flush_releases(c);
+    harness_flush_releases(c);
     assert_true(harness_wait_leased(h, LC_READ_AHEAD) <= LC_READ_AHEAD);
     assert_log_has(h, "using the socket passed by systemd");
     assert_log_has(h, "serving group");
@@ -496,6 +487,52 @@ static void test_socket_activation(void **state)
     harness_free(h);
 }
 
+/* ---- rings of a killed trainer ------------------------------------------------------ */
+
+/* A trainer SIGKILLed between open and its first next (the ring still has its name in
+ * /dev/shm, since the name is removed at the first next): the name goes with the
+ * connection, not at the next daemon start. */
+static void test_killed_before_first_next(void **state)
+{
+    struct harness *h = *state;
+    for (int round = 0; round < 3; round++) {
+        int ready[2];
+        assert_int_equal(pipe(ready), 0);
+        pid_t child = fork();
+        assert_true(child >= 0);
+        if (child == 0) {
+            close(ready[0]);
+            lc_client *c = NULL;
+            char err[256];
+            lc_stream_options o;
+            lc_stream_options_init(&o);
+            o.batch_size = 8 + round;
+            lc_stream *s = NULL;
+            if (lc_connect(h->socket, 5000, "killed-early", &c, err, sizeof err) < 0 ||
+                lc_stream_open(c, "records", &o, &s) < 0 || write(ready[1], "x", 1) != 1)
+                _exit(1);
+            pause();
+            _exit(0);
+        }
+        close(ready[1]);
+        char x;
+        assert_int_equal(read(ready[0], &x, 1), 1);
+        close(ready[0]);
+        assert_int_equal(harness_shm_count(h->pid, NULL, 0), 1);
+        kill(child, SIGKILL);
+        waitpid(child, NULL, 0);
+        int left = -1;
+        for (int i = 0; i < 200 && left != 0; i++) {
+            left = harness_shm_count(h->pid, NULL, 0);
+            if (left)
+                sleep_ms(10);
+        }
+        assert_int_equal(left, 0);
+    }
+    assert_true(harness_status_num(h, "streams", NULL) == 0);
+    harness_stop_clean(h);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -507,6 +544,7 @@ int main(void)
         cmocka_unit_test(test_queued_reply_bytes),
         cmocka_unit_test_setup_teardown(test_epochs_stay_exact, setup_daemon, teardown_daemon),
         cmocka_unit_test(test_socket_activation),
+        cmocka_unit_test_setup_teardown(test_killed_before_first_next, setup_daemon, teardown_daemon),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
