@@ -129,8 +129,9 @@ def _import_torch():
 
 
 def default_socket():
-    """The socket the C library uses when none is given: $LOADERD_SOCKET, else
-    $XDG_RUNTIME_DIR/loaderd.sock, else /tmp/loaderd-<uid>.sock."""
+    """The socket the C library (and the daemon) uses when none is given: $LOADERD_SOCKET,
+    else $XDG_RUNTIME_DIR/loaderd.sock when that directory is ours with mode 0700, else
+    /tmp/loaderd-<uid>/loaderd.sock."""
     return lib.lc_default_socket().decode()
 
 
@@ -906,8 +907,8 @@ class Stream(_ContextManaged):
 
 
 class Client(_Closes):
-    """One connection to loaderd. ``socket``: its path (default: $LOADERD_SOCKET, else
-    $XDG_RUNTIME_DIR/loaderd.sock, else /tmp/loaderd-<uid>.sock); ``timeout`` in seconds
+    """One connection to loaderd. ``socket``: its path (default: ``default_socket()``); the
+    daemon must run as this user, root or $LOADERD_UID; ``timeout`` in seconds
     bounds the connect and every later call; ``name`` shows in ``loaderctl streams``.
     Usable from several threads (calls are serialized); for parallel streams use one
     Client per thread."""

@@ -170,6 +170,19 @@ def test_default_socket_follows_env(monkeypatch):
     assert loaderclient.default_socket() == "/tmp/some.sock"
 
 
+def test_daemon_of_another_user_refused(daemon, monkeypatch):
+    """The library checks who listens on the socket before saying hello; LOADERD_UID names
+    the user the daemon must run as."""
+    other = 4242 if os.getuid() != 4242 else 4243
+    monkeypatch.setenv("LOADERD_UID", str(other))
+    with pytest.raises(loaderclient.LoaderdError, match="runs as uid %d, but loaderd is expected to run as uid %d"
+                       % (os.getuid(), other)) as e:
+        loaderclient.Client(daemon.socket, timeout=5)
+    assert e.value.code == -1
+    monkeypatch.setenv("LOADERD_UID", str(os.getuid()))
+    loaderclient.Client(daemon.socket, timeout=5).close()
+
+
 # -- content ----------------------------------------------------------------------------------------
 
 def test_views_match_the_files(client, rec_index):
