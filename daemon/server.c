@@ -626,6 +626,7 @@ static void op_status(conn *c, const cJSON *req, int64_t id)
     cJSON_AddNumberToObject(r, "client_wait_s", (double)wait / 1e9);
     cJSON_AddNumberToObject(r, "memory_budget", (double)srv->cfg->memory_budget);
     cJSON_AddNumberToObject(r, "memory_used", (double)srv->memory_used);
+    cJSON_AddNumberToObject(r, "queued_reply_bytes", (double)srv->queued_bytes);
     add_slot_counts(cJSON_AddObjectToObject(r, "slots"), counts);
     uint64_t bad = 0, replaced = 0;
     for (size_t i = 0; i < srv->n_datasets; i++) {
