@@ -791,6 +791,62 @@ static void test_fake_timeouts(void **state)
 }
 
 /* An open reply whose ring is not what it says: refused, and the stream closed. */
+/* A ring someone else could write (or that belongs to another user than the daemon) is
+ * refused: the trainer would read batches in place that anyone could change. */
+static void test_fake_ring_not_the_daemons(void **state)
+{
+    struct harness *h = *state;
+    char shm[64], reply1[1024], reply2[1024];
+    snprintf(shm, sizeof shm, "/ldtest.fakeperm.%d", (int)getpid());
+    int fd = shm_open(shm, O_RDWR | O_CREAT | O_EXCL, 0600);
+    assert_true(fd >= 0);
+    assert_int_equal(ftruncate(fd, 3 * 4096), 0);
+    struct ld_ring_header hdr = { .magic = LD_RING_MAGIC, .version = LD_RING_VERSION, .slot_count = 2,
+                                  .slot_size = 4096, .slot_offset = 4096, .total_size = 3 * 4096, .stream_id = 1 };
+    assert_int_equal(pwrite(fd, &hdr, sizeof hdr, 0), (ssize_t)sizeof hdr);
+    assert_int_equal(fchmod(fd, 0622), 0); /* writable by group and others */
+    for (int k = 0; k < 2; k++)
+        snprintf(k ? reply2 : reply1, sizeof reply1,
+                 "{\"id\":@ID,\"ok\":true,\"stream\":1,\"shm\":\"%s\",\"shm_size\":12288,\"slot_count\":2,"
+                 "\"slot_size\":4096,\"slot_offset\":4096,\"batch_size\":4,\"batches_per_epoch\":1,"
+                 "\"samples_per_epoch\":4,\"fields\":[{\"name\":\"x\",\"dtype\":\"int64\",\"shape\":[2],"
+                 "\"ragged\":false,\"offset\":64}]}",
+                 shm);
+    const struct fake_step steps[] = { { FAKE_REPLY, fake_hello, 0 }, { FAKE_REPLY, reply1, 0 },
+                                       { FAKE_REPLY, fake_ok, 0 },    { FAKE_REPLY, reply2, 0 },
+                                       { FAKE_REPLY, fake_ok, 0 },    { FAKE_END, 0, 0 } };
+    struct fake *f = fake_start(h, steps);
+    lc_client *c = fake_connect(f, 2000);
+    lc_stream_options o;
+    lc_stream *s = NULL;
+    lc_stream_options_init(&o);
+    o.batch_size = 4;
+    int r1 = lc_stream_open(c, "d", &o, &s);
+    char msg1[1024];
+    snprintf(msg1, sizeof msg1, "%s", lc_client_error(c));
+    /* Private again, but owned by another user (root can give it away). */
+    int r2 = 0;
+    bool root = geteuid() == 0;
+    if (root) {
+        assert_int_equal(fchmod(fd, 0600), 0);
+        assert_int_equal(fchown(fd, 65534, (gid_t)-1), 0);
+        r2 = lc_stream_open(c, "d", &o, &s);
+    }
+    close(fd);
+    shm_unlink(shm); /* before any assert can leave it behind */
+    assert_int_equal(r1, LC_EPERM);
+    if (!strstr(msg1, "mode 0622") || !strstr(msg1, "refusing to map it"))
+        fail_msg("unexpected message: %s", msg1);
+    if (root) {
+        assert_int_equal(r2, LC_EPERM);
+        assert_non_null(strstr(lc_client_error(c), "belongs to uid 65534"));
+    }
+    assert_null(s);
+    lc_client_close(c);
+    fake_join(f);
+    free(f);
+}
+
 static void test_fake_bad_ring(void **state)
 {
     struct harness *h = *state;
@@ -852,6 +908,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_fake_reply_out_of_order, setup_dir, teardown),
         cmocka_unit_test_setup_teardown(test_fake_hangup_and_huge_frame, setup_dir, teardown),
         cmocka_unit_test_setup_teardown(test_fake_timeouts, setup_dir, teardown),
+        cmocka_unit_test_setup_teardown(test_fake_ring_not_the_daemons, setup_dir, teardown),
         cmocka_unit_test_setup_teardown(test_fake_bad_ring, setup_dir, teardown),
         cmocka_unit_test_setup_teardown(test_hello_and_datasets, setup_daemon, teardown),
         cmocka_unit_test_setup_teardown(test_open_errors, setup_daemon, teardown),
