@@ -216,6 +216,8 @@ static pid_t harness_spawn_fd(struct harness *h, const char *const *extra_args, 
             setenv("LISTEN_FDS", "1", 1);
             setenv("LISTEN_PID", lpid, 1);
         }
+        if (h->run_uid)
+            harness_become(h->run_uid, h->run_gid);
         execv(argv[0], (char *const *)argv);
         dprintf(2, "harness: cannot run %s: %s (set LOADERD_BIN)\n", argv[0], strerror(errno));
         _exit(127);

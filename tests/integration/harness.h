@@ -37,6 +37,8 @@ struct harness {
     char config[PATH_MAX];       /* <dir>/loaderd.yaml */
     char log[PATH_MAX];          /* <dir>/loaderd.log: the daemon's stdout and stderr */
     pid_t pid;                   /* the running daemon, or 0 */
+    uid_t run_uid;               /* when not 0: the daemon runs as this user... */
+    gid_t run_gid;               /* ...and group (set before harness_start; needs root) */
 };
 
 /* Creates the temporary directory (under $TMPDIR, else /tmp). */

@@ -4,7 +4,7 @@
  * of another user in the daemon's group can map the rings (socket_group).
  *
  * The tests that need a second user create one (useradd) and run the trainer or the
- * squatter as that user in a forked child; they are skipped, saying so, when the tests
+ * squatter as that user in a forked child (and the daemon as a service user); they are skipped, saying so, when the tests
  * do not run as root. */
 #include <stdarg.h>
 #include <stddef.h>
@@ -32,6 +32,7 @@
 #define FILE_SIZE 48
 #define TEST_GROUP "ldtest-svc"
 #define TEST_TRAINER "ldtest-trainer"
+#define TEST_SERVICE "ldtest-svcd"
 #define TEST_SQUATTER "ldtest-squat"
 
 static const char datasets_yaml[] = "  records:\n"
@@ -159,22 +160,38 @@ static void test_squatter_refused(void **state)
     harness_free(h);
 }
 
-/* A trainer of another user in the daemon's socket_group connects and reads: the rings
- * carry the group and mode 0640 (before, they were 0600 and open failed). */
+/* The documented service layout: the daemon runs as a service user whose group is
+ * server.socket_group, and a trainer of another user in that group connects (naming the
+ * daemon's user in LOADERD_UID) and reads every byte: the rings carry the group and mode
+ * 0640 (before, they were 0600 and open failed). Without LOADERD_UID the trainer refuses
+ * a daemon that is neither itself nor root. */
 static void test_group_trainer_reads(void **state)
 {
     (void)state;
-    uid_t uid;
-    gid_t gid;
-    if (harness_test_user(TEST_TRAINER, TEST_GROUP, &uid, &gid) < 0) {
+    uid_t uid, svc_uid;
+    gid_t gid, svc_gid;
+    if (harness_test_user(TEST_SERVICE, TEST_GROUP, &svc_uid, &svc_gid) < 0 ||
+        harness_test_user(TEST_TRAINER, TEST_GROUP, &uid, &gid) < 0) {
         print_message("skipped: creating a second user needs root\n");
         skip();
     }
-    struct harness *h = identity_harness("  workers: 1\n  memory_budget: 64MiB\n  socket_group: " TEST_GROUP "\n");
-    assert_int_equal(chmod(h->dir, 0711), 0); /* the trainer may reach the socket, not list the rest */
+    struct harness *h = harness_new();
+    harness_gen_files(h, "rec", N_FILES, FILE_SIZE, 0, false);
+    /* The service's runtime directory (systemd's RuntimeDirectory=, mode 0750). */
+    char run[96];
+    snprintf(run, sizeof run, "%s/run", h->dir);
+    assert_int_equal(mkdir(run, 0750), 0);
+    assert_int_equal(chown(run, svc_uid, svc_gid), 0);
+    snprintf(h->socket, sizeof h->socket, "%s/s.sock", run);
+    harness_write_config(h, "  workers: 1\n  memory_budget: 64MiB\n  socket_group: " TEST_GROUP "\n",
+                         datasets_yaml);
+    assert_int_equal(chmod(h->dir, 0711), 0); /* the users may reach what is theirs, not list the rest */
+    h->run_uid = svc_uid;
+    h->run_gid = svc_gid;
     harness_start(h);
     struct stat st;
     assert_int_equal(stat(h->socket, &st), 0);
+    assert_int_equal(st.st_uid, svc_uid);
     assert_int_equal(st.st_gid, gid);
     assert_int_equal(st.st_mode & 0777, 0660);
     int status_pipe[2];
@@ -186,7 +203,15 @@ static void test_group_trainer_reads(void **state)
         harness_become(uid, gid);
         lc_client *c = NULL;
         char err[1024];
+        /* Not told who the daemon is: a daemon of another user is refused. */
+        unsetenv("LOADERD_UID");
         int r = lc_connect(h->socket, 5000, "group-trainer", &c, err, sizeof err);
+        if (r != LC_EPERM) {
+            dprintf(status_pipe[1], "without LOADERD_UID, connect gave %d: %s", r, err);
+            _exit(0);
+        }
+        setenv("LOADERD_UID", TEST_SERVICE, 1);
+        r = lc_connect(h->socket, 5000, "group-trainer", &c, err, sizeof err);
         lc_stream *s = NULL;
         if (r == 0) {
             lc_stream_options o;
@@ -234,8 +259,12 @@ static void test_group_trainer_reads(void **state)
     assert_true(WIFEXITED(wst));
     if (WEXITSTATUS(wst) == 120)
         fail_msg("the child could not become %s", TEST_TRAINER);
-    if (strcmp(msg, "ok") != 0)
+    if (strcmp(msg, "ok") != 0) {
+        char *log = harness_log(h);
+        print_error("loaderd log:\n%s\n", log);
+        free(log);
         fail_msg("the trainer in group %s (uid %u) could not read: %s", TEST_GROUP, (unsigned)uid, msg);
+    }
     char *log = harness_log(h);
     assert_non_null(strstr(log, "the socket and the rings (mode 0640) belong to it"));
     free(log);
