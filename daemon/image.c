@@ -202,6 +202,19 @@ static bool jpeg_has_eoi(const uint8_t *d, size_t len)
     return len >= 4 && d[len - 2] == 0xff && d[len - 1] == 0xd9;
 }
 
+/* A decoder handle that failed once is never used again. TurboJPEG 2.1 can leave its
+ * libjpeg object stuck in the middle of a header after an error (a frame header that
+ * declares 0x0 makes every later call on that handle fail with "Bogus marker
+ * length"), which would turn one bad file into a worker that fails every good JPEG.
+ * Bad files are rare: a new handle for the next one costs nothing that matters. */
+static void jpeg_handle_drop(struct image_buf *b)
+{
+    if (b->tj) {
+        tjDestroy(b->tj);
+        b->tj = NULL;
+    }
+}
+
 static int jpeg_handle(struct image_buf *b, char *errbuf)
 {
     if (b->tj)
@@ -226,10 +239,12 @@ static int jpeg_header(const uint8_t *data, size_t len, struct image_buf *b, int
     if (tjDecompressHeader3(b->tj, data, (unsigned long)len, &w, &h, &subsamp, &cs) < 0) {
         ld_errorf(errbuf, "%s: %s", jpeg_has_eoi(data, len) ? "corrupt JPEG header" : "truncated JPEG",
                   tjGetErrorStr2(b->tj));
+        jpeg_handle_drop(b);
         return LD_ESAMPLE;
     }
     if (w <= 0 || h <= 0) {
         ld_errorf(errbuf, "truncated JPEG: the data (%zu bytes) ends before the image header", len);
+        jpeg_handle_drop(b);
         return LD_ESAMPLE;
     }
     *ret_w = w;
@@ -378,6 +393,13 @@ static int jr_create(struct jpeg_region_dec *jd)
     return 0;
 }
 
+static void jpeg_region_dec_reset(struct jpeg_region_dec *jd)
+{
+    if (jd->created)
+        jpeg_destroy_decompress(&jd->cinfo);
+    jd->created = false;
+}
+
 static int jpeg_region_dec_get(struct image_buf *b, struct jpeg_region_dec **ret_jd, char *errbuf)
 {
     struct jpeg_region_dec *jd = b->jd;
@@ -517,8 +539,20 @@ static int decode_jpeg_region(const uint8_t *data, size_t len, const struct imag
         ld_errorf(errbuf, "truncated JPEG: %s", jd->msg);
         r = LD_ESAMPLE;
     }
-    /* Stops after the region's last row (and after an error): the object is reusable. */
+    /* Stops after the region's last row: the object is reusable. */
     jpeg_abort_decompress(&jd->cinfo);
+    /* jpeg_abort frees the color converter and quantizer but leaves their pointers,
+     * and libjpeg-turbo before 3.1.2 reads and writes through the stale converter in
+     * jpeg_skip_scanlines when the next image uses merged upsampling (`fast` with
+     * 4:2:0 or 4:2:2 after any other decode): a use after free that corrupted the
+     * live decoder's tables and painted crops in wrong colors. Those modules are
+     * created anew by every jpeg_start_decompress that needs them. */
+    jd->cinfo.cconvert = NULL;
+    jd->cinfo.cquantize = NULL;
+    /* After an error (or a warning) the object starts over, as the TurboJPEG handle
+     * does (jpeg_handle_drop). */
+    if (r < 0 || jd->warned)
+        jpeg_region_dec_reset(jd);
     return r;
 }
 
@@ -575,8 +609,11 @@ static int decode_jpeg(const uint8_t *data, size_t len, const struct image_decod
     int rc = tjDecompress2(b->tj, data, (unsigned long)len, out, sw, sw * tjPixelSize[pf], sh, pf,
                            TJFLAG_LIMITSCANS | (opts && opts->fast ? TJFLAG_FASTDCT | TJFLAG_FASTUPSAMPLE : 0));
     if (rc < 0) {
-        const char *msg = tjGetErrorStr2(b->tj);
+        char msg[JMSG_LENGTH_MAX];
+        snprintf(msg, sizeof msg, "%s", tjGetErrorStr2(b->tj));
         bool fatal = tjGetErrorCode(b->tj) == TJERR_FATAL;
+        /* Even after a mere warning: see jpeg_handle_drop. */
+        jpeg_handle_drop(b);
         /* The data ran out: libjpeg paints the missing rows gray. An error, whatever
          * `strict` says (PIL refuses a truncated file too). */
         if (strstr(msg, "Premature end of JPEG file") || !jpeg_has_eoi(data, len)) {
