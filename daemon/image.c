@@ -112,6 +112,16 @@ static void describe_unknown(const uint8_t *data, size_t len, char *errbuf)
         ld_errorf(errbuf, "empty file: not a JPEG or PNG image");
         return;
     }
+    /* The start of a JPEG or PNG signature and nothing more: a file cut short. */
+    static const uint8_t png_magic[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
+    if (len < 3 && data[0] == 0xff && (len < 2 || data[1] == 0xd8)) {
+        ld_errorf(errbuf, "truncated JPEG: the file ends after %zu bytes", len);
+        return;
+    }
+    if (len < 8 && memcmp(data, png_magic, len) == 0) {
+        ld_errorf(errbuf, "truncated PNG: the file ends after %zu bytes", len);
+        return;
+    }
     if (len >= 6 && (memcmp(data, "GIF87a", 6) == 0 || memcmp(data, "GIF89a", 6) == 0))
         name = "GIF";
     else if (len >= 12 && memcmp(data, "RIFF", 4) == 0 && memcmp(data + 8, "WEBP", 4) == 0)

@@ -668,6 +668,224 @@ static void test_jpeg_region(void **state)
     free(px);
 }
 
+/* ---- one bad file must not spoil the next ------------------------------------------ */
+
+/* A marker segment of a JPEG: where its 0xFF is, the marker, and its length field. */
+struct jseg {
+    size_t pos;
+    uint8_t marker;
+    size_t len;                         /* the length field (2 + payload) */
+};
+
+/* The segments from SOI's successor up to and including the first SOS. */
+static size_t jpeg_segments(const struct blob *b, struct jseg *segs, size_t max)
+{
+    size_t n = 0, pos = 2;
+    while (pos + 4 <= b->len && n < max) {
+        assert_int_equal(b->data[pos], 0xff);
+        uint8_t m = b->data[pos + 1];
+        size_t len = (size_t)b->data[pos + 2] << 8 | b->data[pos + 3];
+        segs[n++] = (struct jseg){pos, m, len};
+        if (m == 0xda)
+            break;
+        pos += 2 + len;
+    }
+    return n;
+}
+
+static const struct jseg *jpeg_find(const struct jseg *segs, size_t n, uint8_t marker)
+{
+    for (size_t i = 0; i < n; i++)
+        if (segs[i].marker == marker)
+            return &segs[i];
+    fail_msg("no marker 0x%02x", marker);
+    return NULL;
+}
+
+static struct blob blob_copy(const struct blob *b)
+{
+    struct blob c = {malloc(b->len), b->len};
+    assert_non_null(c.data);
+    memcpy(c.data, b->data, b->len);
+    return c;
+}
+
+/* `bad` fails on `buf` with `needle` in the message (probe and decode, whole and with a
+ * region, accurate and fast), and then the good image decodes on that same buffer to
+ * exactly the pixels a fresh buffer gives, whole and by regions. */
+static void bad_then_good(struct image_buf *buf, const uint8_t *bad, size_t bad_len,
+                          const char *needle, const struct blob *good, const uint8_t *want,
+                          const uint8_t *want_fast, int w, int h, bool strict_only)
+{
+    char err[LD_ERRMSG_MAX];
+    struct image_decode_opts opts[] = {
+        {0},
+        {.fast = true},
+        {.region_x = 9, .region_y = 17, .region_w = 30, .region_h = 20},
+        {.fast = true, .region_x = 9, .region_y = 17, .region_w = 30, .region_h = 20},
+        {.strict = true},
+    };
+    for (size_t k = strict_only ? 4 : 0; k < sizeof opts / sizeof opts[0]; k++) {
+        struct image_info info;
+        err[0] = '\0';
+        int r = image_probe(bad, bad_len, buf, &info, err);
+        if (r == 0)
+            r = image_decode(bad, bad_len, &opts[k], buf, err);
+        if (r != LD_ESAMPLE || !strstr(err, needle))
+            fail_msg("'%s', options %zu: expected LD_ESAMPLE with '%s', got %d: '%s'", needle, k,
+                     needle, r, err);
+        /* The very next good file on this buffer decodes, whatever path it takes. */
+        size_t j = (k + 1) % (sizeof opts / sizeof opts[0]);
+        if (image_probe(good->data, good->len, buf, &info, err) != 0)
+            fail_msg("after '%s': probing a good JPEG failed: %s", needle, err);
+        assert_int_equal(info.width, w);
+        assert_int_equal(info.height, h);
+        if (image_decode(good->data, good->len, &opts[j], buf, err) != 0)
+            fail_msg("after '%s' (options %zu): a good JPEG failed: %s", needle, k, err);
+        /* Whole image, or the region (its one-pixel margin is libjpeg's window edge). */
+        const uint8_t *ref = opts[j].fast ? want_fast : want;
+        struct image_decode_opts *o = &opts[j];
+        int x0 = o->region_w ? o->region_x : 0, y0 = o->region_w ? o->region_y : 0;
+        int cw = o->region_w ? o->region_w : w, ch = o->region_w ? o->region_h : h;
+        assert_true(buf->org_x <= x0 && buf->org_y <= y0);
+        assert_true(buf->org_x + buf->width >= x0 + cw && buf->org_y + buf->height >= y0 + ch);
+        for (int y = y0; y < y0 + ch; y++)
+            if (memcmp(buf->data + ((size_t)(y - buf->org_y) * buf->width + x0 - buf->org_x) * 3,
+                       ref + ((size_t)y * w + x0) * 3, (size_t)cw * 3) != 0)
+                fail_msg("after '%s': row %d of a good JPEG differs (options %zu)", needle, y, j);
+    }
+}
+
+/* A JPEG whose header is damaged in one place (a frame of 0x0, a bad frame header,
+ * huge dimensions, bad tables, cut at every marker) is refused with a specific error,
+ * and the same worker buffer then decodes good JPEGs exactly: a failed decoder handle
+ * is never reused (before, a 0x0 frame left TurboJPEG's handle failing every later
+ * file with "Bogus marker length"). */
+static void test_bad_jpeg_then_good(void **state)
+{
+    (void)state;
+    int w = 64, h = 48;
+    uint8_t *px = picture_rgb(w, h);
+    struct blob good = jpeg_encode(px, w, h, TJPF_RGB, TJSAMP_420, 90, 0);
+    /* Reference pixels from fresh buffers. */
+    struct image_buf ref, ref_fast;
+    image_buf_init(&ref);
+    image_buf_init(&ref_fast);
+    decode_ok(&good, NULL, &ref);
+    decode_ok(&good, &(struct image_decode_opts){.fast = true}, &ref_fast);
+
+    struct jseg segs[32];
+    size_t n = jpeg_segments(&good, segs, 32);
+    const struct jseg *sof = jpeg_find(segs, n, 0xc0), *dht = jpeg_find(segs, n, 0xc4);
+    const struct jseg *dqt = jpeg_find(segs, n, 0xdb), *sos = jpeg_find(segs, n, 0xda);
+    struct image_buf buf;
+    image_buf_init(&buf);
+    struct blob bad = blob_copy(&good);
+#define BAD(needle) bad_then_good(&buf, bad.data, bad.len, needle, &good, ref.data, ref_fast.data, w, h, false)
+    /* The frame: SOF0 = FF C0, length, precision, height, width, components, then
+     * per component id, sampling factors, table. */
+    uint8_t *f = bad.data + sof->pos;
+    memset(f + 5, 0, 4);                                    /* 0x0 */
+    BAD("Empty JPEG image");
+    memcpy(bad.data, good.data, good.len);
+    f[7] = f[8] = 0;                                        /* width 0 */
+    BAD("Empty JPEG image");
+    memcpy(bad.data, good.data, good.len);
+    f[3] = 5;                                               /* length shorter than the frame */
+    BAD("corrupt JPEG header: Bogus marker length");
+    memcpy(bad.data, good.data, good.len);
+    f[9] = 0;                                               /* no components */
+    BAD("corrupt JPEG header: ");
+    memcpy(bad.data, good.data, good.len);
+    f[11] = 0x00;                                           /* sampling factors 0x0 */
+    BAD("corrupt JPEG header: Bogus sampling factors");
+    memcpy(bad.data, good.data, good.len);
+    f[11] = 0x55;                                           /* 5x5: over libjpeg's limit */
+    BAD("corrupt JPEG header: Bogus sampling factors");
+    memcpy(bad.data, good.data, good.len);
+    f[5] = f[6] = f[7] = f[8] = 0xff;                       /* 65535 x 65535 */
+    BAD("corrupt JPEG header: Maximum supported image dimension is 65500 pixels");
+    f[6] = f[8] = 0xdc;                                     /* 65500 x 65500 */
+    BAD("image too large: 65500x65500 pixels");
+    /* 20000 x 20000 (under the pixel limit at 1/4) over 64x48 worth of data: libjpeg
+     * meets the end of the data early and paints the rest gray, a warning that a
+     * lenient decode accepts as PIL does; a strict one refuses it. */
+    f[5] = f[7] = 0x4e;
+    f[6] = f[8] = 0x20;
+    char err[LD_ERRMSG_MAX];
+    assert_int_equal(image_decode(bad.data, bad.len, NULL, &buf, err), 0);
+    assert_int_equal(buf.src_width, 20000);
+    assert_int_equal(buf.scale_denom, 4);              /* 5000 x 5000: 25 M pixels */
+    bad_then_good(&buf, bad.data, bad.len, "corrupt JPEG: Corrupt JPEG data: premature end of data segment",
+                  &good, ref.data, ref_fast.data, w, h, true);
+    /* Tables: a quantization table slot past the four there are; a Huffman table
+     * whose code counts add up to more than 256 codes. */
+    memcpy(bad.data, good.data, good.len);
+    bad.data[dqt->pos + 4] = 0x07;
+    BAD("corrupt JPEG header: Bogus DQT index 7");
+    memcpy(bad.data, good.data, good.len);
+    memset(bad.data + dht->pos + 5, 0xff, 16);
+    BAD("Bogus Huffman table definition");
+    /* The scan names a component the frame does not have. */
+    memcpy(bad.data, good.data, good.len);
+    bad.data[sos->pos + 5] = 0x09;
+    BAD("corrupt JPEG");
+    /* Cut at every marker of the header, and in the middle of each segment. */
+    for (size_t i = 0; i < n; i++) {
+        size_t cuts[3] = {segs[i].pos, segs[i].pos + 3, segs[i].pos + 2 + segs[i].len / 2};
+        for (int c = 0; c < 3; c++) {
+            memcpy(bad.data, good.data, good.len);
+            bad_then_good(&buf, bad.data, cuts[c], "truncated JPEG", &good, ref.data,
+                          ref_fast.data, w, h, false);
+        }
+    }
+#undef BAD
+    blob_free(&bad);
+    image_buf_close(&buf);
+    image_buf_close(&ref);
+    image_buf_close(&ref_fast);
+    blob_free(&good);
+    free(px);
+}
+
+/* A worker's region decoder goes from a 4:4:4 image to a 4:2:0 one decoded with merged
+ * upsampling (`fast`) and rows skipped: the pixels are the whole decode's. With
+ * libjpeg-turbo 2.1, the first decode's color converter stayed referenced after it was
+ * freed and jpeg_skip_scanlines wrote through it (seen with valgrind: invalid reads and
+ * writes; without a sanitizer, crops in wrong colors). */
+static void test_region_decoder_reuse(void **state)
+{
+    (void)state;
+    int w = 203, h = 157;
+    uint8_t *px = picture_rgb(w, h);
+    struct blob b444 = jpeg_encode(px, w, h, TJPF_RGB, TJSAMP_444, 90, 0);
+    struct blob b420 = jpeg_encode(px, w, h, TJPF_RGB, TJSAMP_420, 75, 0);
+    struct image_buf full, buf;
+    image_buf_init(&full);
+    image_buf_init(&buf);
+    struct image_decode_opts fast = {.fast = true};
+    decode_ok(&b420, &fast, &full);
+    for (int i = 0; i < 8; i++) {
+        struct image_decode_opts o = {.fast = i % 2, .region_x = 3 + i, .region_y = 5 + 7 * i,
+                                      .region_w = 90, .region_h = 60};
+        decode_ok(&b444, &o, &buf);
+        o.fast = true;
+        decode_ok(&b420, &o, &buf);
+        assert_true(buf.org_y > 0);
+        for (int y = 0; y < buf.height; y++)
+            if (memcmp(buf.data + (size_t)y * buf.width * 3,
+                       full.data + ((size_t)(y + buf.org_y) * w + buf.org_x) * 3,
+                       (size_t)buf.width * 3) != 0)
+                fail_msg("round %d: row %d of the region differs from the whole decode", i,
+                         y + buf.org_y);
+    }
+    image_buf_close(&full);
+    image_buf_close(&buf);
+    blob_free(&b444);
+    blob_free(&b420);
+    free(px);
+}
+
 static void test_buf_reserve(void **state)
 {
     (void)state;
@@ -699,6 +917,8 @@ int main(void)
         cmocka_unit_test(test_pixel_limit),
         cmocka_unit_test(test_buf_reserve),
         cmocka_unit_test(test_jpeg_region),
+        cmocka_unit_test(test_bad_jpeg_then_good),
+        cmocka_unit_test(test_region_decoder_reuse),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
