@@ -10,7 +10,8 @@
  *   decode               optional, first: max_pixels (IMAGE_DEFAULT_MAX_PIXELS), fast
  *                        (false: the accurate integer DCT and fancy upsampling, as PIL), strict
  *                        (false: libjpeg's corrupt-data warnings are tolerated, a
- *                        truncated file never is), dct_scaling (true).
+ *                        truncated file never is), dct_scaling (false: full-size decode,
+ *                        PIL's pixels; see transform.c for what true costs in accuracy).
  *   resize               size: the shorter side becomes `size`, the longer
  *                        int(size * long / short); or height + width: exactly that.
  *                        Bilinear, antialiased when shrinking (PIL's filter, resample.h).
@@ -32,13 +33,13 @@
  * random_resized_crop or an exact resize after the last shorter-side resize), since
  * every sample of a batch has the same shape.
  *
- * Scaled decoding: the pipeline is planned on the header's size before decoding (the
- * random crop is drawn on the full-size image, so the draws never depend on the
- * scale). When the first geometric step that consumes the image is a resize or a
- * random_resized_crop, the JPEG is decoded at the largest DCT reduction (1/2, 1/4,
- * 1/8) that still leaves at least one decoded pixel per output pixel in the region it
- * resizes (scale >= max(out_w / region_w, out_h / region_h)); the region is then mapped
- * onto the smaller image with fractional coordinates. A crop, pad or plug-in that
+ * Scaled decoding (decode.dct_scaling: true): the pipeline is planned on the header's
+ * size before decoding (the random crop is drawn on the full-size image, so the draws
+ * never depend on the scale). When the first geometric step that consumes the image is
+ * a resize or a random_resized_crop, the JPEG is decoded at the largest DCT reduction
+ * (1/2, 1/4, 1/8) that still leaves at least two decoded pixels per output pixel in
+ * the region it resizes (scale >= 2 * max(out_w / region_w, out_h / region_h)); the
+ * region is then mapped onto the smaller image with fractional coordinates. A crop, pad or plug-in that
  * comes first needs the full-size image's scale. Whatever comes first, only the
  * rectangle it reads is asked of the decoder (image_decode_opts.region_*): a baseline
  * JPEG then decodes just those rows and iMCU columns, with the same pixels there.

@@ -4,8 +4,10 @@
 #ifndef LD_TEST_IMAGE_FIXTURES_H
 #define LD_TEST_IMAGE_FIXTURES_H
 
+#include <math.h>
 #include <png.h>
 #include <setjmp.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -175,6 +177,122 @@ FIXTURE_UNUSED static int jpeg_patch_size(struct blob *b, int w, int h)
     }
     fail_msg("no SOF0/SOF2 marker");
     return -1;
+}
+
+/* ---- pictures that look like photographs, and synthetic worst cases -------------------- */
+
+FIXTURE_UNUSED static uint32_t fixture_hash(uint32_t x)
+{
+    x ^= x >> 16;
+    x *= 0x7feb352du;
+    x ^= x >> 15;
+    x *= 0x846ca68bu;
+    x ^= x >> 16;
+    return x;
+}
+
+/* Value noise in [0, 1) on a lattice `cell` pixels apart, smoothly interpolated. */
+FIXTURE_UNUSED static double fixture_noise(uint32_t seed, int px, int py, double cell)
+{
+    double x = px / cell, y = py / cell;
+    int xi = (int)floor(x), yi = (int)floor(y);
+    double fx = x - xi, fy = y - yi;
+    fx = fx * fx * (3 - 2 * fx);
+    fy = fy * fy * (3 - 2 * fy);
+    double v[4];
+    for (int k = 0; k < 4; k++)
+        v[k] = fixture_hash(seed ^ fixture_hash((uint32_t)(xi + (k & 1)) * 73856093u ^
+                                                (uint32_t)(yi + (k >> 1)) * 19349663u)) /
+               4294967296.0;
+    return (v[0] * (1 - fx) + v[1] * fx) * (1 - fy) + (v[2] * (1 - fx) + v[3] * fx) * fy;
+}
+
+FIXTURE_UNUSED static uint8_t fixture_clamp(double v)
+{
+    return v < 0 ? 0 : v > 255 ? 255 : (uint8_t)lrint(v);
+}
+
+/* What a photograph has that a gradient lacks: a smooth two-colour background, texture
+ * at three scales and grain, and sharp-edged ellipses, rectangles and thin lines at any
+ * angle. A function of (w, h, seed). */
+FIXTURE_UNUSED static uint8_t *photo_rgb(int w, int h, uint32_t seed)
+{
+    uint8_t *px = malloc((size_t)w * h * 3);
+    assert_non_null(px);
+    double c0[3], c1[3];
+    for (int k = 0; k < 3; k++) {
+        c0[k] = fixture_hash(seed * 3 + (uint32_t)k) % 200 + 20;
+        c1[k] = fixture_hash(seed * 5 + (uint32_t)k + 99) % 200 + 20;
+    }
+    enum { MAX_SHAPES = 12 };
+    struct {
+        double cx, cy, rx, ry, s, c, half;
+        int kind;
+        uint8_t col[3];
+    } sh[MAX_SHAPES];
+    int ns = 6 + (int)(fixture_hash(seed + 7) % 6);
+    for (int i = 0; i < ns; i++) {
+        uint32_t q = fixture_hash(seed * 1000 + (uint32_t)i);
+        sh[i].cx = q % (uint32_t)w;
+        sh[i].cy = (q >> 8) % (uint32_t)h;
+        sh[i].rx = 6 + fixture_hash(q + 1) % (uint32_t)(w / 4 + 1);
+        sh[i].ry = 6 + fixture_hash(q + 2) % (uint32_t)(h / 4 + 1);
+        sh[i].kind = (int)(fixture_hash(q + 3) % 3);
+        sh[i].s = sin(q % 628 / 100.0);
+        sh[i].c = cos(q % 628 / 100.0);
+        sh[i].half = 0.5 + q % 3;
+        for (int k = 0; k < 3; k++)
+            sh[i].col[k] = (uint8_t)(fixture_hash(q + 10 + (uint32_t)k) % 256);
+    }
+    for (int y = 0; y < h; y++)
+        for (int x = 0; x < w; x++) {
+            double t = (double)(x + y) / (w + h);
+            double tex = 40 * (fixture_noise(seed + 1, x, y, w / 6.0 + 1) - 0.5) +
+                         24 * (fixture_noise(seed + 2, x, y, 12) - 0.5) +
+                         14 * (fixture_noise(seed + 3, x, y, 3) - 0.5) +
+                         8 * (fixture_hash(seed ^ fixture_hash((uint32_t)(y * w + x))) / 4294967296.0 - 0.5);
+            double col[3];
+            for (int k = 0; k < 3; k++)
+                col[k] = c0[k] * (1 - t) + c1[k] * t + tex * (k == 1 ? 1.0 : 0.8);
+            for (int i = 0; i < ns; i++) {
+                double dx = x - sh[i].cx, dy = y - sh[i].cy;
+                bool in = sh[i].kind == 0 ? dx * dx / (sh[i].rx * sh[i].rx) + dy * dy / (sh[i].ry * sh[i].ry) < 1
+                        : sh[i].kind == 1 ? fabs(dx) < sh[i].rx && fabs(dy) < sh[i].ry
+                                          : fabs(dx * sh[i].s - dy * sh[i].c) < sh[i].half && fabs(dx) < 2 * sh[i].rx;
+                if (in)
+                    for (int k = 0; k < 3; k++)
+                        col[k] = sh[i].col[k] + tex * 0.5;
+            }
+            for (int k = 0; k < 3; k++)
+                px[((size_t)y * w + x) * 3 + k] = fixture_clamp(col[k]);
+        }
+    return px;
+}
+
+/* Synthetic worst cases for resampling and reduced-scale decoding: kind 0 a one-pixel
+ * checkerboard; 1 a zone plate (every frequency up to Nyquist); 2 bands of stripes one
+ * to six pixels wide, with hard colour edges across them. */
+FIXTURE_UNUSED static uint8_t *synthetic_rgb(int w, int h, int kind)
+{
+    uint8_t *px = malloc((size_t)w * h * 3);
+    assert_non_null(px);
+    int side = w > h ? w : h;
+    for (int y = 0; y < h; y++)
+        for (int x = 0; x < w; x++) {
+            uint8_t *p = px + ((size_t)y * w + x) * 3;
+            if (kind == 0) {
+                p[0] = p[1] = p[2] = (x + y) % 2 ? 255 : 0;
+            } else if (kind == 1) {
+                double dx = x - w / 2.0, dy = y - h / 2.0;
+                p[0] = p[1] = p[2] = fixture_clamp(127.5 + 127.5 * cos((dx * dx + dy * dy) * M_PI / (2.0 * side)));
+            } else {
+                int period = 1 + (x / 64) % 6;
+                p[0] = (x / period) % 2 ? 250 : 5;
+                p[1] = (y / 37) % 2 ? 200 : 30;
+                p[2] = (x + y) / 51 % 2 ? 240 : 10;
+            }
+        }
+    return px;
 }
 
 #endif
