@@ -534,10 +534,12 @@ static int apply_defaults(const struct loader *l, const struct key *table, size_
 static int load_table(const struct loader *l, const yaml_node_t *map, const struct key *table,
                       size_t n, int kind, const char *where, yaml_mark_t missing_at, void *base);
 
-static int load_transforms(const struct loader *l, const yaml_node_t *v, const char *where, void *base);
+static int load_transforms(const struct loader *l, const yaml_node_t *key, const yaml_node_t *v,
+                           const char *where, void *base);
 
-static int load_value(const struct loader *l, const struct key *k, const yaml_node_t *v,
-                      const char *where, void *base)
+/* Loads value v of key k (the node `key`, for messages about the key as a whole). */
+static int load_value(const struct loader *l, const struct key *k, const yaml_node_t *key,
+                      const yaml_node_t *v, const char *where, void *base)
 {
     char got[80], lo[32], hi[32];
     const char *text = v->type == YAML_SCALAR_NODE && !is_null(v)
@@ -582,7 +584,7 @@ static int load_value(const struct loader *l, const struct key *k, const yaml_no
         return load_table(l, v, k->sub, k->n_sub, 0, sub_where, v->start_mark, base);
     }
     case KEY_TRANSFORMS:
-        return load_transforms(l, v, where, base);
+        return load_transforms(l, key, v, where, base);
     case KEY_STRING:
     case KEY_PATH:
     case KEY_SOCKET:
@@ -737,6 +739,18 @@ static cJSON *node_json(const struct loader *l, const yaml_node_t *v, int depth)
     return cJSON_CreateString(t);
 }
 
+/* The parameters each transform takes, for messages (load_transform reads them). */
+static const char *const transform_params[] = {
+    [TRANSFORM_DECODE] = "max_pixels, strict, dct_scaling, fast",
+    [TRANSFORM_RESIZE] = "size, height, width",
+    [TRANSFORM_CENTER_CROP] = "size, height, width",
+    [TRANSFORM_RANDOM_RESIZED_CROP] = "size, height, width, scale, ratio",
+    [TRANSFORM_RANDOM_FLIP] = "p",
+    [TRANSFORM_NORMALIZE] = "mean, std",
+    [TRANSFORM_TO_DTYPE] = "dtype, layout",
+    [TRANSFORM_PLUGIN] = "path, params",
+};
+
 /* One `- name: {params}` item of `transforms:`. */
 static int load_transform(const struct loader *l, const yaml_node_t *item, const char *where,
                           struct transform_spec *t)
@@ -757,6 +771,7 @@ static int load_transform(const struct loader *l, const yaml_node_t *item, const
         return fail_at(l, params->start_mark, "%s.%s: expected a mapping of parameters, got %s", where, name,
                        describe(params, got, sizeof got));
     bool have_size = false, have_hw = false;
+    yaml_mark_t size_conflict = kn->start_mark;     /* the second of size and height/width */
     for (const yaml_node_pair_t *p = is_null(params) ? NULL : params->data.mapping.pairs.start;
          p && p < params->data.mapping.pairs.top; p++) {
         const yaml_node_t *pk = node(l, p->key), *pv = node(l, p->value);
@@ -789,6 +804,8 @@ static int load_transform(const struct loader *l, const yaml_node_t *item, const
                      : t->kind == TRANSFORM_CENTER_CROP ? &t->center_crop.width : &t->random_resized_crop.width;
             if (!strcmp(key, "size")) {
                 if ((rc = param_int(l, pv, pw, 1, TRANSFORM_MAX_SIDE, &iv)) == 0) {
+                    if (have_hw && !have_size)
+                        size_conflict = pk->start_mark;
                     have_size = true;
                     if (t->kind == TRANSFORM_RESIZE)
                         t->resize.size = (int)iv;
@@ -797,6 +814,8 @@ static int load_transform(const struct loader *l, const yaml_node_t *item, const
                 }
             } else if (!strcmp(key, "height") || !strcmp(key, "width")) {
                 if ((rc = param_int(l, pv, pw, 1, TRANSFORM_MAX_SIDE, &iv)) == 0) {
+                    if (have_size && !have_hw)
+                        size_conflict = pk->start_mark;
                     have_hw = true;
                     *(key[0] == 'h' ? h : w) = (int)iv;
                 }
@@ -882,18 +901,41 @@ static int load_transform(const struct loader *l, const yaml_node_t *item, const
             break;
         }
         if (!known)
-            return fail_at(l, pk->start_mark, "%s.%s: unknown parameter '%s'", where, name, key);
+            return fail_at(l, pk->start_mark, "%s.%s: unknown parameter '%s' (expected one of: %s)",
+                           where, name, key, transform_params[t->kind]);
         if (rc < 0)
             return rc;
     }
     if (have_size && have_hw)
-        return fail_at(l, kn->start_mark, "%s.%s: give either size or height and width, not both", where, name);
+        return fail_at(l, size_conflict, "%s.%s: give either size or height and width, not both", where, name);
     if (t->kind == TRANSFORM_PLUGIN && !t->plugin.path)
         return fail_at(l, kn->start_mark, "%s.plugin: missing required parameter 'path'", where);
     return 0;
 }
 
-static int load_transforms(const struct loader *l, const yaml_node_t *v, const char *where, void *base)
+/* Where in `item` (a `- name: {params}` of the list) to point for an error about its
+ * parameter `param` (NULL: the transform's name). */
+static yaml_mark_t transform_mark(const struct loader *l, const yaml_node_t *item, const char *param)
+{
+    if (item->type != YAML_MAPPING_NODE || item->data.mapping.pairs.top == item->data.mapping.pairs.start)
+        return item->start_mark;
+    const yaml_node_pair_t *pair = item->data.mapping.pairs.start;
+    const yaml_node_t *kn = node(l, pair->key), *params = node(l, pair->value);
+    if (param && params->type == YAML_MAPPING_NODE)
+        for (const yaml_node_pair_t *p = params->data.mapping.pairs.start; p < params->data.mapping.pairs.top;
+             p++) {
+            const yaml_node_t *pk = node(l, p->key);
+            if (pk->type == YAML_SCALAR_NODE && !strcmp((const char *)pk->data.scalar.value, param))
+                return pk->start_mark;
+        }
+    /* `size` stands for height and width. */
+    if (param && (!strcmp(param, "height") || !strcmp(param, "width")))
+        return transform_mark(l, item, "size");
+    return kn->start_mark;
+}
+
+static int load_transforms(const struct loader *l, const yaml_node_t *key, const yaml_node_t *v,
+                           const char *where, void *base)
 {
     struct config_dataset *d = base;
     char got[80], iw[LD_NAME_MAX + 48];
@@ -913,6 +955,21 @@ static int load_transforms(const struct loader *l, const yaml_node_t *v, const c
         int rc = load_transform(l, node(l, v->data.sequence.items.start[i]), iw, &d->transforms[i]);
         if (rc < 0)
             return rc;
+    }
+    /* The list as a whole (order, output size, normalize with uint8, ...), checked here
+     * rather than when the dataset opens so that the message points at the transform
+     * or parameter at fault. Loading plug-ins waits for the dataset. */
+    struct transform_error at;
+    char err[LD_ERRMSG_MAX];
+    int rc = transform_specs_check(d->transforms, n, &at, err);
+    if (rc == LD_ENOMEM) {
+        ld_errorf(l->errbuf, "%s: out of memory", l->file);
+        return rc;
+    }
+    if (rc < 0) {
+        yaml_mark_t m = at.index < n ? transform_mark(l, node(l, v->data.sequence.items.start[at.index]), at.param)
+                                     : key->start_mark;
+        return fail_at(l, m, "%s.%s", where, err);
     }
     return 0;
 }
@@ -992,7 +1049,7 @@ static int load_table(const struct loader *l, const yaml_node_t *map, const stru
             return fail_at(l, k->start_mark,
                            "%s: key '%s' is not valid for kind '%s' (expected one of: %s)", where,
                            name, kind_names[kind], key_list(table, n, kinds, list, sizeof list));
-        if ((ret = load_value(l, &table[i], node(l, pair->value), where, base)) < 0)
+        if ((ret = load_value(l, &table[i], k, node(l, pair->value), where, base)) < 0)
             return ret;
         seen |= UINT64_C(1) << i;
     }
@@ -1045,19 +1102,20 @@ static int load_dataset(const struct loader *l, const yaml_node_t *key, const ya
                        where, describe(v, got, sizeof got));
 
     /* The kind decides which keys are valid, so it is read before the others. */
-    const yaml_node_t *kind_node = NULL;
+    const yaml_node_t *kind_node = NULL, *kind_key = NULL;
     for (const yaml_node_pair_t *p = v->data.mapping.pairs.start; p < v->data.mapping.pairs.top;
          p++) {
         const yaml_node_t *k = node(l, p->key);
         if (k->type == YAML_SCALAR_NODE && !strcmp((const char *)k->data.scalar.value, "kind")) {
             kind_node = node(l, p->value);
+            kind_key = k;
             break;
         }
     }
     if (!kind_node)
         return fail_at(l, key->start_mark, "%s: missing required key 'kind' (one of %s)", where,
                        KIND_KEY->choices);
-    if ((ret = load_value(l, KIND_KEY, kind_node, where, d)) < 0)
+    if ((ret = load_value(l, KIND_KEY, kind_key, kind_node, where, d)) < 0)
         return ret;
     if ((ret = apply_defaults(l, dataset_keys, N_KEYS(dataset_keys), 1u << d->kind, d)) < 0)
         return ret;

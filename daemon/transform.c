@@ -236,27 +236,41 @@ static bool size_ok(int v)
     return v >= 1 && v <= TRANSFORM_MAX_SIDE;
 }
 
-#define STEP_ERR(...)                                                                   \
+/* An error in transform i, about its parameter `param_` (NULL: the transform itself):
+ * "transforms[2] (normalize): ...", numbered from 0 as the config's positions are. */
+#define STEP_ERR(param_, ...)                                                           \
     do {                                                                                \
         char msg_[LD_ERRMSG_MAX];                                                       \
         snprintf(msg_, sizeof msg_, __VA_ARGS__);                                       \
-        ld_errorf(errbuf, "transform %zu (%s): %s", i + 1, name, msg_);                 \
+        ld_errorf(errbuf, "transforms[%zu] (%s): %s", i, name, msg_);                   \
+        at->index = i;                                                                  \
+        at->param = (param_);                                                           \
         return LD_ECONFIG;                                                              \
     } while (0)
 
-static int plugin_load(struct tstep *s, size_t i, char *errbuf)
+/* What can be said of a plug-in step without loading it. */
+static int plugin_check(const char *path, size_t i, struct transform_error *at, char *errbuf)
 {
     const char *name = "plugin";
-    if (!s->path || !*s->path)
-        STEP_ERR("path is required");
-    if (!strchr(s->path, '/'))
-        STEP_ERR("path '%s' must contain a '/' (a bare name would be searched for in the "
-                 "system's library path)", s->path);
+    if (!path || !*path)
+        STEP_ERR(NULL, "path is required");
+    if (!strchr(path, '/'))
+        STEP_ERR("path", "path '%s' must contain a '/' (a bare name would be searched for in "
+                 "the system's library path)", path);
+    return 0;
+}
+
+static int plugin_load(struct tstep *s, size_t i, struct transform_error *at, char *errbuf)
+{
+    const char *name = "plugin";
+    int r = plugin_check(s->path, i, at, errbuf);
+    if (r < 0)
+        return r;
     dlerror();
     s->dl = dlopen(s->path, RTLD_NOW | RTLD_LOCAL);
     if (!s->dl) {
         const char *e = dlerror();
-        STEP_ERR("cannot load '%s': %s", s->path, e ? e : "unknown error");
+        STEP_ERR("path", "cannot load '%s': %s", s->path, e ? e : "unknown error");
     }
     void *sym = dlsym(s->dl, LD_TRANSFORM_PLUGIN_SYMBOL_V1);
     if (!sym) {
@@ -264,25 +278,25 @@ static int plugin_load(struct tstep *s, size_t i, char *errbuf)
             char other[64];
             snprintf(other, sizeof other, "ld_transform_plugin_v%d", v);
             if (dlsym(s->dl, other))
-                STEP_ERR("'%s' was built for plug-in ABI v%d (it exports %s); this loaderd "
+                STEP_ERR("path", "'%s' was built for plug-in ABI v%d (it exports %s); this loaderd "
                          "supports v%u", s->path, v, other, LD_TRANSFORM_PLUGIN_ABI_V1);
         }
-        STEP_ERR("'%s' is not a loaderd transform plug-in: it has no symbol %s", s->path,
+        STEP_ERR("path", "'%s' is not a loaderd transform plug-in: it has no symbol %s", s->path,
                  LD_TRANSFORM_PLUGIN_SYMBOL_V1);
     }
     ld_transform_plugin_v1_fn entry;
     memcpy(&entry, &sym, sizeof entry);     /* POSIX: a data pointer holds a function's address */
     const struct ld_transform_plugin_v1 *d = entry();
     if (!d)
-        STEP_ERR("'%s': %s() returned NULL", s->path, LD_TRANSFORM_PLUGIN_SYMBOL_V1);
+        STEP_ERR("path", "'%s': %s() returned NULL", s->path, LD_TRANSFORM_PLUGIN_SYMBOL_V1);
     if (d->abi_version != LD_TRANSFORM_PLUGIN_ABI_V1)
-        STEP_ERR("'%s' declares plug-in ABI version %u; this loaderd supports %u", s->path,
+        STEP_ERR("path", "'%s' declares plug-in ABI version %u; this loaderd supports %u", s->path,
                  d->abi_version, LD_TRANSFORM_PLUGIN_ABI_V1);
     if (d->struct_size < sizeof(struct ld_transform_plugin_v1))
-        STEP_ERR("'%s' declares a descriptor of %u bytes, %zu expected", s->path,
+        STEP_ERR("path", "'%s' declares a descriptor of %u bytes, %zu expected", s->path,
                  d->struct_size, sizeof(struct ld_transform_plugin_v1));
     if (!d->apply)
-        STEP_ERR("'%s' has no apply function", s->path);
+        STEP_ERR("path", "'%s' has no apply function", s->path);
     s->plugin = d;
     if (d->init) {
         char perr[LD_PLUGIN_ERR_MAX] = "";
@@ -290,7 +304,7 @@ static int plugin_load(struct tstep *s, size_t i, char *errbuf)
         if (d->init(s->params ? s->params : "{}", &state, perr) != 0) {
             perr[sizeof perr - 1] = '\0';
             s->plugin = NULL;       /* init failed: free() must not see its state */
-            STEP_ERR("plug-in '%s' (%s) refused its parameters: %s",
+            STEP_ERR("params", "plug-in '%s' (%s) refused its parameters: %s",
                      d->name ? d->name : "?", s->path, perr[0] ? perr : "init failed");
         }
         s->state = state;
@@ -298,25 +312,30 @@ static int plugin_load(struct tstep *s, size_t i, char *errbuf)
     return 0;
 }
 
-static int check_step(transform_pipeline *p, size_t i, bool *fixed, int *out_h, int *out_w,
-                      int *dtype, int *layout, bool *value_stage_seen, char *errbuf)
+/* Checks transform i and folds it into the pipeline's state; loads a plug-in only when
+ * load_plugins. */
+static int check_step(transform_pipeline *p, size_t i, bool load_plugins, bool *fixed, int *out_h,
+                      int *out_w, int *dtype, int *layout, bool *value_stage_seen,
+                      struct transform_error *at, char *errbuf)
 {
     struct tstep *s = &p->steps[i];
     const struct transform_spec *sp = &s->spec;
     const char *name = transform_kind_name(sp->kind);
     if (!name) {
-        ld_errorf(errbuf, "transform %zu: unknown kind %d", i + 1, (int)sp->kind);
+        ld_errorf(errbuf, "transforms[%zu]: unknown kind %d", i, (int)sp->kind);
+        at->index = i;
+        at->param = NULL;
         return LD_ECONFIG;
     }
     bool geometric = sp->kind == TRANSFORM_RESIZE || sp->kind == TRANSFORM_CENTER_CROP ||
                      sp->kind == TRANSFORM_RANDOM_RESIZED_CROP || sp->kind == TRANSFORM_PLUGIN;
     if (geometric && *value_stage_seen)
-        STEP_ERR("must come before normalize and to_dtype, which act when the sample is "
+        STEP_ERR(NULL, "must come before normalize and to_dtype, which act when the sample is "
                  "written");
     switch (sp->kind) {
     case TRANSFORM_DECODE:
         if (i != 0)
-            STEP_ERR("must be the first transform");
+            STEP_ERR(NULL, "must be the first transform");
         p->decode.max_pixels = sp->decode.max_pixels ? sp->decode.max_pixels
                                                      : IMAGE_DEFAULT_MAX_PIXELS;
         p->decode.strict = sp->decode.strict;
@@ -326,15 +345,15 @@ static int check_step(transform_pipeline *p, size_t i, bool *fixed, int *out_h, 
     case TRANSFORM_RESIZE:
         if (sp->resize.size > 0) {
             if (sp->resize.height || sp->resize.width)
-                STEP_ERR("give either size (the shorter side) or height and width, not both");
+                STEP_ERR("size", "give either size (the shorter side) or height and width, not both");
             if (!size_ok(sp->resize.size))
-                STEP_ERR("size %d out of range [1, %d]", sp->resize.size, TRANSFORM_MAX_SIDE);
+                STEP_ERR("size", "size %d out of range [1, %d]", sp->resize.size, TRANSFORM_MAX_SIDE);
             *fixed = false;
         } else {
             if (sp->resize.size < 0)
-                STEP_ERR("size %d out of range [1, %d]", sp->resize.size, TRANSFORM_MAX_SIDE);
+                STEP_ERR("size", "size %d out of range [1, %d]", sp->resize.size, TRANSFORM_MAX_SIDE);
             if (!size_ok(sp->resize.height) || !size_ok(sp->resize.width))
-                STEP_ERR("height %d and width %d must be in [1, %d] (or give size)",
+                STEP_ERR(!size_ok(sp->resize.height) ? "height" : "width", "height %d and width %d must be in [1, %d] (or give size)",
                          sp->resize.height, sp->resize.width, TRANSFORM_MAX_SIDE);
             *fixed = true;
             *out_h = sp->resize.height;
@@ -343,7 +362,7 @@ static int check_step(transform_pipeline *p, size_t i, bool *fixed, int *out_h, 
         break;
     case TRANSFORM_CENTER_CROP:
         if (!size_ok(sp->center_crop.height) || !size_ok(sp->center_crop.width))
-            STEP_ERR("height %d and width %d must be in [1, %d]", sp->center_crop.height,
+            STEP_ERR(!size_ok(sp->center_crop.height) ? "height" : "width", "height %d and width %d must be in [1, %d]", sp->center_crop.height,
                      sp->center_crop.width, TRANSFORM_MAX_SIDE);
         *fixed = true;
         *out_h = sp->center_crop.height;
@@ -352,12 +371,12 @@ static int check_step(transform_pipeline *p, size_t i, bool *fixed, int *out_h, 
     case TRANSFORM_RANDOM_RESIZED_CROP: {
         const double *sc = sp->random_resized_crop.scale, *ra = sp->random_resized_crop.ratio;
         if (!size_ok(sp->random_resized_crop.height) || !size_ok(sp->random_resized_crop.width))
-            STEP_ERR("height %d and width %d must be in [1, %d]", sp->random_resized_crop.height,
+            STEP_ERR(!size_ok(sp->random_resized_crop.height) ? "height" : "width", "height %d and width %d must be in [1, %d]", sp->random_resized_crop.height,
                      sp->random_resized_crop.width, TRANSFORM_MAX_SIDE);
         if (!(sc[0] > 0 && sc[0] <= sc[1] && sc[1] <= 1.0))
-            STEP_ERR("scale [%g, %g] must satisfy 0 < min <= max <= 1", sc[0], sc[1]);
+            STEP_ERR("scale", "scale [%g, %g] must satisfy 0 < min <= max <= 1", sc[0], sc[1]);
         if (!(ra[0] > 0 && ra[0] <= ra[1] && isfinite(ra[1]) && ra[1] <= 1e6 && ra[0] >= 1e-6))
-            STEP_ERR("ratio [%g, %g] must satisfy 1e-6 <= min <= max <= 1e6", ra[0], ra[1]);
+            STEP_ERR("ratio", "ratio [%g, %g] must satisfy 1e-6 <= min <= max <= 1e6", ra[0], ra[1]);
         *fixed = true;
         *out_h = sp->random_resized_crop.height;
         *out_w = sp->random_resized_crop.width;
@@ -365,22 +384,22 @@ static int check_step(transform_pipeline *p, size_t i, bool *fixed, int *out_h, 
     }
     case TRANSFORM_RANDOM_FLIP:
         if (!(sp->random_flip.p >= 0.0 && sp->random_flip.p <= 1.0))
-            STEP_ERR("p %g must be in [0, 1]", sp->random_flip.p);
+            STEP_ERR("p", "p %g must be in [0, 1]", sp->random_flip.p);
         break;
     case TRANSFORM_NORMALIZE: {
         if (p->has_normalize)
-            STEP_ERR("normalize appears twice");
+            STEP_ERR(NULL, "normalize appears twice");
         int nm = sp->normalize.n_mean, ns = sp->normalize.n_std;
         if (nm != 1 && nm != 3)
-            STEP_ERR("mean has %d values, expected 3 (or 1 for every channel)", nm);
+            STEP_ERR("mean", "mean has %d values, expected 3 (or 1 for every channel)", nm);
         if (ns != 1 && ns != 3)
-            STEP_ERR("std has %d values, expected 3 (or 1 for every channel)", ns);
+            STEP_ERR("std", "std has %d values, expected 3 (or 1 for every channel)", ns);
         for (int c = 0; c < 3; c++) {
             double m = sp->normalize.mean[nm == 1 ? 0 : c], sd = sp->normalize.std[ns == 1 ? 0 : c];
             if (!isfinite(m))
-                STEP_ERR("mean[%d] is not a finite number", c);
+                STEP_ERR("mean", "mean[%d] is not a finite number", c);
             if (!isfinite(sd) || sd == 0.0)
-                STEP_ERR("std[%d] is %g: it must be a finite non-zero number", c, sd);
+                STEP_ERR("std", "std[%d] is %g: it must be a finite non-zero number", c, sd);
         }
         p->has_normalize = true;
         *value_stage_seen = true;
@@ -388,21 +407,21 @@ static int check_step(transform_pipeline *p, size_t i, bool *fixed, int *out_h, 
     }
     case TRANSFORM_TO_DTYPE:
         if (*dtype)
-            STEP_ERR("to_dtype appears twice");
+            STEP_ERR(NULL, "to_dtype appears twice");
         if (sp->to_dtype.dtype != LD_DTYPE_UINT8 && sp->to_dtype.dtype != LD_DTYPE_FLOAT16 &&
             sp->to_dtype.dtype != LD_DTYPE_FLOAT32) {
             const char *dn = proto_dtype_name(sp->to_dtype.dtype);
-            STEP_ERR("dtype %s is not an image output: uint8, float16 or float32",
+            STEP_ERR("dtype", "dtype %s is not an image output: uint8, float16 or float32",
                      dn ? dn : "(unknown)");
         }
         if (sp->to_dtype.layout != TRANSFORM_LAYOUT_CHW && sp->to_dtype.layout != TRANSFORM_LAYOUT_HWC)
-            STEP_ERR("layout must be CHW or HWC");
+            STEP_ERR("layout", "layout must be CHW or HWC");
         *dtype = sp->to_dtype.dtype;
         *layout = sp->to_dtype.layout;
         *value_stage_seen = true;
         break;
     case TRANSFORM_PLUGIN:
-        return plugin_load(s, i, errbuf);
+        return load_plugins ? plugin_load(s, i, at, errbuf) : plugin_check(s->path, i, at, errbuf);
     }
     return 0;
 }
@@ -423,10 +442,14 @@ static void build_luts(transform_pipeline *p, const struct transform_spec *norm)
     }
 }
 
-int transform_pipeline_new(const struct transform_spec *specs, size_t n,
-                           transform_pipeline **ret_pipeline, struct transform_output *ret_output,
-                           char *errbuf)
+/* Checks the list and builds the pipeline; plug-ins are loaded only when load_plugins.
+ * On failure *at says where the fault is. */
+static int pipeline_build(const struct transform_spec *specs, size_t n, bool load_plugins,
+                          transform_pipeline **ret_pipeline, struct transform_error *at,
+                          char *errbuf)
 {
+    at->index = n;                  /* the list as a whole, until a step is blamed */
+    at->param = NULL;
     if (n == 0 || !specs) {
         ld_errorf(errbuf, "transforms: the list is empty; it must at least give the output "
                   "size (center_crop, random_resized_crop or resize with height and width)");
@@ -467,7 +490,8 @@ int transform_pipeline_new(const struct transform_spec *specs, size_t n,
     const struct transform_spec *norm = NULL;
     p->key_base = specs[0].kind == TRANSFORM_DECODE ? 1 : 0;
     for (size_t i = 0; i < n; i++) {
-        r = check_step(p, i, &fixed, &out_h, &out_w, &dtype, &layout, &value_seen, errbuf);
+        r = check_step(p, i, load_plugins, &fixed, &out_h, &out_w, &dtype, &layout, &value_seen,
+                       at, errbuf);
         if (r < 0)
             goto fail;
         if (specs[i].kind == TRANSFORM_NORMALIZE)
@@ -483,9 +507,11 @@ int transform_pipeline_new(const struct transform_spec *specs, size_t n,
         dtype = norm ? LD_DTYPE_FLOAT32 : LD_DTYPE_UINT8;
     if (norm && dtype == LD_DTYPE_UINT8) {
         for (size_t i = 0; i < n; i++)
-            if (specs[i].kind == TRANSFORM_NORMALIZE)
-                ld_errorf(errbuf, "transform %zu (normalize): the output dtype is uint8, which "
-                          "cannot hold normalized values; use to_dtype float32 or float16", i + 1);
+            if (specs[i].kind == TRANSFORM_NORMALIZE) {
+                ld_errorf(errbuf, "transforms[%zu] (normalize): the output dtype is uint8, which "
+                          "cannot hold normalized values; use to_dtype float32 or float16", i);
+                at->index = i;
+            }
         r = LD_ECONFIG;
         goto fail;
     }
@@ -513,13 +539,41 @@ int transform_pipeline_new(const struct transform_spec *specs, size_t n,
     }
     o->sample_bytes = (size_t)out_h * (size_t)out_w * 3 * proto_dtype_size(dtype);
     o->max_pixels = p->decode.max_pixels;
-    if (ret_output)
-        *ret_output = *o;
     *ret_pipeline = p;
     return 0;
 fail:
     transform_pipeline_free(p);
     return r;
+}
+
+int transform_pipeline_new(const struct transform_spec *specs, size_t n,
+                           transform_pipeline **ret_pipeline, struct transform_output *ret_output,
+                           char *errbuf)
+{
+    struct transform_error at;
+    transform_pipeline *p;
+    int r = pipeline_build(specs, n, true, &p, &at, errbuf);
+    if (r < 0)
+        return r;
+    if (ret_output)
+        *ret_output = p->out;
+    *ret_pipeline = p;
+    return 0;
+}
+
+int transform_specs_check(const struct transform_spec *specs, size_t n,
+                          struct transform_error *ret_at, char *errbuf)
+{
+    struct transform_error at;
+    transform_pipeline *p;
+    int r = pipeline_build(specs, n, false, &p, &at, errbuf);
+    if (r < 0) {
+        if (ret_at)
+            *ret_at = at;
+        return r;
+    }
+    transform_pipeline_free(p);
+    return 0;
 }
 
 void transform_pipeline_free(transform_pipeline *p)
@@ -897,7 +951,7 @@ static int run_plugin(const transform_pipeline *p, const struct stage *st, struc
     char perr[LD_PLUGIN_ERR_MAX] = "";
     if (s->plugin->apply(s->state, &img, &rng, &info, perr) != 0) {
         perr[sizeof perr - 1] = '\0';
-        ld_errorf(errbuf, "transform %zu (plug-in %s): %s", st->step + 1,
+        ld_errorf(errbuf, "transforms[%zu] (plug-in %s): %s", st->step,
                   s->plugin->name ? s->plugin->name : "?", perr[0] ? perr : "failed");
         return LD_ESAMPLE;
     }

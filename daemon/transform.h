@@ -138,12 +138,25 @@ int transform_kind_from_name(const char *name);
 /* TRANSFORM_LAYOUT_* for "CHW"/"HWC" (case-insensitive), or LD_EINVAL. */
 int transform_layout_from_name(const char *name);
 
+/* Where a spec list is wrong: transform `index` (0-based; n: the list as a whole, e.g.
+ * no fixed output size), and the parameter at fault (a name of the config's, such as
+ * "mean"; NULL: the transform itself). */
+struct transform_error {
+    size_t index;
+    const char *param;
+};
+
 /* Checks the list, loads plug-ins and builds the pipeline. On failure returns
- * LD_ECONFIG (or LD_ENOMEM) with errbuf naming the transform, 1-based:
- * "transform 3 (normalize): mean has 2 values, expected 3 (or 1)". Main thread. */
+ * LD_ECONFIG (or LD_ENOMEM) with errbuf naming the transform, counted from 0 as the
+ * config's positions are: "transforms[2] (normalize): mean has 2 values, expected 3
+ * (or 1 for every channel)". Main thread. */
 int transform_pipeline_new(const struct transform_spec *specs, size_t n,
                            transform_pipeline **ret_pipeline, struct transform_output *ret_output,
                            char *errbuf);
+/* Everything transform_pipeline_new checks except what needs a plug-in loaded, for the
+ * config loader, which points at the place *ret_at names. LD_ECONFIG (or LD_ENOMEM). */
+int transform_specs_check(const struct transform_spec *specs, size_t n,
+                          struct transform_error *ret_at, char *errbuf);
 /* Frees the pipeline (plug-ins' free(), dlclose). Accepts NULL. */
 void transform_pipeline_free(transform_pipeline *p);
 const struct transform_output *transform_pipeline_output(const transform_pipeline *p);

@@ -661,10 +661,43 @@ static void test_transforms(void **state)
                     "transforms[0].to_dtype.dtype: expected one of uint8, float16, float32, got 'int8'", NULL);
     expect_error_at(IM "      - plugin: {params: {a: 1}}\n", 6, 9, "transforms[0].plugin: missing required parameter 'path'",
                     NULL);
-    expect_error_at(IM "      - center_crop: {size: 8, height: 4}\n", 6, 9, "give either size or height and width", NULL);
+    expect_error_at(IM "      - center_crop: {size: 8, height: 4}\n", 6, 32, "give either size or height and width", NULL);
     expect_error_at(IM "      random_flip\n", 6, 7, "datasets.im.transforms: expected a list of transforms", NULL);
     expect_error_at("datasets:\n  im:\n    kind: image_folder\n    path: x\n", 2, 3,
                     "datasets.im: missing required key 'transforms'", NULL);
+    /* An unknown parameter names the valid ones. */
+    expect_error_at(IM "      - random_flip: {prob: 0.5}\n", 6, 23,
+                    "datasets.im.transforms[0].random_flip: unknown parameter 'prob' (expected one of: p)", NULL);
+    expect_error_at(IM "      - decode: {dct: true}\n", 6, 18, "unknown parameter 'dct' (expected one of: "
+                    "max_pixels, strict, dct_scaling, fast)", NULL);
+    /* What only the list as a whole can tell is checked when the config loads, points at
+     * the parameter or transform at fault, and counts from 0 like the rest. */
+    expect_error_at(IM "      - center_crop: {size: 8}\n      - random_flip: {}\n"
+                       "      - normalize: {mean: [0.5, 0.4], std: [0.2]}\n", 8, 21,
+                    "datasets.im.transforms[2] (normalize): mean has 2 values, expected 3 (or 1 for every channel)",
+                    NULL);
+    expect_error_at(IM "      - center_crop: {size: 8}\n      - normalize: {mean: [0.5], std: [0.2, 0, 0.1]}\n", 7, 34,
+                    "datasets.im.transforms[1] (normalize): std[1] is 0", NULL);
+    expect_error_at(IM "      - random_resized_crop: {size: 8, scale: [0.5, 0.2]}\n", 6, 40,
+                    "datasets.im.transforms[0] (random_resized_crop): scale [0.5, 0.2] must satisfy", NULL);
+    expect_error_at(IM "      - random_resized_crop:\n          size: 8\n          ratio: [2, 1]\n", 8, 11,
+                    "datasets.im.transforms[0] (random_resized_crop): ratio [2, 1] must satisfy", NULL);
+    expect_error_at(IM "      - center_crop: {size: 8}\n      - decode: {}\n", 7, 9,
+                    "datasets.im.transforms[1] (decode): must be the first transform", NULL);
+    expect_error_at(IM "      - resize: {height: 8}\n", 6, 9,
+                    "datasets.im.transforms[0] (resize): height 8 and width 0 must be in [1, 16384]", NULL);
+    expect_error_at(IM "      - resize: {height: 8, size: 4}\n", 6, 29,
+                    "datasets.im.transforms[0].resize: give either size or height and width, not both", NULL);
+    expect_error_at(IM "      - center_crop: {size: 8}\n      - normalize: {mean: [0.5], std: [0.5]}\n"
+                       "      - to_dtype: {dtype: uint8}\n", 7, 9,
+                    "datasets.im.transforms[1] (normalize): the output dtype is uint8", NULL);
+    expect_error_at(IM "      - to_dtype: {}\n      - center_crop: {size: 8}\n", 7, 9,
+                    "datasets.im.transforms[1] (center_crop): must come before normalize and to_dtype", NULL);
+    /* The list's own faults point at `transforms:`. */
+    expect_error_at(IM "      - random_flip: {}\n      - resize: {size: 8}\n", 5, 5,
+                    "datasets.im.transforms: the output size depends on the image", NULL);
+    expect_error_at(IM "      - decode: {max_pixels: 10}\n      - center_crop: {size: 8}\n", 5, 5,
+                    "datasets.im.transforms: the output 8x8 is over the pixel limit of 10", NULL);
 #undef IM
 }
 

@@ -356,16 +356,16 @@ static void test_spec_validation(void **state)
     l[1] = flip(0.5);
     l[2] = normalize3(0.5, 0.5, 0.5, 0.2, 0.2, 0.2);
     l[2].normalize.n_mean = 2;
-    pipeline_fails(l, 3, "transform 3 (normalize): mean has 2 values, expected 3 (or 1 for every channel)");
+    pipeline_fails(l, 3, "transforms[2] (normalize): mean has 2 values, expected 3 (or 1 for every channel)");
     l[2].normalize.n_mean = 3;
     l[2].normalize.n_std = 4;
-    pipeline_fails(l, 3, "transform 3 (normalize): std has 4 values");
+    pipeline_fails(l, 3, "transforms[2] (normalize): std has 4 values");
     l[2].normalize.n_std = 3;
     l[2].normalize.std[1] = 0;
-    pipeline_fails(l, 3, "transform 3 (normalize): std[1] is 0: it must be a finite non-zero number");
+    pipeline_fails(l, 3, "transforms[2] (normalize): std[1] is 0: it must be a finite non-zero number");
     l[2].normalize.std[1] = 0.2;
     l[2].normalize.mean[2] = NAN;
-    pipeline_fails(l, 3, "transform 3 (normalize): mean[2] is not a finite number");
+    pipeline_fails(l, 3, "transforms[2] (normalize): mean[2] is not a finite number");
 
     l[0] = resize_short(256);
     pipeline_fails(l, 1, "the output size depends on the image");
@@ -375,49 +375,49 @@ static void test_spec_validation(void **state)
 
     l[0] = crop(8, 8);
     l[1] = S(TRANSFORM_DECODE);
-    pipeline_fails(l, 2, "transform 2 (decode): must be the first transform");
+    pipeline_fails(l, 2, "transforms[1] (decode): must be the first transform");
 
     l[0] = resize_short(10);
     l[0].resize.height = 5;
-    pipeline_fails(l, 1, "transform 1 (resize): give either size (the shorter side) or height and width");
+    pipeline_fails(l, 1, "transforms[0] (resize): give either size (the shorter side) or height and width");
     l[0] = resize_exact(0, 5);
-    pipeline_fails(l, 1, "transform 1 (resize): height 0 and width 5 must be in [1, 16384]");
+    pipeline_fails(l, 1, "transforms[0] (resize): height 0 and width 5 must be in [1, 16384]");
     l[0] = crop(5, 20000);
-    pipeline_fails(l, 1, "transform 1 (center_crop): height 5 and width 20000 must be in [1, 16384]");
+    pipeline_fails(l, 1, "transforms[0] (center_crop): height 5 and width 20000 must be in [1, 16384]");
 
     l[0] = rrc(8, 8);
     l[0].random_resized_crop.scale[0] = 0.5;
     l[0].random_resized_crop.scale[1] = 0.2;
-    pipeline_fails(l, 1, "transform 1 (random_resized_crop): scale [0.5, 0.2] must satisfy 0 < min <= max <= 1");
+    pipeline_fails(l, 1, "transforms[0] (random_resized_crop): scale [0.5, 0.2] must satisfy 0 < min <= max <= 1");
     l[0] = rrc(8, 8);
     l[0].random_resized_crop.ratio[0] = 0;
-    pipeline_fails(l, 1, "transform 1 (random_resized_crop): ratio [0, 1.33333]");
+    pipeline_fails(l, 1, "transforms[0] (random_resized_crop): ratio [0, 1.33333]");
 
     l[0] = crop(8, 8);
     l[1] = flip(1.5);
-    pipeline_fails(l, 2, "transform 2 (random_flip): p 1.5 must be in [0, 1]");
+    pipeline_fails(l, 2, "transforms[1] (random_flip): p 1.5 must be in [0, 1]");
 
     l[0] = crop(8, 8);
     l[1] = normalize3(0, 0, 0, 1, 1, 1);
     l[2] = to_dtype(LD_DTYPE_UINT8, TRANSFORM_LAYOUT_CHW);
-    pipeline_fails(l, 3, "transform 2 (normalize): the output dtype is uint8, which cannot hold normalized values");
+    pipeline_fails(l, 3, "transforms[1] (normalize): the output dtype is uint8, which cannot hold normalized values");
 
     l[0] = normalize3(0, 0, 0, 1, 1, 1);
     l[1] = crop(8, 8);
-    pipeline_fails(l, 2, "transform 2 (center_crop): must come before normalize and to_dtype");
+    pipeline_fails(l, 2, "transforms[1] (center_crop): must come before normalize and to_dtype");
     l[0] = crop(8, 8);
     l[1] = to_dtype(LD_DTYPE_FLOAT32, TRANSFORM_LAYOUT_HWC);
     l[2] = to_dtype(LD_DTYPE_FLOAT32, TRANSFORM_LAYOUT_HWC);
-    pipeline_fails(l, 3, "transform 3 (to_dtype): to_dtype appears twice");
+    pipeline_fails(l, 3, "transforms[2] (to_dtype): to_dtype appears twice");
     l[1] = to_dtype(LD_DTYPE_INT32, TRANSFORM_LAYOUT_HWC);
-    pipeline_fails(l, 2, "transform 2 (to_dtype): dtype int32 is not an image output");
+    pipeline_fails(l, 2, "transforms[1] (to_dtype): dtype int32 is not an image output");
     l[1] = to_dtype(LD_DTYPE_UINT8, (enum transform_layout)7);
-    pipeline_fails(l, 2, "transform 2 (to_dtype): layout must be CHW or HWC");
+    pipeline_fails(l, 2, "transforms[1] (to_dtype): layout must be CHW or HWC");
 
     pipeline_fails(l, 0, "the list is empty");
     l[0] = crop(8, 8);
     l[0].kind = (enum transform_kind)99;
-    pipeline_fails(l, 1, "transform 1: unknown kind 99");
+    pipeline_fails(l, 1, "transforms[0]: unknown kind 99");
     struct transform_spec many[TRANSFORM_MAX + 1];
     for (int i = 0; i <= TRANSFORM_MAX; i++)
         many[i] = crop(8, 8);
@@ -1518,7 +1518,7 @@ static void test_plugin_invert(void **state)
 
     /* The plug-in checks its own parameters. */
     l[0] = plugin(path, "{\"p\": 2}");
-    pipeline_fails(l, 3, "transform 1 (plugin): plug-in 'invert' (");
+    pipeline_fails(l, 3, "transforms[0] (plugin): plug-in 'invert' (");
     pipeline_fails(l, 3, "refused its parameters: p = 2 must be in [0, 1]");
     blob_free(&b);
     free(m);
@@ -1531,12 +1531,12 @@ static void test_plugin_errors(void **state)
     char path[PATH_MAX + 64];
     struct transform_spec l[2] = {plugin(NULL, NULL), crop(2, 2)};
 
-    pipeline_fails(l, 2, "transform 1 (plugin): path is required");
+    pipeline_fails(l, 2, "transforms[0] (plugin): path is required");
     l[0] = plugin("ld-plugin-invert.so", NULL);
-    pipeline_fails(l, 2, "transform 1 (plugin): path 'ld-plugin-invert.so' must contain a '/'");
+    pipeline_fails(l, 2, "transforms[0] (plugin): path 'ld-plugin-invert.so' must contain a '/'");
     plugin_path(path, sizeof path, "no-such-plugin.so", true);
     l[0] = plugin(path, NULL);
-    pipeline_fails(l, 2, "transform 1 (plugin): cannot load '");
+    pipeline_fails(l, 2, "transforms[0] (plugin): cannot load '");
     pipeline_fails(l, 2, "No such file or directory");
     plugin_path(path, sizeof path, "fixture-nosym.so", true);
     l[0] = plugin(path, NULL);
@@ -1563,7 +1563,7 @@ static void test_plugin_errors(void **state)
     transform_pipeline *p = pipeline(l, 2, NULL);
     uint8_t px[4 * 3] = {0};
     struct blob b = png_encode_rgb(px, 2, 2);
-    apply_fails(p, b.data, b.len, "transform 2 (plug-in fixture): fixture fails");
+    apply_fails(p, b.data, b.len, "transforms[1] (plug-in fixture): fixture fails");
     transform_pipeline_free(p);
     blob_free(&b);
 }
