@@ -12,6 +12,7 @@
 #include "config.h"
 #include "proto_socket.h"
 
+#include <math.h>
 #include <limits.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -51,6 +52,7 @@ enum key_type {
     KEY_ENUM,   /* one of `choices`, mapped to an int by from_name */
     KEY_TABLE,  /* a nested mapping, walked against `sub` into the same struct */
     KEY_TRANSFORMS, /* image_folder's list of transforms (load_transforms) */
+    KEY_FRACTION,   /* a number in [0, 1], into a double; default def_frac */
 };
 
 #define KEY_REQUIRED 1u
@@ -60,6 +62,7 @@ struct key {
     enum key_type type;
     int64_t min, max;                   /* KEY_INT, KEY_SIZE */
     int64_t def;                        /* numeric default (KEY_INT, KEY_SIZE, KEY_ENUM) */
+    double def_frac;                    /* KEY_FRACTION's default */
     const char *def_str;                /* string default; NULL: none or computed later */
     size_t offset, width;               /* the target field in struct config(_dataset) */
     int (*from_name)(const char *name); /* KEY_ENUM: the value, or <0 when unknown */
@@ -129,6 +132,8 @@ static const struct key dataset_keys[] = {
     {.name = "pattern", .type = KEY_STRING, .def_str = "*", DATASET_AT(pattern), .kinds = FILES | IMAGES},
     {.name = "on_error", .type = KEY_ENUM, .def = CONFIG_ON_ERROR_REPLACE, DATASET_AT(on_error),
      .from_name = on_error_from_name, .choices = "replace, fail", .kinds = FILES | IMAGES},
+    {.name = "on_error_warn_fraction", .type = KEY_FRACTION, .def_frac = 0.001,
+     DATASET_AT(on_error_warn_fraction), .kinds = FILES | IMAGES},
     {.name = "transforms", .type = KEY_TRANSFORMS, .kinds = IMAGES, .flags = KEY_REQUIRED},
     {.name = "dtype", .type = KEY_ENUM, .def = LD_DTYPE_UINT16, DATASET_AT(token_dtype),
      .from_name = dtype_from_name, .choices = "uint16, uint32", .kinds = TOKENS},
@@ -585,6 +590,15 @@ static int load_value(const struct loader *l, const struct key *k, const yaml_no
     }
     case KEY_TRANSFORMS:
         return load_transforms(l, key, v, where, base);
+    case KEY_FRACTION: {
+        char *end = NULL;
+        double f = text ? strtod(text, &end) : NAN;
+        if (!text || end == text || *end || !(f >= 0.0 && f <= 1.0))
+            return fail_at(l, v->start_mark, "%s.%s: expected a number in [0, 1], got %s", where, k->name,
+                           describe(v, got, sizeof got));
+        memcpy((char *)base + k->offset, &f, sizeof f);
+        return 0;
+    }
     case KEY_STRING:
     case KEY_PATH:
     case KEY_SOCKET:
@@ -984,6 +998,8 @@ static int apply_defaults(const struct loader *l, const struct key *table, size_
             continue;
         if (k->type == KEY_INT || k->type == KEY_SIZE) {
             store_uint(base, k, (uint64_t)k->def);
+        } else if (k->type == KEY_FRACTION) {
+            memcpy((char *)base + k->offset, &k->def_frac, sizeof k->def_frac);
         } else if (k->type == KEY_ENUM) {
             if (k->flags & KEY_REQUIRED)
                 continue; /* no default; for a dataset's kind, already parsed */

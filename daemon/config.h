@@ -52,6 +52,9 @@ struct config_dataset {
     int cache_mode;                 /* enum config_cache_mode */
     int cache_fingerprint;          /* DATASET_FINGERPRINT_STAT (0) or _CONTENT (1) */
     int on_error;                   /* enum config_on_error (files, image_folder) */
+    /* on_error: replace: more replaced samples than this fraction of the dataset in one
+     * epoch is logged as a warning (files, image_folder) */
+    double on_error_warn_fraction;
     /* image_folder: the pipeline, in order (plug-in paths and params are owned here) */
     struct transform_spec *transforms;
     size_t n_transforms;

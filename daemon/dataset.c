@@ -7,6 +7,7 @@
  * datasets`, and the byte length of one row of a fixed field for laying out slots. */
 #include "dataset.h"
 
+#include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -42,6 +43,9 @@ int dataset_open(const struct config_dataset *cfg, dataset **ret_dataset, char *
     if (rc < 0)
         return rc;
     d->on_error = cfg->on_error;
+    d->warn_fraction = cfg->on_error_warn_fraction;
+    if (pthread_mutex_init(&d->tally_lock, NULL) == 0)
+        d->tally_ready = true;
     d->bad_seen = calloc(d->count / 64 + 1, sizeof *d->bad_seen);
     if (!d->bad_seen) {
         dataset_free(d);
@@ -57,6 +61,8 @@ void dataset_free(dataset *d)
     if (!d)
         return;
     free((void *)d->bad_seen);
+    if (d->tally_ready)
+        pthread_mutex_destroy(&d->tally_lock);
     d->ops->free(d);
 }
 
@@ -127,6 +133,31 @@ static void note_bad(const dataset *d, uint64_t index, const char *msg)
                d->on_error == CONFIG_ON_ERROR_REPLACE ? " (replaced by another sample)" : "");
 }
 
+/* Counts a replacement in `epoch`; the first one over the dataset's warn_fraction in
+ * that epoch logs a warning with the count and `why` (the failed sample and its error):
+ * the per-file warnings are logged once per run, and a folder whose JPEGs all fail
+ * while its PNGs decode must not pass for a dataset that trains. */
+static void note_replaced(const dataset *d, uint64_t epoch, const char *why)
+{
+    dataset *m = (dataset *)d; /* the counters and the tally are guarded */
+    atomic_fetch_add_explicit(&m->replaced_samples, 1, memory_order_relaxed);
+    if (!m->tally_ready)
+        return;
+    uint64_t limit = (uint64_t)(m->warn_fraction * (double)d->count);
+    pthread_mutex_lock(&m->tally_lock);
+    struct dataset_tally *t = &m->tally[epoch % (sizeof m->tally / sizeof m->tally[0])];
+    if (!t->used || t->epoch != epoch)
+        *t = (struct dataset_tally){.epoch = epoch, .used = true};
+    uint64_t count = ++t->count;
+    bool warn = !t->warned && count > limit;
+    t->warned |= warn;
+    pthread_mutex_unlock(&m->tally_lock);
+    if (warn)
+        ld_log(LD_LOG_WARN, "dataset '%s': epoch %" PRIu64 ": %" PRIu64 " samples replaced so far, more than "
+               "on_error_warn_fraction %g of %" PRIu64 " samples: batches repeat other samples in their "
+               "place (this one: %s)", d->name, epoch, count, m->warn_fraction, d->count, why);
+}
+
 int dataset_read(const dataset *d, uint64_t index, const struct dataset_read_ctx *ctx, void *const dst[],
                  char *errbuf)
 {
@@ -148,7 +179,7 @@ int dataset_read(const dataset *d, uint64_t index, const struct dataset_read_ctx
         if (sub == index || (ragged && d->ops->item_bytes(d, sub, 0) != need))
             continue;
         if (read_once(d, sub, ctx, dst, err) == 0) {
-            atomic_fetch_add_explicit(&((dataset *)d)->replaced_samples, 1, memory_order_relaxed);
+            note_replaced(d, ctx ? ctx->epoch : 0, errbuf);
             return 0;
         }
         note_bad(d, sub, err);

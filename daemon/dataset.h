@@ -13,6 +13,7 @@
 #define LD_DATASET_H
 
 #include <stdatomic.h>
+#include <pthread.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -118,6 +119,16 @@ struct dataset {
     int on_error;                   /* CONFIG_ON_ERROR_* */
     _Atomic uint64_t bad_samples, replaced_samples;
     _Atomic uint64_t *bad_seen;
+    /* Replacements per epoch (any stream's), so that an epoch in which more than
+     * warn_fraction of the samples were replaced is logged once, loudly: a few epochs
+     * at once, for streams of one dataset at different epochs. */
+    double warn_fraction;
+    pthread_mutex_t tally_lock;
+    bool tally_ready;
+    struct dataset_tally {
+        uint64_t epoch, count;
+        bool used, warned;
+    } tally[4];
 };
 
 /* Reads sample `index` into dst[] like ops->read, from ctx->cache when there is one
@@ -128,8 +139,10 @@ struct dataset {
  * LD_ENOMEM are returned as they are, never replaced. A sample that cannot
  * be read is, under on_error: replace, replaced by another one chosen from the index
  * alone (the same whatever the worker or timing; for a ragged field, one of the same
- * length), counted, and its path logged once; under fail, or when no substitute can be
- * read either, the error names the file. Worker threads. */
+ * length), counted, and its path logged once; once more than on_error_warn_fraction of
+ * the dataset has been replaced in ctx->epoch, a warning with the count and an example
+ * says so (once per epoch). Under fail, or when no substitute can be read either, the
+ * error names the file. Worker threads. */
 int dataset_read(const dataset *d, uint64_t index, const struct dataset_read_ctx *ctx, void *const dst[],
                  char *errbuf);
 /* The sample's name for messages ("class_003/0000042.jpg"), or "?" when the kind has none. */

@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "harness.h"
@@ -272,12 +273,182 @@ static void test_bad_images(void **state)
     harness_stop_clean(h);
 }
 
+/* ---- a poisoned JPEG in a folder of mixed formats ------------------------------------ */
+
+static uint32_t png_crc(const uint8_t *p, size_t n)
+{
+    uint32_t c = 0xffffffffu;
+    for (size_t i = 0; i < n; i++) {
+        c ^= p[i];
+        for (int k = 0; k < 8; k++)
+            c = c & 1 ? 0xedb88320u ^ (c >> 1) : c >> 1;
+    }
+    return c ^ 0xffffffffu;
+}
+
+static uint8_t *put32(uint8_t *p, uint32_t v)
+{
+    p[0] = (uint8_t)(v >> 24);
+    p[1] = (uint8_t)(v >> 16);
+    p[2] = (uint8_t)(v >> 8);
+    p[3] = (uint8_t)v;
+    return p + 4;
+}
+
+static uint8_t *png_chunk(uint8_t *p, const char *type, const uint8_t *data, uint32_t len)
+{
+    p = put32(p, len);
+    uint8_t *start = p;
+    memcpy(p, type, 4);
+    if (len)
+        memcpy(p + 4, data, len);
+    p += 4 + len;
+    return put32(p, png_crc(start, len + 4));
+}
+
+/* A w x h PNG of one colour, its zlib stream one stored block (this test links no
+ * image library). Returns its length; out holds at least 100 + h * (1 + 3w) bytes. */
+static size_t tiny_png(uint8_t *out, int w, int h, uint8_t r, uint8_t g, uint8_t b)
+{
+    static const uint8_t sig[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
+    size_t raw_len = (size_t)h * (1 + 3 * (size_t)w);
+    assert_true(raw_len < 65536);
+    uint8_t ihdr[13], *z = malloc(raw_len + 11);
+    put32(put32(ihdr, (uint32_t)w), (uint32_t)h);
+    memcpy(ihdr + 8, "\x08\x02\x00\x00\x00", 5);         /* 8-bit RGB, no interlace */
+    uint8_t *q = z;
+    *q++ = 0x78;
+    *q++ = 0x01;
+    *q++ = 0x01;                                        /* final, stored */
+    *q++ = (uint8_t)raw_len;
+    *q++ = (uint8_t)(raw_len >> 8);
+    *q++ = (uint8_t)~raw_len;
+    *q++ = (uint8_t)(~raw_len >> 8);
+    uint32_t a = 1, bsum = 0;
+    for (int y = 0; y < h; y++)
+        for (int x = -1; x < w; x++)
+            for (int c = x < 0 ? 2 : 0; c < 3; c++) {
+                uint8_t v = x < 0 ? 0 : c == 0 ? r : c == 1 ? g : b;   /* filter byte, then RGB */
+                *q++ = v;
+                a = (a + v) % 65521;
+                bsum = (bsum + a) % 65521;
+            }
+    q = put32(q, bsum << 16 | a);
+    uint8_t *p = out;
+    memcpy(p, sig, 8);
+    p = png_chunk(p + 8, "IHDR", ihdr, 13);
+    p = png_chunk(p, "IDAT", z, (uint32_t)(q - z));
+    p = png_chunk(p, "IEND", NULL, 0);
+    free(z);
+    return (size_t)(p - out);
+}
+
+/* One worker, a folder of JPEG classes plus a class of PNGs, and a JPEG whose frame
+ * header declares 0x0 first in the order, with two more broken files. Before, that one
+ * JPEG left the worker's decoder failing every later JPEG ("Bogus marker length"):
+ * replacements found only PNGs and the batches were quietly made of the PNG class.
+ * Now every good JPEG is served, exactly the bad files are replaced, and an epoch
+ * that replaces more than on_error_warn_fraction says so in the log, every epoch. */
+static void test_poisoned_jpeg_mixed_folder(void **state)
+{
+    struct harness *h = *state;
+    char dir[4200];
+    snprintf(dir, sizeof dir, "%s/img/class_003", h->dir);
+    assert_int_equal(mkdir(dir, 0755), 0);
+    uint8_t *png = malloc(100 + 48 * (1 + 3 * 48));
+    char rel[64];
+    for (int i = 0; i < 6; i++) {
+        size_t n = tiny_png(png, 48, 48, (uint8_t)(40 * i), 200, 30);
+        snprintf(rel, sizeof rel, "img/class_003/png%d.png", i);
+        harness_write_file(h, rel, png, n);
+    }
+    free(png);
+    char src[4200], *buf = malloc(1 << 20);
+    snprintf(src, sizeof src, "%s/img/class_000/0000000.jpg", h->dir);
+    FILE *f = fopen(src, "rb");
+    assert_non_null(f);
+    size_t len = fread(buf, 1, 1 << 20, f);
+    fclose(f);
+    size_t sof = 0;
+    for (size_t i = 2; i + 9 < len && !sof; i++)
+        if ((uint8_t)buf[i] == 0xff && (uint8_t)buf[i + 1] == 0xc0)
+            sof = i;
+    assert_true(sof > 0);
+    memset(buf + sof + 5, 0, 4);                        /* height 0, width 0 */
+    harness_write_file(h, "img/class_000/0000000-zero.jpg", buf, len);
+    harness_write_file(h, "img/class_001/0000001-cut.jpg", buf, 100);
+    harness_write_file(h, "img/class_002/0000002-text.jpg", "not an image", 12);
+    free(buf);
+    const int n_samples = N_IMAGES + 6 + 3;
+
+    harness_write_config(h, "  workers: 1\n",
+                         "  mixed:\n    kind: image_folder\n    path: img\n    on_error_warn_fraction: 0.02\n"
+                         "    transforms:\n      - resize: {size: 40}\n      - center_crop: {size: 32}\n");
+    harness_start(h);
+    lc_client *c = harness_connect(h, 10000, "itest_images");
+    lc_stream_options o;
+    lc_stream_options_init(&o);
+    o.batch_size = 16;
+    o.shuffle = 0;
+    o.epochs = 2;
+    lc_stream *s = NULL;
+    assert_int_equal(lc_stream_open(c, "mixed", &o, &s), 0);
+    int counts[4] = {0};
+    lc_batch *b;
+    int r;
+    uint64_t rows = 0;
+    while ((r = lc_stream_next(s, 20000, &b)) == 0) {
+        lc_field label;
+        assert_int_equal(lc_batch_field_by_name(b, "label", &label), 0);
+        for (uint32_t row = 0; row < lc_batch_rows(b); row++) {
+            int64_t l = ((const int64_t *)label.data)[row];
+            assert_true(l >= 0 && l < 4);
+            counts[l]++;
+        }
+        rows += lc_batch_rows(b);
+        lc_batch_release(b);
+    }
+    if (r != LC_EEND)
+        fail_msg("mixed: %s", lc_client_error(c));
+    assert_int_equal(rows, 2 * n_samples);
+    /* Every good JPEG of every class, both epochs; the PNGs; 6 replacements anywhere. */
+    for (int k = 0; k < 3; k++)
+        if (counts[k] < 2 * N_IMAGES / N_CLASSES)
+            fail_msg("class %d: %d samples in two epochs, fewer than its %d good JPEGs twice", k,
+                     counts[k], N_IMAGES / N_CLASSES);
+    assert_true(counts[3] >= 12);
+    lc_stream_close(s);
+    char *json = NULL;
+    assert_int_equal(lc_request_json(c, "{\"op\":\"status\"}", &json), 0);
+    cJSON *st = cJSON_Parse(json);
+    lc_free(json);
+    assert_int_equal((int)cJSON_GetObjectItem(st, "replaced_samples")->valuedouble, 6);
+    assert_int_equal((int)cJSON_GetObjectItem(st, "bad_samples")->valuedouble, 6);
+    cJSON_Delete(st);
+    lc_client_close(c);
+    harness_stop_clean(h);
+    /* 0.02 of 99 samples is 1: the second replacement of each epoch is reported, with
+     * the count and the file that failed. */
+    char *log = harness_log(h);
+    for (int e = 0; e < 2; e++) {
+        char want[200];
+        snprintf(want, sizeof want, "dataset 'mixed': epoch %d: 2 samples replaced so far, more than "
+                 "on_error_warn_fraction 0.02 of %d samples", e, n_samples);
+        if (!strstr(log, want))
+            fail_msg("the log lacks '%s':\n%s", want, log);
+    }
+    assert_non_null(strstr(log, "0000000-zero.jpg"));
+    assert_non_null(strstr(log, "corrupt JPEG header: Empty JPEG image"));
+    free(log);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_layout_determinism_epochs, setup, teardown),
         cmocka_unit_test_setup_teardown(test_plugin_and_broken_plugin, setup, teardown),
         cmocka_unit_test_setup_teardown(test_bad_images, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_poisoned_jpeg_mixed_folder, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -406,7 +406,7 @@ static void test_unknown_keys(void **state)
                     "    kind: files\n"
                     "    path: x\n"
                     "    patern: \"*.bin\"\n",
-                    5, 5, "unknown key 'patern' in 'datasets.a' (expected one of: kind, path, pattern, on_error, cache)",
+                    5, 5, "unknown key 'patern' in 'datasets.a' (expected one of: kind, path, pattern, on_error, on_error_warn_fraction, cache)",
                     NULL);
     expect_error_at(ONE_DATASET "servers:\n  workers: 1\n", 3, 1,
                     "unknown top-level key 'servers' (expected one of: server, datasets)", NULL);
@@ -556,7 +556,7 @@ static void test_kind_specific_keys(void **state)
                     "    path: x\n"
                     "    context: 8\n",
                     5, 5, "datasets.records: key 'context' is not valid for kind 'files'",
-                    "(expected one of: kind, path, pattern, on_error, cache)", NULL);
+                    "(expected one of: kind, path, pattern, on_error, on_error_warn_fraction, cache)", NULL);
     /* The kind is read first even when it comes last. */
     expect_error_at("datasets:\n"
                     "  t:\n"
@@ -632,6 +632,7 @@ static void test_transforms(void **state)
     const struct config_dataset *d = &c->datasets[0];
     assert_int_equal(d->kind, CONFIG_DATASET_IMAGE_FOLDER);
     assert_int_equal(d->on_error, CONFIG_ON_ERROR_FAIL);
+    assert_true(d->on_error_warn_fraction == 0.001);        /* the default */
     assert_int_equal(d->n_transforms, 6);
     assert_int_equal(d->transforms[0].kind, TRANSFORM_DECODE);
     assert_true(d->transforms[0].decode.max_pixels == 1000000);
@@ -665,6 +666,18 @@ static void test_transforms(void **state)
     expect_error_at(IM "      random_flip\n", 6, 7, "datasets.im.transforms: expected a list of transforms", NULL);
     expect_error_at("datasets:\n  im:\n    kind: image_folder\n    path: x\n", 2, 3,
                     "datasets.im: missing required key 'transforms'", NULL);
+    /* The share of replaced samples per epoch above which loaderd warns. */
+    c = load_ok("datasets:\n  f:\n    kind: files\n    path: x\n    on_error_warn_fraction: 0.05\n", path,
+                sizeof path);
+    assert_true(c->datasets[0].on_error_warn_fraction == 0.05);
+    config_free(c);
+    expect_error_at("datasets:\n  f:\n    kind: files\n    path: x\n    on_error_warn_fraction: 2\n", 5, 29,
+                    "datasets.f.on_error_warn_fraction: expected a number in [0, 1], got '2'", NULL);
+    expect_error_at("datasets:\n  f:\n    kind: files\n    path: x\n    on_error_warn_fraction: [1]\n", 5, 29,
+                    "datasets.f.on_error_warn_fraction: expected a number in [0, 1], got a sequence", NULL);
+    expect_error_at("datasets:\n  t:\n    kind: token_windows\n    path: x\n    context: 4\n"
+                    "    on_error_warn_fraction: 0.1\n", 6, 5, "key 'on_error_warn_fraction' is not valid for kind "
+                    "'token_windows'", NULL);
     /* An unknown parameter names the valid ones. */
     expect_error_at(IM "      - random_flip: {prob: 0.5}\n", 6, 23,
                     "datasets.im.transforms[0].random_flip: unknown parameter 'prob' (expected one of: p)", NULL);
