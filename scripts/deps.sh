@@ -31,6 +31,7 @@ if [ "$what" = bench ] || [ "$what" = test ]; then
 fi
 if [ "$what" = bench ] || [ "$what" = test ]; then
   /usr/bin/python3 -c 'import torch' 2>/dev/null || pkgs+=(python3-torch)   # the torch integration tests
+  /usr/bin/python3 -c 'import PIL' 2>/dev/null || pkgs+=(python3-pil)       # image pixels against PIL's
 fi
 if [ "$what" = bench ]; then
   /usr/bin/python3 -c 'import torchvision' 2>/dev/null || pkgs+=(python3-torchvision)
