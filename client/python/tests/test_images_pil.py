@@ -155,7 +155,8 @@ def image_daemon():
     rrc = "      - random_resized_crop: {size: %d}\n" % OUT
     evl = "      - resize: {size: %d}\n      - center_crop: {size: %d}\n" % (OUT + OUT // 4, OUT)
     ds = ""
-    for name, decode in (("", ""), ("_dct", "      - decode: {dct_scaling: true}\n")):
+    for name, decode in (("", ""), ("_dct", "      - decode: {dct_scaling: true}\n"),
+                         ("_fast", "      - decode: {fast: true}\n")):
         ds += "  rrc%s:\n    kind: image_folder\n    path: img\n    transforms:\n%s%s%s" % (name, decode, rrc, tail)
         ds += "  eval%s:\n    kind: image_folder\n    path: img\n    transforms:\n%s%s%s" % (name, decode, evl, tail)
     dm = support.Daemon(d, ds)
@@ -230,3 +231,20 @@ def test_dct_scaling_within_stated_bounds(image_daemon):
     # pixels wide within 22 (mean <= 3.2); some slack for pictures other than the ones
     # measured there.
     assert worst <= 32 and max(means) <= 4.0, (worst, max(means))
+
+
+def test_fast_decode_within_stated_bounds(image_daemon):
+    dm, folder = image_daemon
+    worst, means = 0, []
+    for epoch in range(EPOCHS):
+        ref_rrc, ref_eval = references(folder, epoch)
+        got = served(dm, "rrc_fast", epoch)
+        for k in range(len(PICTURES)):
+            mx, mean = diff(got[k], ref_rrc[k])
+            worst, means = max(worst, mx), means + [mean]
+    got = served(dm, "eval_fast", 0)
+    for k in range(len(PICTURES)):
+        mx, mean = diff(got[k], ref_eval[k])
+        worst, means = max(worst, mx), means + [mean]
+    # README: up to 60 levels at colour edges, mean about 1 (up to 2.7 on fine stripes).
+    assert worst <= 80 and max(means) <= 3.5, (worst, max(means))
