@@ -150,6 +150,8 @@ static void describe_unknown(const uint8_t *data, size_t len, char *errbuf)
 struct jpeg_markers {
     bool progressive;       /* SOF2/6/10/14, or a first scan without every component */
     bool adobe;             /* an APP14 "Adobe" marker: CMYK is stored inverted */
+    bool sof;               /* a frame header was found; its size: */
+    uint32_t sof_w, sof_h;
 };
 
 static uint32_t be16(const uint8_t *p)
@@ -188,8 +190,12 @@ static void jpeg_scan_markers(const uint8_t *d, size_t len, struct jpeg_markers 
         if (sof) {
             if (marker == 0xc2 || marker == 0xc6 || marker == 0xca || marker == 0xce)
                 m->progressive = true;
-            if (plen >= 6)
+            if (plen >= 6) {
                 n_frame_comps = p[5];
+                m->sof = true;
+                m->sof_h = be16(p + 1);
+                m->sof_w = be16(p + 3);
+            }
         } else if (marker == 0xee && plen >= 12 && memcmp(p, "Adobe", 5) == 0) {
             m->adobe = true;
         } else if (marker == 0xda) {
@@ -247,8 +253,16 @@ static int jpeg_header(const uint8_t *data, size_t len, struct image_buf *b, int
      * before a frame header, so they start at 0 and are checked. */
     int w = 0, h = 0, subsamp = 0, cs = 0;
     if (tjDecompressHeader3(b->tj, data, (unsigned long)len, &w, &h, &subsamp, &cs) < 0) {
-        ld_errorf(errbuf, "%s: %s", jpeg_has_eoi(data, len) ? "corrupt JPEG header" : "truncated JPEG",
-                  tjGetErrorStr2(b->tj));
+        /* libjpeg's words for an empty frame ("Empty JPEG image (DNL not supported)")
+         * do not say what is wrong; the frame header does. */
+        struct jpeg_markers mk;
+        jpeg_scan_markers(data, len, &mk);
+        if (mk.sof && (mk.sof_w == 0 || mk.sof_h == 0))
+            ld_errorf(errbuf, "corrupt JPEG header: the frame declares %" PRIu32 "x%" PRIu32 " pixels (%s)",
+                      mk.sof_w, mk.sof_h, tjGetErrorStr2(b->tj));
+        else
+            ld_errorf(errbuf, "%s: %s", jpeg_has_eoi(data, len) ? "corrupt JPEG header" : "truncated JPEG",
+                      tjGetErrorStr2(b->tj));
         jpeg_handle_drop(b);
         return LD_ESAMPLE;
     }

@@ -786,10 +786,10 @@ static void test_bad_jpeg_then_good(void **state)
      * per component id, sampling factors, table. */
     uint8_t *f = bad.data + sof->pos;
     memset(f + 5, 0, 4);                                    /* 0x0 */
-    BAD("Empty JPEG image");
+    BAD("corrupt JPEG header: the frame declares 0x0 pixels (Empty JPEG image");
     memcpy(bad.data, good.data, good.len);
     f[7] = f[8] = 0;                                        /* width 0 */
-    BAD("Empty JPEG image");
+    BAD("corrupt JPEG header: the frame declares 0x48 pixels");
     memcpy(bad.data, good.data, good.len);
     f[3] = 5;                                               /* length shorter than the frame */
     BAD("corrupt JPEG header: Bogus marker length");
