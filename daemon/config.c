@@ -965,6 +965,8 @@ static int load_transforms(const struct loader *l, const yaml_node_t *key, const
         return LD_ENOMEM;
     d->n_transforms = n;
     for (size_t i = 0; i < n; i++) {
+        yaml_mark_t m = transform_mark(l, node(l, v->data.sequence.items.start[i]), NULL);
+        d->transform_at[i] = (struct config_pos){(int)m.line + 1, (int)m.column + 1};
         snprintf(iw, sizeof iw, "%s.transforms[%zu]", where, i);
         int rc = load_transform(l, node(l, v->data.sequence.items.start[i]), iw, &d->transforms[i]);
         if (rc < 0)
@@ -1122,10 +1124,13 @@ static int load_dataset(const struct loader *l, const yaml_node_t *key, const ya
     for (const yaml_node_pair_t *p = v->data.mapping.pairs.start; p < v->data.mapping.pairs.top;
          p++) {
         const yaml_node_t *k = node(l, p->key);
-        if (k->type == YAML_SCALAR_NODE && !strcmp((const char *)k->data.scalar.value, "kind")) {
+        if (k->type != YAML_SCALAR_NODE)
+            continue;
+        if (!strcmp((const char *)k->data.scalar.value, "kind") && !kind_node) {
             kind_node = node(l, p->value);
             kind_key = k;
-            break;
+        } else if (!strcmp((const char *)k->data.scalar.value, "path")) {
+            d->path_at = (struct config_pos){(int)k->start_mark.line + 1, (int)k->start_mark.column + 1};
         }
     }
     if (!kind_node)
@@ -1455,4 +1460,17 @@ void config_free(struct config *c)
     free(c->socket_group);
     free(c->file);
     free(c);
+}
+
+struct config_pos config_dataset_error_at(const struct config_dataset *d, const char *msg)
+{
+    /* transform.c names a transform "transforms[N] (kind)" (transform.h). */
+    const char *t = msg ? strstr(msg, "transforms[") : NULL;
+    char *end = NULL;
+    unsigned long i = t ? strtoul(t + strlen("transforms["), &end, 10) : 0;
+    if (t && end && *end == ']' && i < d->n_transforms && i < TRANSFORM_MAX && d->transform_at[i].line)
+        return d->transform_at[i];
+    if (d->path_at.line)
+        return d->path_at;
+    return (struct config_pos){d->line, d->column};
 }

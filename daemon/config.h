@@ -36,11 +36,18 @@ enum config_cache_mode {
     CONFIG_CACHE_REBUILD = 2,
 };
 
+/* A place in the config file, 1-based; 0, 0 when unknown. */
+struct config_pos {
+    int line, column;
+};
+
 struct config_dataset {
     char *name;                     /* the key under `datasets:` */
     int kind;                       /* enum config_dataset_kind */
     char *path;                     /* files: directory; token_windows: the token file; packed: the cache file */
     int line, column;               /* where the dataset is defined, for later messages */
+    struct config_pos path_at;      /* the `path` key */
+    struct config_pos transform_at[TRANSFORM_MAX]; /* each transform's name */
     /* files */
     char *pattern;                  /* fnmatch(3) glob on the path relative to `path`; default "*" */
     /* token_windows */
@@ -84,6 +91,10 @@ struct config {
  * "path:line:column: " where a position is known. */
 int config_load(const char *path, struct config **ret_config, char *errbuf);
 void config_free(struct config *c);
+/* Where a message about dataset d that the config could not check (dataset_open's: a
+ * source that cannot be read, a plug-in that cannot be loaded) should point: the
+ * transform that a "transforms[N]" in msg names, else the dataset's `path`. */
+struct config_pos config_dataset_error_at(const struct config_dataset *d, const char *msg);
 /* The default socket path for a user run, into buf (size bytes). */
 void config_default_socket(char *buf, size_t size);
 

@@ -153,8 +153,8 @@ int main(int argc, char **argv)
     for (; n_open < cfg->n_datasets; n_open++) {
         uint64_t t0 = uv_hrtime();
         if (dataset_open(&cfg->datasets[n_open], &datasets[n_open], err) < 0) {
-            ld_log(LD_LOG_ERROR, "%s:%d:%d: %s", cfg->file, cfg->datasets[n_open].line,
-                   cfg->datasets[n_open].column, err);
+            struct config_pos at = config_dataset_error_at(&cfg->datasets[n_open], err);
+            ld_log(LD_LOG_ERROR, "%s:%d:%d: %s", cfg->file, at.line, at.column, err);
             goto out;
         }
         const dataset *ds = datasets[n_open];

@@ -188,7 +188,18 @@ static void test_plugin_and_broken_plugin(void **state)
     const char *const none[] = {NULL};
     assert_int_equal(harness_run_to_exit(h, none), 1);
     char *log = harness_log(h);
-    assert_non_null(strstr(log, "/nonexistent/plugin.so"));
+    /* At the plug-in's line (server 1-2, datasets 3, bad 4-7, center_crop 8). */
+    if (!strstr(log, "loaderd.yaml:9:9: dataset 'bad': transforms[1] (plugin): cannot load '/nonexistent/plugin.so'"))
+        fail_msg("no position of the plug-in in:\n%s", log);
+    free(log);
+    /* A folder that is not there: at its `path`. */
+    harness_write_config(h, NULL,
+                         "  gone:\n    kind: image_folder\n    transforms: [center_crop: {size: 32}]\n"
+                         "    path: no-such-folder\n");
+    assert_int_equal(harness_run_to_exit(h, none), 1);
+    log = harness_log(h);
+    if (!strstr(log, "loaderd.yaml:7:5: dataset 'gone'") || !strstr(log, "no-such-folder"))
+        fail_msg("no position of the path in:\n%s", log);
     free(log);
     /* A bad parameter: file:line:column. */
     harness_write_config(h, NULL,

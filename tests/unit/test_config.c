@@ -666,6 +666,23 @@ static void test_transforms(void **state)
     expect_error_at(IM "      random_flip\n", 6, 7, "datasets.im.transforms: expected a list of transforms", NULL);
     expect_error_at("datasets:\n  im:\n    kind: image_folder\n    path: x\n", 2, 3,
                     "datasets.im: missing required key 'transforms'", NULL);
+    /* Where errors found only when the dataset opens are reported: the transform they
+     * name, else the path. */
+    c = load_ok("datasets:\n  im:\n    kind: image_folder\n    transforms:\n      - center_crop: {size: 8}\n"
+                "      - plugin: {path: /p.so}\n    path: imgs\n", path, sizeof path);
+    const struct config_dataset *im = &c->datasets[0];
+    struct config_pos at = config_dataset_error_at(im, "dataset 'im': transforms[1] (plugin): cannot load");
+    assert_int_equal(at.line, 6);
+    assert_int_equal(at.column, 9);
+    at = config_dataset_error_at(im, "dataset 'im': transforms[0] (center_crop): x");
+    assert_int_equal(at.line, 5);
+    at = config_dataset_error_at(im, "dataset 'im': transforms[7] (x): beyond the list");
+    assert_int_equal(at.line, 7);
+    assert_int_equal(at.column, 5);
+    at = config_dataset_error_at(im, "dataset 'im': cannot open 'imgs': No such file or directory");
+    assert_int_equal(at.line, 7);
+    assert_int_equal(at.column, 5);
+    config_free(c);
     /* The share of replaced samples per epoch above which loaderd warns. */
     c = load_ok("datasets:\n  f:\n    kind: files\n    path: x\n    on_error_warn_fraction: 0.05\n", path,
                 sizeof path);
