@@ -2,12 +2,15 @@
 #
 #   make                 optimized build into build/ (bin/loaderd, bin/loaderctl, lib/libloaderclient.*)
 #   make test            unit + integration tests under ASan+UBSan (build/asan), the
-#                        concurrent parts under TSan (build/tsan), then the Python tests
+#                        concurrent parts under TSan (build/tsan), the Python tests, each
+#                        fuzzer for a few seconds, and an -O0 build of everything
 #   make demo            generate a small dataset, start loaderd, read two epochs, stop
 #   make bench           loaderd vs PyTorch DataLoader, then the dataset cache, images and
 #                        the Python client in a training loop
 #                        (see bench/README.md)
+#   make fuzz            each libFuzzer harness (tests/fuzz/) for FUZZ_SECONDS (default 60)
 #   SANITIZE=address,undefined   build with sanitizers (any -fsanitize= list)
+#   OPT_LEVEL=-O0        override the optimization level
 #   CUDA=auto|0|1        device-stage backend (auto: on when nvcc's cudart is found)
 #
 # Objects land in $(BUILD); a change of flags rebuilds everything (see $(BUILD)/.flags).
@@ -35,7 +38,10 @@ endif
 # honest; -Werror so that a warning never lands.
 WARN := -Wall -Wextra -Werror -Wundef -Wshadow -Wstrict-prototypes -Wmissing-prototypes \
         -Wno-unused-parameter -Wvla -Wformat=2
-OPT  := $(if $(SANITIZE),-O1 -fno-omit-frame-pointer,-O2)
+# OPT_LEVEL overrides the optimization (make test also builds everything at -O0, where
+# a missing library shows: the optimizer no longer inlines its calls away).
+OPT_LEVEL ?=
+OPT  := $(or $(OPT_LEVEL),$(if $(SANITIZE),-O1 -fno-omit-frame-pointer,-O2))
 SAN  := $(if $(SANITIZE),-fsanitize=$(SANITIZE) -fno-sanitize-recover=undefined,)
 CFLAGS_ALL := -std=c11 -D_GNU_SOURCE -g $(OPT) $(WARN) $(SAN) -fPIC -fvisibility=hidden -pthread \
         -MMD -MP -I. -Iproto -Idaemon -Iclient $(PKG_CFLAGS) \
@@ -68,8 +74,15 @@ PLUGINS   := $(patsubst examples/plugins/%.c,$(BUILD)/lib/ld-plugin-%.so,$(sort 
 # Broken plug-ins for test_transform's error paths (tests/unit/plugin_fixture.c).
 TEST_PLUGINS := $(patsubst %,$(BUILD)/test/plugins/fixture-%.so,nosym badabi v2only failinit failapply)
 ITEST_BIN := $(patsubst tests/integration/%.c,$(BUILD)/test/%,$(ITEST_SRC))
+# libFuzzer harnesses (tests/fuzz/fuzz_NAME.c), built with clang into build/fuzz.
+FUZZ_SRC  := $(sort $(wildcard tests/fuzz/fuzz_*.c))
+FUZZ_BIN  := $(patsubst tests/fuzz/%.c,$(BUILD)/test/%,$(FUZZ_SRC))
+FUZZ_SECONDS ?= 60
+TEST_FUZZ_SECONDS ?= 10
+FUZZ_SAN  := address,undefined,fuzzer-no-link
 
-.PHONY: all deps test test-unit test-integration test-tsan test-python demo bench clean tests
+.PHONY: all deps test test-unit test-integration test-tsan test-python demo bench clean tests \
+        fuzz fuzzers fuzz-seeds
 all: $(LOADERD) $(LOADERCTL) $(GENDATA) $(GENIMAGES) $(IMGFLOOR) $(CLIENT_SO) $(CLIENT_A) $(PLUGINS)
 tests: $(UNIT_BIN) $(ITEST_BIN)
 
@@ -92,7 +105,7 @@ $(CLIENT_A): $(CLIENT_OBJ) $(PROTO_OBJ)
 
 $(CLIENT_SO): $(CLIENT_OBJ) $(PROTO_OBJ)
 	@mkdir -p $(dir $@)
-	$(CC) -shared -Wl,-soname,libloaderclient.so -Wl,--no-undefined -o $@ $^ $(LDFLAGS_ALL) $(CJSON_LIBS)
+	$(CC) -shared -Wl,-soname,libloaderclient.so -Wl,--no-undefined -o $@ $^ $(LDFLAGS_ALL) $(CJSON_LIBS) -lm
 
 $(LOADERD): $(call obj,daemon/main.c) $(CORE_A)
 	@mkdir -p $(dir $@)
@@ -139,6 +152,18 @@ $(BUILD)/test/itest_%: $(call obj,tests/integration/itest_%.c) $(call obj,tests/
 	@mkdir -p $(dir $@)
 	$(CC) -o $@ $^ $(LDFLAGS_ALL) $(CJSON_LIBS) $(CMOCKA_LIBS) -lm
 
+# A fuzzer links the daemon's modules, built with -fsanitize=fuzzer-no-link so that
+# libFuzzer sees their coverage; only the harness's link adds libFuzzer's main.
+$(BUILD)/test/fuzz_%: $(call obj,tests/fuzz/fuzz_%.c) $(CORE_A)
+	@mkdir -p $(dir $@)
+	$(CC) -fsanitize=fuzzer -o $@ $^ $(LDFLAGS_ALL) $(PKG_LIBS) -ldl -lm
+
+$(BUILD)/bin/ld-gen-seeds: $(call obj,tests/fuzz/gen_seeds.c) $(CORE_A)
+	@mkdir -p $(dir $@)
+	$(CC) -o $@ $^ $(LDFLAGS_ALL) $(PKG_LIBS) -ldl -lm
+
+fuzzers: $(FUZZ_BIN)
+
 deps:
 	@scripts/deps.sh build
 
@@ -153,7 +178,25 @@ test:
 	scripts/run-tests.sh build/tsan tsan
 	$(MAKE) --no-print-directory all
 	scripts/run-tests.sh build python
+	$(MAKE) --no-print-directory BUILD=build/fuzz CC=clang SANITIZE=$(FUZZ_SAN) fuzzers
+	FUZZ_SECONDS=$(TEST_FUZZ_SECONDS) scripts/run-tests.sh build/fuzz fuzz
+	$(MAKE) --no-print-directory BUILD=build/o0 OPT_LEVEL=-O0 all tests
 	@scripts/run-tests.sh --total
+
+# Each fuzzer for FUZZ_SECONDS (default 60) from its seed corpus, under ASan+UBSan;
+# findings go to build/fuzz/crashes/. `make test` runs them for a few seconds each.
+fuzz:
+	@scripts/deps.sh fuzz
+	@mkdir -p build && rm -f build/test-summary
+	$(MAKE) --no-print-directory BUILD=build/fuzz CC=clang SANITIZE=$(FUZZ_SAN) fuzzers
+	FUZZ_SECONDS=$(FUZZ_SECONDS) scripts/run-tests.sh build/fuzz fuzz
+	@scripts/run-tests.sh --total
+
+# Regenerates the committed seed corpora (tests/fuzz/corpus/) from tests/fuzz/gen_seeds.c.
+fuzz-seeds:
+	@scripts/deps.sh fuzz
+	$(MAKE) --no-print-directory BUILD=build/fuzz CC=clang SANITIZE=$(FUZZ_SAN) build/fuzz/bin/ld-gen-seeds
+	rm -rf tests/fuzz/corpus && build/fuzz/bin/ld-gen-seeds tests/fuzz/corpus
 
 demo:
 	@scripts/deps.sh build

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Checks that the build's libraries and tools are present. Missing ones are installed
 # with apt-get when we run as root; otherwise the apt line is printed and we fail.
-# Usage: scripts/deps.sh [build|test|bench]
+# Usage: scripts/deps.sh [build|test|bench|fuzz]
 set -euo pipefail
 what=${1:-build}
 
@@ -24,6 +24,21 @@ if command -v pkg-config >/dev/null 2>&1; then
   if [ "$what" != build ]; then need_pc cmocka libcmocka-dev; fi
 else
   pkgs+=(libuv1-dev libcjson-dev libyaml-dev libsystemd-dev libxxhash-dev libturbojpeg0-dev libjpeg62-turbo-dev libpng-dev libcmocka-dev)
+fi
+# The fuzzers (make fuzz, and briefly in make test): clang with libFuzzer's runtime and
+# llvm-symbolizer for readable sanitizer reports.
+if [ "$what" = test ] || [ "$what" = fuzz ]; then
+  need_bin clang clang
+  need_bin llvm-symbolizer llvm
+  if command -v clang >/dev/null 2>&1; then
+    fuzzer_rt=$(clang -print-file-name=libclang_rt.fuzzer-$(uname -m).a 2>/dev/null || true)
+    if [ ! -f "$fuzzer_rt" ]; then
+      v=$(clang -dumpversion 2>/dev/null | cut -d. -f1)
+      pkgs+=("libclang-rt-${v:-14}-dev")
+    fi
+  else
+    pkgs+=(libclang-rt-14-dev)
+  fi
 fi
 if [ "$what" = bench ] || [ "$what" = test ]; then
   /usr/bin/python3 -c 'import numpy' 2>/dev/null || pkgs+=(python3-numpy)

@@ -1,17 +1,28 @@
 #!/usr/bin/env bash
 # Runs one group of tests from a build directory and prints a summary.
 #   scripts/run-tests.sh BUILD_DIR GROUP...
+#   scripts/run-tests.sh --total          the closing line of `make test`
 # Groups: unit (cmocka unit tests), integration (real loaderd + real client),
-#         tsan (the concurrent parts, in a ThreadSanitizer build), python (pytest).
+#         tsan (the concurrent parts, in a ThreadSanitizer build), python (pytest),
+#         fuzz (each libFuzzer harness for $FUZZ_SECONDS seconds, default 10).
+#
+# Every program runs under a timeout (TEST_TIMEOUT seconds, default 300; pytest
+# PYTEST_TIMEOUT, default 600), so a deadlock fails the run instead of hanging it.
+# Each group appends "passed failed skipped" to build/test-summary; --total adds them up.
 set -uo pipefail
 summary=build/test-summary
 if [ "${1:-}" = --total ]; then
   # The closing line of `make test`: every group's counts added up.
-  awk '{p+=$1; f+=$2} END {printf "make test: %d passed, %d failed\n", p, f; exit (f > 0)}' "$summary"
+  awk '{p+=$1; f+=$2; s+=$3}
+       END {printf "make test: %d passed, %d failed", p, f
+            if (s > 0) printf ", %d skipped", s
+            printf "\n"; exit (f > 0)}' "$summary"
   exit $?
 fi
 build=$1; shift
-passed=0; failed=0; failures=()
+passed=0; failed=0; skipped=0; failures=()
+test_timeout=${TEST_TIMEOUT:-300}
+pytest_timeout=${PYTEST_TIMEOUT:-600}
 
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=0:halt_on_error=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
@@ -19,20 +30,58 @@ export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1:supp
 export LOADERD_BIN="$build/bin/loaderd"
 export LOADERCTL_BIN="$build/bin/loaderctl"
 
+# Sums the numbers that follow `pattern` (an ERE) in file.
+count() { # file pattern
+  grep -Eo "$2 [0-9]+" "$1" | awk '{s+=$NF} END {print s+0}'
+}
+
 run_cmocka() { # binary
-  local bin=$1 out
+  local bin=$1 out rc p f s
   out=$(mktemp)
   echo "== $bin"
-  "$bin" >"$out" 2>&1
-  local rc=$?
+  # -k: a program that ignores SIGTERM (a wedged sanitizer report) is killed 10 s later.
+  timeout -k 10 "$test_timeout" "$bin" >"$out" 2>&1
+  rc=$?
   cat "$out"
-  local p f
-  p=$(grep -Eo '\[  PASSED  \] [0-9]+' "$out" | awk '{s+=$NF} END {print s+0}')
-  f=$(grep -Eo '\[  FAILED  \] [0-9]+' "$out" | awk '{s+=$NF} END {print s+0}')
+  p=$(count "$out" '\[  PASSED  \]')
+  f=$(count "$out" '\[  FAILED  \]')
+  s=$(count "$out" '\[  SKIPPED \]')
   rm -f "$out"
-  passed=$((passed + p)); failed=$((failed + f))
+  passed=$((passed + p)); failed=$((failed + f)); skipped=$((skipped + s))
+  if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
+    echo "== $bin: timed out after ${test_timeout}s"
+    failed=$((failed + 1)); failures+=("$bin (timed out after ${test_timeout}s)")
+    return
+  fi
   if [ $rc -ne 0 ] && [ "$f" -eq 0 ]; then failed=$((failed + 1)); fi
   if [ $rc -ne 0 ]; then failures+=("$bin (exit $rc)"); fi
+}
+
+# One libFuzzer harness for $FUZZ_SECONDS from its committed seed corpus; new inputs
+# go to a scratch corpus (the committed one is only read), a crash to
+# $build/crashes/NAME-*. Counts as one test.
+run_fuzzer() { # binary
+  local bin=$1 name work out rc secs=${FUZZ_SECONDS:-10}
+  name=$(basename "$bin")
+  work=$(mktemp -d)
+  out=$(mktemp)
+  mkdir -p "$build/crashes"
+  echo "== $bin (${secs}s)"
+  timeout -k 10 $((secs + 120)) "$bin" -max_total_time="$secs" -timeout=20 -rss_limit_mb=2048 \
+    -artifact_prefix="$build/crashes/${name#fuzz_}-" -print_final_stats=1 \
+    "$work" "tests/fuzz/corpus/${name#fuzz_}" >"$out" 2>&1
+  rc=$?
+  grep -E '^#[0-9]+[[:space:]]+(INITED|DONE)|stat::number_of_executed_units|ERROR|SUMMARY|Test unit written' "$out"
+  if [ $rc -eq 0 ]; then
+    passed=$((passed + 1))
+    echo "$name: 1 passed, 0 failed"
+  else
+    tail -n 60 "$out"
+    failed=$((failed + 1))
+    failures+=("$bin (exit $rc; reproduce with: $bin $build/crashes/${name#fuzz_}-*)")
+    echo "$name: 0 passed, 1 failed"
+  fi
+  rm -rf "$work" "$out"
 }
 
 for group in "$@"; do
@@ -47,23 +96,38 @@ for group in "$@"; do
       for t in "$build"/test/test_pool "$build"/test/test_dataset "$build"/test/test_cache "$build"/test/itest_*; do
         [ -x "$t" ] && run_cmocka "$t"
       done ;;
+    fuzz)
+      found=0
+      for t in "$build"/test/fuzz_*; do [ -x "$t" ] && found=1 && run_fuzzer "$t"; done
+      if [ $found -eq 0 ]; then
+        failed=$((failed + 1)); failures+=("no fuzzer in $build/test")
+      fi ;;
     python)
       py=/usr/bin/python3
       if [ -d client/python/tests ] && "$py" -c 'import numpy, pytest' 2>/dev/null; then
         echo "== pytest client/python/tests"
         out=$(mktemp)
-        LOADERCLIENT_LIB="$build/lib/libloaderclient.so" "$py" -m pytest -q client/python/tests 2>&1 | tee "$out"
+        LOADERCLIENT_LIB="$build/lib/libloaderclient.so" timeout -k 10 "$pytest_timeout" \
+          "$py" -m pytest -q client/python/tests 2>&1 | tee "$out"
         rc=${PIPESTATUS[0]}
         p=$(grep -Eo '[0-9]+ passed' "$out" | awk '{s+=$1} END {print s+0}')
-        f=$(grep -Eo '[0-9]+ (failed|error)' "$out" | awk '{s+=$1} END {print s+0}')
+        f=$(grep -Eo '[0-9]+ (failed|errors?)' "$out" | awk '{s+=$1} END {print s+0}')
+        s=$(grep -Eo '[0-9]+ skipped' "$out" | awk '{s+=$1} END {print s+0}')
         rm -f "$out"
-        passed=$((passed + p)); failed=$((failed + f))
-        if [ $rc -ne 0 ] && [ $rc -ne 5 ]; then
+        passed=$((passed + p)); failed=$((failed + f)); skipped=$((skipped + s))
+        if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
+          failed=$((failed + 1)); failures+=("pytest (timed out after ${pytest_timeout}s)")
+        elif [ $rc -eq 5 ]; then
+          # Exit 5: no tests collected. A suite that ran nothing is a failure, not a pass.
+          failed=$((failed + 1)); failures+=("pytest (no tests collected)")
+        elif [ $rc -ne 0 ]; then
           [ "$f" -eq 0 ] && failed=$((failed + 1))
           failures+=("pytest (exit $rc)")
         fi
       else
-        echo "== python tests skipped: no client/python/tests or no python3 with numpy and pytest"
+        # Not silently green: a machine without the Python stack fails the run.
+        echo "== python tests cannot run: no client/python/tests or no $py with numpy and pytest"
+        failed=$((failed + 1)); failures+=("python tests (no $py with numpy and pytest)")
       fi ;;
     *) echo "unknown test group: $group" >&2; exit 2 ;;
   esac
@@ -73,6 +137,8 @@ echo
 if [ ${#failures[@]} -gt 0 ]; then
   printf 'failed: %s\n' "${failures[@]}"
 fi
-echo "$build: $passed passed, $failed failed"
-mkdir -p build && echo "$passed $failed" >> "$summary"
+line="$build: $passed passed, $failed failed"
+[ "$skipped" -gt 0 ] && line="$line, $skipped skipped"
+echo "$line"
+mkdir -p build && echo "$passed $failed $skipped" >> "$summary"
 [ "$failed" -eq 0 ] && [ ${#failures[@]} -eq 0 ]
