@@ -1,6 +1,7 @@
 /* Unit tests for the sampler: the permutation is a bijection and depends on (seed,
  * epoch) only, ranks cover the epoch exactly (with the documented padding), every rank
- * gets the same number of batches, and bad parameters are refused. */
+ * gets the same number of batches, bad parameters are refused, and the order itself is
+ * pinned by golden values so that it cannot change silently between versions. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -358,26 +359,127 @@ static void test_bad_params(void **state)
     assert_true(sampler_index(&s, 0, 0, 0) < 3);
 }
 
-/* Not a benchmark, a guard: the hot path must not be grossly slow (budget 300 ns per
- * sample; sanitized builds are several times slower, so the bound is loose). */
+/* The documented budget: sampler_index costs at most 300 ns per sample (it runs once
+ * per sample on a worker). Asserted honestly but without flakiness on a loaded machine:
+ * the figure is the fastest of many short trials (each 256 calls, tens of
+ * microseconds, so most trials run without being preempted), which measures the code
+ * rather than the machine's load. Measured at about 140 ns in the ASan build this
+ * runs in (the sanitizer adds little to pure arithmetic), so the 300 ns bound has a
+ * margin of two, and a slower sampler fails. */
 static void test_speed(void **state)
 {
     (void)state;
     sampler s;
     struct sampler_params p = params(1281167, 256, 3, 8, false);
     assert_int_equal(sampler_init(&s, &p), 0);
-    struct timespec t0, t1;
-    uint64_t acc = 0, calls = 0;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
-    for (uint64_t b = 0; b < 200; b++)
-        for (uint32_t r = 0; r < 256; r++, calls++)
+    uint64_t acc = 0;
+    double best = 1e18, total = 0;
+    enum { TRIALS = 200 };
+    for (uint64_t b = 0; b < TRIALS; b++) {
+        struct timespec t0, t1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        for (uint32_t r = 0; r < 256; r++)
             acc += sampler_index(&s, 1, b, r);
-    clock_gettime(CLOCK_MONOTONIC, &t1);
-    double ns = ((double)(t1.tv_sec - t0.tv_sec) * 1e9 + (double)(t1.tv_nsec - t0.tv_nsec)) /
-                (double)calls;
-    print_message("sampler_index: %.1f ns per call (checksum %llu)\n", ns,
-                  (unsigned long long)acc);
-    assert_true(ns < 3000);
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        double ns = ((double)(t1.tv_sec - t0.tv_sec) * 1e9 + (double)(t1.tv_nsec - t0.tv_nsec)) / 256.0;
+        total += ns;
+        if (ns < best)
+            best = ns;
+    }
+    print_message("sampler_index: %.1f ns per call at best, %.1f on average (checksum %llu)\n",
+                  best, total / TRIALS, (unsigned long long)acc);
+    assert_true(best < 300.0);
+}
+
+/* ---- golden values ---------------------------------------------------------------
+ * The order of an epoch is part of the contract: a run resumed with a new version, or
+ * ranks on two versions, must see the same samples in the same order. These values
+ * were computed once from the sampler as released and are written here by hand; a
+ * change of the bijection, the key schedule or the rank striding fails this test, and
+ * changing them means a deliberate break of that promise. */
+
+/* FNV-1a over the little-endian bytes of the whole permutation, position by position:
+ * swapping any two positions changes it. */
+static uint64_t permutation_hash(uint64_t n, uint64_t seed, uint64_t epoch)
+{
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (uint64_t pos = 0; pos < n; pos++) {
+        uint64_t v = sampler_permute(n, seed, epoch, pos);
+        for (int k = 0; k < 8; k++) {
+            h ^= (v >> (8 * k)) & 0xff;
+            h *= 0x100000001b3ull;
+        }
+    }
+    return h;
+}
+
+static void check_golden(uint64_t n, uint64_t seed, uint64_t epoch, const uint64_t *want)
+{
+    for (uint64_t pos = 0; pos < n; pos++) {
+        uint64_t got = sampler_permute(n, seed, epoch, pos);
+        if (got != want[pos])
+            fail_msg("sampler_permute(n=%llu, seed=%llu, epoch=%llu) at position %llu: %llu, "
+                     "expected %llu", (unsigned long long)n, (unsigned long long)seed,
+                     (unsigned long long)epoch, (unsigned long long)pos, (unsigned long long)got,
+                     (unsigned long long)want[pos]);
+    }
+}
+
+static void test_golden_permutations(void **state)
+{
+    (void)state;
+    static const uint64_t n10_s0_e0[] = {2, 9, 1, 5, 3, 0, 6, 8, 4, 7};
+    static const uint64_t n10_s0_e1[] = {1, 4, 0, 7, 3, 6, 2, 9, 8, 5};
+    static const uint64_t n10_s1_e0[] = {0, 2, 4, 5, 6, 3, 9, 7, 1, 8};
+    static const uint64_t n37_s7_e2[] = {14, 28, 27, 31, 11, 19, 26, 20, 33, 32, 16, 12, 30,
+                                         17, 24, 2,  35, 22, 8,  23, 15, 0,  4,  10, 6,  36,
+                                         34, 18, 29, 21, 9,  25, 13, 5,  1,  3,  7};
+    static const uint64_t n64[] = {8,  39, 63, 34, 50, 40, 32, 54, 27, 13, 21, 24, 12,
+                                   31, 29, 9,  4,  1,  43, 35, 10, 36, 2,  38, 14, 59,
+                                   0,  41, 56, 52, 23, 42, 28, 30, 55, 7,  57, 6,  62,
+                                   15, 16, 33, 18, 25, 11, 44, 22, 49, 17, 60, 20, 53,
+                                   19, 37, 61, 46, 45, 5,  26, 3,  51, 47, 48, 58};
+    check_golden(10, 0, 0, n10_s0_e0);
+    check_golden(10, 0, 1, n10_s0_e1);
+    check_golden(10, 1, 0, n10_s1_e0);
+    check_golden(37, 7, 2, n37_s7_e2);
+    check_golden(64, 123456789, 5, n64);
+    static const uint64_t one[] = {0};
+    check_golden(1, 99, 3, one);
+
+    /* Larger n: the first positions by value, the whole order by its hash. */
+    static const struct {
+        uint64_t n, seed, epoch, hash, first[6];
+    } big[] = {
+        {1000, 42, 3, 0xb98b515e8533a415ull, {950, 45, 777, 852, 382, 759}},
+        {1281167, 0, 0, 0x45507b6e53a3cec5ull, {759712, 183059, 507643, 402027, 89362, 1160736}},
+        {1281167, 2024, 7, 0x910e85ffa720f3b1ull, {749473, 71974, 1257000, 1220752, 1071349, 278602}},
+    };
+    for (size_t i = 0; i < sizeof big / sizeof big[0]; i++) {
+        for (uint64_t pos = 0; pos < 6; pos++)
+            assert_int_equal(sampler_permute(big[i].n, big[i].seed, big[i].epoch, pos), big[i].first[pos]);
+        assert_int_equal(permutation_hash(big[i].n, big[i].seed, big[i].epoch), big[i].hash);
+    }
+
+    /* A huge n (cycle walking over 2^41): both ends of the order. */
+    const uint64_t huge = (UINT64_C(1) << 40) + 3;
+    static const uint64_t head[] = {273165549478ull, 390337296481ull, 705623628337ull, 72713610722ull};
+    static const uint64_t tail[] = {769014756882ull, 665597493502ull, 1085848403886ull, 1034821787184ull};
+    for (uint64_t p = 0; p < 4; p++) {
+        assert_int_equal(sampler_permute(huge, 9, 1, p), head[p]);
+        assert_int_equal(sampler_permute(huge, 9, 1, huge - 1 - p), tail[p]);
+    }
+
+    /* Rank 1 of 3, batches of 2, 10 samples padded to 12: what that rank reads. */
+    sampler s;
+    struct sampler_params p = {.n = 10, .seed = 5, .shuffle = true, .batch_size = 2,
+                               .rank = 1, .world_size = 3, .drop_last = false};
+    assert_int_equal(sampler_init(&s, &p), 0);
+    assert_int_equal(sampler_batches(&s), 2);
+    static const uint64_t rank1[] = {5, 4, 1, 2};
+    for (uint64_t b = 0, k = 0; b < 2; b++)
+        for (uint32_t r = 0; r < sampler_batch_rows(&s, b); r++, k++)
+            assert_int_equal(sampler_index(&s, 1, b, r), rank1[k]);
 }
 
 int main(void)
@@ -393,6 +495,7 @@ int main(void)
         cmocka_unit_test(test_resume),
         cmocka_unit_test(test_bad_params),
         cmocka_unit_test(test_speed),
+        cmocka_unit_test(test_golden_permutations),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
