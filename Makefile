@@ -148,7 +148,9 @@ $(BUILD)/test/plugins/fixture-%.so: tests/unit/plugin_fixture.c daemon/transform
 # are not linked in).
 $(BUILD)/test/test_transform: | $(PLUGINS) $(TEST_PLUGINS)
 
-$(BUILD)/test/itest_%: $(call obj,tests/integration/itest_%.c) $(call obj,tests/integration/harness.c) $(CLIENT_A)
+# Every other file in tests/integration/ (harness.c, probe.c) is linked into each test.
+ITEST_LIB_SRC := $(filter-out tests/integration/itest_%.c,$(sort $(wildcard tests/integration/*.c)))
+$(BUILD)/test/itest_%: $(call obj,tests/integration/itest_%.c) $(call obj,$(ITEST_LIB_SRC)) $(CLIENT_A)
 	@mkdir -p $(dir $@)
 	$(CC) -o $@ $^ $(LDFLAGS_ALL) $(CJSON_LIBS) $(CMOCKA_LIBS) -lm
 
