@@ -4,11 +4,15 @@
  *
  * Input: byte 0 picks the path, bytes 1..8 the sample index (the random crop's draws),
  * bytes 9..12 a region for a direct decode; the rest is the file. As in a worker, one
- * struct image_buf is reused for every input, so state a bad file leaves behind is
- * exercised by the next one. The pixel limit is kept small (1 MP) so that each run is
+ * struct image_buf is reused for every input, and after each one a known-good JPEG and
+ * PNG (the first seeds of that kind found in tests/fuzz/corpus/image, or in
+ * $FUZZ_IMAGE_GOOD) must still decode with it: a bad file may fail, but may not break
+ * the worker's decoder for the files after it. The pixel limit is kept small (1 MP) so that each run is
  * quick; the limit's own path is still reached by headers that claim more. */
+#include <dirent.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -34,6 +38,56 @@ static transform_pipeline *pipes[N_PIPES];
 static struct transform_output outs[N_PIPES];
 static uint8_t *dst;
 static struct image_buf scratch;
+
+/* Known-good files (without the 13-byte head) that must decode after any input. */
+struct good {
+    uint8_t *data;
+    size_t len;
+};
+static struct good good_jpeg, good_png;
+
+static void load_good(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return;
+    struct dirent *e;
+    char path[4096];
+    static uint8_t buf[1 << 16];
+    while ((e = readdir(d)) != NULL) {
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        FILE *f = fopen(path, "rb");
+        if (!f)
+            continue;
+        size_t n = fread(buf, 1, sizeof buf, f);
+        fclose(f);
+        if (n <= HEAD || buf[0] != 0)       /* the seeds of pipeline 0 */
+            continue;
+        enum image_format fmt = image_detect(buf + HEAD, n - HEAD);
+        struct good *g = fmt == IMAGE_FORMAT_JPEG ? &good_jpeg : fmt == IMAGE_FORMAT_PNG ? &good_png : NULL;
+        if (!g || g->data)
+            continue;
+        char err[LD_ERRMSG_MAX];
+        if (transform_apply(pipes[0], buf + HEAD, n - HEAD, 7, 1, 0, dst, &scratch, err) != 0)
+            continue;
+        g->data = malloc(n - HEAD);
+        check(g->data != NULL);
+        memcpy(g->data, buf + HEAD, n - HEAD);
+        g->len = n - HEAD;
+    }
+    closedir(d);
+}
+
+static void check_good(const struct good *g, const char *what)
+{
+    char err[LD_ERRMSG_MAX];
+    if (!g->data)
+        return;
+    if (transform_apply(pipes[0], g->data, g->len, 7, 1, 0, dst, &scratch, err) != 0) {
+        fprintf(stderr, "fuzz_image: a good %s no longer decodes after this input: %s\n", what, err);
+        abort();
+    }
+}
 
 static void build(int i, const struct transform_spec *specs, size_t n)
 {
@@ -106,10 +160,24 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     dst = malloc(most);
     check(dst != NULL);
     image_buf_init(&scratch);
+    const char *env = getenv("FUZZ_IMAGE_GOOD");
+    load_good(env && env[0] ? env : "tests/fuzz/corpus/image");
+    if (!good_jpeg.data || !good_png.data)
+        fprintf(stderr, "fuzz_image: no good JPEG/PNG seed found: the decoder-state check is off\n");
     return 0;
 }
 
+static int fuzz_one(const uint8_t *data, size_t size);
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    fuzz_one(data, size);
+    check_good(&good_jpeg, "JPEG");
+    check_good(&good_png, "PNG");
+    return 0;
+}
+
+static int fuzz_one(const uint8_t *data, size_t size)
 {
     if (size < HEAD)
         return 0;
