@@ -9,6 +9,7 @@
 #                        the Python client in a training loop
 #                        (see bench/README.md)
 #   make fuzz            each libFuzzer harness (tests/fuzz/) for FUZZ_SECONDS (default 60)
+#   make soak            minutes of client churn, RSS/fd//dev/shm drift judged (scripts/soak.sh)
 #   SANITIZE=address,undefined   build with sanitizers (any -fsanitize= list)
 #   OPT_LEVEL=-O0        override the optimization level
 #   CUDA=auto|0|1        device-stage backend (auto: on when nvcc's cudart is found)
@@ -82,7 +83,7 @@ TEST_FUZZ_SECONDS ?= 10
 FUZZ_SAN  := address,undefined,fuzzer-no-link
 
 .PHONY: all deps test test-unit test-integration test-tsan test-python demo bench clean tests \
-        fuzz fuzzers fuzz-seeds
+        fuzz fuzzers fuzz-seeds soak
 all: $(LOADERD) $(LOADERCTL) $(GENDATA) $(GENIMAGES) $(IMGFLOOR) $(CLIENT_SO) $(CLIENT_A) $(PLUGINS)
 tests: $(UNIT_BIN) $(ITEST_BIN)
 
@@ -193,6 +194,14 @@ fuzz:
 	$(MAKE) --no-print-directory BUILD=build/fuzz CC=clang SANITIZE=$(FUZZ_SAN) fuzzers
 	FUZZ_SECONDS=$(FUZZ_SECONDS) scripts/run-tests.sh build/fuzz fuzz
 	@scripts/run-tests.sh --total
+
+# Minutes of client churn against one optimized daemon, with RSS, fd and /dev/shm drift
+# reported and judged (scripts/soak.sh; SOAK_SECONDS, default 300). Not part of make test.
+SOAK_SECONDS ?= 300
+soak:
+	@scripts/deps.sh build
+	$(MAKE) --no-print-directory all
+	scripts/soak.sh $(SOAK_SECONDS)
 
 # Regenerates the committed seed corpora (tests/fuzz/corpus/) from tests/fuzz/gen_seeds.c.
 fuzz-seeds:
