@@ -193,7 +193,7 @@ fuzz:
 	@mkdir -p build && rm -f build/test-summary
 	$(MAKE) --no-print-directory BUILD=build/fuzz CC=clang SANITIZE=$(FUZZ_SAN) fuzzers
 	FUZZ_SECONDS=$(FUZZ_SECONDS) scripts/run-tests.sh build/fuzz fuzz
-	@scripts/run-tests.sh --total
+	@scripts/run-tests.sh --total "make fuzz"
 
 # Minutes of client churn against one optimized daemon, with RSS, fd and /dev/shm drift
 # reported and judged (scripts/soak.sh; SOAK_SECONDS, default 300). Not part of make test.
@@ -203,11 +203,13 @@ soak:
 	$(MAKE) --no-print-directory all
 	scripts/soak.sh $(SOAK_SECONDS)
 
-# Regenerates the committed seed corpora (tests/fuzz/corpus/) from tests/fuzz/gen_seeds.c.
+# Regenerates the committed seed corpora (tests/fuzz/corpus/) from tests/fuzz/gen_seeds.c;
+# the regression inputs kept there (regress-*) are left alone.
 fuzz-seeds:
 	@scripts/deps.sh fuzz
 	$(MAKE) --no-print-directory BUILD=build/fuzz CC=clang SANITIZE=$(FUZZ_SAN) build/fuzz/bin/ld-gen-seeds
-	rm -rf tests/fuzz/corpus && build/fuzz/bin/ld-gen-seeds tests/fuzz/corpus
+	find tests/fuzz/corpus -type f ! -name 'regress-*' -delete 2>/dev/null; \
+	  build/fuzz/bin/ld-gen-seeds tests/fuzz/corpus
 
 demo:
 	@scripts/deps.sh build

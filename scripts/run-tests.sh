@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs one group of tests from a build directory and prints a summary.
 #   scripts/run-tests.sh BUILD_DIR GROUP...
-#   scripts/run-tests.sh --total          the closing line of `make test`
+#   scripts/run-tests.sh --total [LABEL]  the closing line (LABEL: "make test")
 # Groups: unit (cmocka unit tests), integration (real loaderd + real client),
 #         tsan (the concurrent parts, in a ThreadSanitizer build), python (pytest),
 #         fuzz (each libFuzzer harness for $FUZZ_SECONDS seconds, default 10).
@@ -13,8 +13,8 @@ set -uo pipefail
 summary=build/test-summary
 if [ "${1:-}" = --total ]; then
   # The closing line of `make test`: every group's counts added up.
-  awk '{p+=$1; f+=$2; s+=$3}
-       END {printf "make test: %d passed, %d failed", p, f
+  awk -v label="${2:-make test}" '{p+=$1; f+=$2; s+=$3}
+       END {printf "%s: %d passed, %d failed", label, p, f
             if (s > 0) printf ", %d skipped", s
             printf "\n"; exit (f > 0)}' "$summary"
   exit $?

@@ -238,24 +238,27 @@ static void cache_seed(const char *name, const char *tmp, int ragged)
     static uint8_t buf[1 << 16];
     size_t len = fread(buf, 1, sizeof buf, f);
     fclose(f);
-    /* The source path recorded in the header is the temporary one: blank it so that
-     * the seed does not change from run to run, and fix the checksums (as the fuzzer's
-     * fix-up byte does). */
+    /* The source path and build time recorded in the header are this run's: blank them
+     * so that the seed does not change from run to run. The "-fixup" seed has its
+     * header and footer checksums zeroed (the fuzzer's fix-up byte recomputes them); the
+     * other one has them recomputed here and is valid as it is. */
     static const uint8_t as_is = 0, fix_all = 0x1f;
     struct cache_header hd;
+    struct cache_footer ft;
     memcpy(&hd, buf, sizeof hd);
+    memcpy(&ft, buf + len - sizeof ft, sizeof ft);
     memset(hd.source, 0, sizeof hd.source);
     hd.build_time_ns = 0;
+    hd.header_checksum = ft.header_checksum = ft.footer_checksum = 0;
     memcpy(buf, &hd, sizeof hd);
+    memcpy(buf + len - sizeof ft, &ft, sizeof ft);
     char sname[64];
     snprintf(sname, sizeof sname, "%s-fixup", name);
     seed("cache", sname, &fix_all, 1, buf, len);
     hd.header_checksum = XXH3_64bits(&hd, offsetof(struct cache_header, header_checksum));
-    memcpy(buf, &hd, sizeof hd);
-    struct cache_footer ft;
-    memcpy(&ft, buf + len - sizeof ft, sizeof ft);
     ft.header_checksum = hd.header_checksum;
     ft.footer_checksum = XXH3_64bits(&ft, offsetof(struct cache_footer, footer_checksum));
+    memcpy(buf, &hd, sizeof hd);
     memcpy(buf + len - sizeof ft, &ft, sizeof ft);
     seed("cache", name, &as_is, 1, buf, len);
 }
