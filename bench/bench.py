@@ -141,7 +141,8 @@ class TreeMemory:
 
 def run_monitored(cmd, out_path, err_path, timeout_s, pss_every, extra_roots=(), env=None):
     """Runs cmd in its own session, sampling the memory of its tree (and of extra_roots)
-    every POLL_S. Returns (exit code, pid, TreeMemory, wall seconds).
+    every POLL_S. Returns (exit code, pid, TreeMemory, wall seconds); the TreeMemory's
+    `rusage` is wait4's for the command.
     Past timeout_s the command's process group is killed and the code is -SIGKILL."""
     with open(out_path, "wb") as out, open(err_path, "wb") as err:
         t0 = time.perf_counter()
@@ -152,7 +153,7 @@ def run_monitored(cmd, out_path, err_path, timeout_s, pss_every, extra_roots=(),
     try:
         while True:
             mem.sample()
-            pid, status = os.waitpid(proc.pid, os.WNOHANG)
+            pid, status, ru = os.wait4(proc.pid, os.WNOHANG)
             if pid == proc.pid:
                 break
             if time.perf_counter() - t0 > timeout_s and not killed:
@@ -169,6 +170,7 @@ def run_monitored(cmd, out_path, err_path, timeout_s, pss_every, extra_roots=(),
             pass
         raise
     wall = time.perf_counter() - t0
+    mem.rusage = ru                 # the command's own CPU (and its reaped children's)
     proc.returncode = os.waitstatus_to_exitcode(status)
     return proc.returncode, proc.pid, mem, wall
 
@@ -326,303 +328,466 @@ def loaderctl_json(loaderctl, sock, *argv, timeout=30):
     return json.loads(r.stdout)
 
 
-def run_loaderd(args, bins, rec_dir, tok_file, results_dir):
-    """Starts loaderd, reads both datasets with loaderctl, stops it. Returns
-    (rows, info, ok)."""
-    loaderd, loaderctl = bins["loaderd"], bins["loaderctl"]
-    rows, info, ok = [], {"errors": []}, True
-    tmp = tempfile.mkdtemp(prefix="ld-bench-")
-    sock = os.path.join(tmp, "loaderd.sock")
-    cfg = os.path.join(results_dir, "bench.yaml")
-    write_config(cfg, sock, rec_dir, tok_file)
-    daemon_log = os.path.join(results_dir, "loaderd.log")
-    shm_before = shm_loaderd_objects()
-    daemon = None
+def cpu_seconds(pid):
+    """CPU time (user + system, all threads) a live process has used, in seconds, or None
+    when it is gone. The threads' scheduler run times (/proc/PID/task/*/schedstat, in ns)
+    where the kernel has them, else /proc/PID/stat's utime + stime (clock ticks, 10 ms)."""
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return None
+    total, ok = 0, True
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                total += int(f.read().split()[0])
+        except FileNotFoundError:
+            continue            # a thread that ended between the listing and the read
+        except (OSError, ValueError, IndexError):
+            ok = False
+            break
+    if ok:
+        return total / 1e9
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
 
-    def err(msg):
-        nonlocal ok
-        ok = False
-        info["errors"].append(msg)
+
+def tree_cpu(roots):
+    """{pid: CPU seconds} of every live process in the trees under roots."""
+    out = {}
+    for r in roots:
+        for p in tree_pids(r):
+            if p not in out:
+                c = cpu_seconds(p)
+                if c is not None:
+                    out[p] = c
+    return out
+
+
+def cpu_delta(before, after):
+    """CPU seconds used between two tree_cpu() snapshots, per process kind."""
+    return sum(after[p] - before.get(p, 0.0) for p in after)
+
+
+class Daemon:
+    """A loaderd for the whole of bench.py: started once, as it would be on a training
+    node, and stopped with SIGTERM at the end (it must exit 0 and leave no shared
+    memory). Start-up (scanning the files) is not timed."""
+
+    def __init__(self, args, bins, rec_dir, tok_file, results_dir):
+        self.args, self.bins = args, bins
+        self.tmp = tempfile.mkdtemp(prefix="ld-bench-")
+        self.sock = os.path.join(self.tmp, "loaderd.sock")
+        self.cfg = os.path.join(results_dir, "bench.yaml")
+        write_config(self.cfg, self.sock, rec_dir, tok_file)
+        self.log_path = os.path.join(results_dir, "loaderd.log")
+        self.shm_before = shm_loaderd_objects()
+        self.proc = None
+        self.info = {"errors": []}
+
+    def err(self, msg):
+        self.info["errors"].append(msg)
         log("bench: loaderd: " + msg)
 
-    try:
-        with open(daemon_log, "wb") as lf:
+    def start(self):
+        with open(self.log_path, "wb") as lf:
             t0 = time.perf_counter()
-            daemon = subprocess.Popen([loaderd, "--config", cfg], stdout=lf, stderr=lf,
-                                      stdin=subprocess.DEVNULL, start_new_session=True)
-        info["pid"] = daemon.pid
+            self.proc = subprocess.Popen([self.bins["loaderd"], "--config", self.cfg], stdout=lf, stderr=lf,
+                                         stdin=subprocess.DEVNULL, start_new_session=True)
+        self.info["pid"] = self.proc.pid
         while True:
-            if daemon.poll() is not None:
-                err(f"loaderd exited {daemon.returncode} during start-up" + log_tail(daemon_log))
-                return rows, info, ok
-            if os.path.exists(sock) and socket_accepts(sock):
+            if self.proc.poll() is not None:
+                self.err(f"loaderd exited {self.proc.returncode} during start-up" + log_tail(self.log_path))
+                return False
+            if os.path.exists(self.sock) and socket_accepts(self.sock):
                 break
-            if time.perf_counter() - t0 > args.startup_timeout:
-                err(f"socket {sock} not up after {args.startup_timeout:.0f} s")
-                return rows, info, ok
+            if time.perf_counter() - t0 > self.args.startup_timeout:
+                self.err(f"socket {self.sock} not up after {self.args.startup_timeout:.0f} s")
+                return False
             time.sleep(0.02)
-        info["startup_s"] = time.perf_counter() - t0
-        info["idle_rss_kib"] = read_proc_kib(daemon.pid, "VmRSS")
-        log(f"bench: loaderd up in {info['startup_s']:.2f} s (pid {daemon.pid})")
-        try:
-            info["status_start"] = loaderctl_json(loaderctl, sock, "--json", "status")
-        except (RuntimeError, ValueError, subprocess.TimeoutExpired) as e:
-            err(f"status: {e}")
+        self.info["startup_s"] = time.perf_counter() - t0
+        self.info["idle_rss_kib"] = read_proc_kib(self.proc.pid, "VmRSS")
+        log(f"bench: loaderd up in {self.info['startup_s']:.2f} s (pid {self.proc.pid})")
+        return True
 
-        for ds, batch in (("records", RECORDS_BATCH), ("tokens", TOKENS_BATCH)):
-            hwm_reset = reset_peak_rss(daemon.pid)
-            idle_kib = read_proc_kib(daemon.pid, "VmRSS")
-            cmd = [loaderctl, "--socket", sock, "read", ds, "--epochs", str(args.loaderd_epochs),
-                   "--batch-size", str(batch), "--seed", str(SEED), "--json"]
-            if args.prefetch:
-                cmd[-1:-1] = ["--prefetch", str(args.prefetch)]
-            out_p = os.path.join(results_dir, f"loaderctl-{ds}.json")
-            err_p = os.path.join(results_dir, f"loaderctl-{ds}.err")
-            log(f"bench: loaderd {ds}: {shlex.join(cmd[1:])}")
-            code, ctl_pid, mem, wall = run_monitored(cmd, out_p, err_p, args.read_timeout,
-                                                     PSS_EVERY, extra_roots=[daemon.pid])
-            if code != 0:
-                err(f"loaderctl read {ds} exited {code}: {tail(err_p).strip()}")
-                continue
+    def status(self):
+        try:
+            return loaderctl_json(self.bins["loaderctl"], self.sock, "--json", "status")
+        except (RuntimeError, ValueError, subprocess.TimeoutExpired) as e:
+            self.err(f"status: {e}")
+            return None
+
+    def stop(self):
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
             try:
-                with open(out_p) as f:
-                    res = json.load(f)
-                epochs = res["epochs"]
-                if len(epochs) != args.loaderd_epochs:
-                    raise ValueError(f"{len(epochs)} epochs reported, "
-                                     f"asked for {args.loaderd_epochs}")
-            except (OSError, ValueError, KeyError, TypeError) as e:
-                err(f"loaderctl read {ds}: unreadable output ({e}): {tail(out_p, 3)}")
-                continue
-            want = expected_samples(args, ds)
-            short = [e["epoch"] for e in epochs if e["samples"] != want]
-            if short:
-                # a loader that skips samples would look fast: that is a failure, not a result
-                err(f"loaderctl read {ds}: epochs {short} did not deliver {want} samples: "
-                     + ", ".join(str(e["samples"]) for e in epochs))
-            hwm_kib = read_proc_kib(daemon.pid, "VmHWM") or 0
-            steady = epochs[1:]
-            s_samples = sum(e["samples"] for e in steady)
-            s_bytes = sum(e["bytes"] for e in steady)
-            s_secs = sum(e["seconds"] for e in steady)
-            e0 = epochs[0]
-            try:
-                status = loaderctl_json(loaderctl, sock, "--json", "status")
-            except (RuntimeError, ValueError, subprocess.TimeoutExpired) as e:
-                status = None
-                err(f"status after {ds}: {e}")
-            rows.append({
-                "dataset": ds, "loader": "loaderd", "workers": 2, "batch_size": batch,
-                "samples_per_s": s_samples / s_secs if s_secs > 0 else 0.0,
-                "mb_per_s": s_bytes / s_secs / MB if s_secs > 0 else 0.0,
-                "first_batch_ms": res.get("first_batch_ms"),
-                "steady_epochs": [e["epoch"] for e in steady],
-                "steady_samples": s_samples, "steady_seconds": s_secs,
-                "epoch0_samples_per_s": e0["samples"] / e0["seconds"] if e0["seconds"] > 0 else 0.0,
-                "epoch0_seconds": e0["seconds"],
-                "epoch_seconds": [e["seconds"] for e in epochs],
-                "samples_per_epoch": e0["samples"],
-                "measured_batches_per_epoch": e0["batches"],
-                "partial": False,
-                # daemon's VmHWM over this read + loaderctl's: both processes map the
-                # ring, so its pages are counted twice, as summed VmRSS does.
-                "peak_rss_mib": (hwm_kib + mem.hwm_kib.get(ctl_pid, 0)) / 1024,
-                "peak_rss_method": ("daemon VmHWM (reset before the read) + loaderctl VmHWM"
-                                    if hwm_reset else
-                                    "daemon VmHWM since start (reset not allowed) + loaderctl VmHWM"),
-                "polled_peak_rss_mib": mem.peak_rss_kib / 1024,
-                "peak_pss_mib": mem.peak_pss_kib / 1024,
-                "idle_rss_mib": (idle_kib or 0) / 1024,
-                "wall_s": wall,
-                "loaderctl": res,
-                "status_after": status,
-            })
-            r = rows[-1]
-            log(f"bench: loaderd {ds}: {r['samples_per_s']:,.0f} samples/s "
-                f"(epoch 0: {r['epoch0_samples_per_s']:,.0f}), first batch "
-                f"{fmt(r['first_batch_ms'], '.1f')} ms, peak RSS {r['peak_rss_mib']:.0f} MiB")
-    finally:
-        if daemon is not None and daemon.poll() is None:
-            daemon.send_signal(signal.SIGTERM)
-            try:
-                rc = daemon.wait(timeout=30)
+                rc = self.proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
-                daemon.kill()
-                daemon.wait()
+                self.proc.kill()
+                self.proc.wait()
                 rc = None
-            info["exit_code"] = rc
+            self.info["exit_code"] = rc
             if rc != 0:
-                err(f"loaderd did not exit 0 on SIGTERM (exit {rc})" + log_tail(daemon_log))
-        elif daemon is not None:
-            info["exit_code"] = daemon.returncode
-        if daemon is not None:
-            left = sorted(shm_loaderd_objects() - shm_before)
-            ours = [n for n in left if f".{daemon.pid}." in n]
+                self.err(f"loaderd did not exit 0 on SIGTERM (exit {rc})" + log_tail(self.log_path))
+        elif self.proc is not None:
+            self.info["exit_code"] = self.proc.returncode
+        if self.proc is not None:
+            left = sorted(shm_loaderd_objects() - self.shm_before)
+            ours = [n for n in left if f".{self.proc.pid}." in n]
             if ours:
-                err("left in /dev/shm after a clean stop: " + ", ".join(ours))
+                self.err("left in /dev/shm after a clean stop: " + ", ".join(ours))
             elif left:
                 log("bench: warning: new loaderd.* objects in /dev/shm, not named with our "
                     "daemon's pid (another loaderd running?): " + ", ".join(left))
-            info["shm_left"] = ours
-        try:
-            os.unlink(sock)
-        except OSError:
-            pass
-        try:
-            os.rmdir(tmp)
-        except OSError:
-            pass
-    return rows, info, ok
+            self.info["shm_left"] = ours
+        for path, rm in ((self.sock, os.unlink), (self.tmp, os.rmdir)):
+            try:
+                rm(path)
+            except OSError:
+                pass
 
 
 # ---------------------------------------------------------------------------------------
-# PyTorch DataLoader (child process side)
+# The trainer process (child side): the same loop for DataLoader and for loaderd's
+# Python client, so that both sides pay for the same consumer.
+
+def consume(parts, how):
+    """What the training loop does with a batch here, the same on both sides: read every
+    byte of every tensor. "copy" (default) copies each tensor (`t.clone()`: what the host
+    side of `.to(device)` or a pinned-memory copy does, at memory speed); "sum" adds up
+    its elements (torch widens uint8 and int16 to int64; about 1 ns a byte in torch 1.13,
+    more than the loaders' own cost per sample)."""
+    if how == "sum":
+        return sum(int(t.sum()) for t in parts)
+    for t in parts:
+        t.clone()
+    return 0
+
+
+CONSUME_DESC = {"copy": "a copy of every tensor, `t.clone()`, as the host side of `.to(device)` does",
+                "sum": "`t.sum()` of every tensor"}
+
 
 def child_main(spec):
-    """One DataLoader configuration; prints its measurements as one JSON line."""
+    """One run of one configuration: epoch 0 (warm-up: worker start, first touch of the
+    ring), then the timed epochs back to back; the CPU of every process of that side is
+    read at the start and at the end of the timed epochs. Prints one JSON line."""
+    import warnings
     import numpy as np
     import torch
-    from torch.utils.data import DataLoader, Dataset
 
+    # Read-only buffers (bytes, a read-only memmap, the read-only ring mapping) give
+    # tensors torch warns about once; nothing writes to them here.
+    warnings.filterwarnings("ignore", message="The given (NumPy array|buffer) is not writable")
     torch.manual_seed(spec["seed"])
+    epochs_total = spec["epochs"]
+    roots = [os.getpid()] + ([spec["daemon_pid"]] if spec.get("daemon_pid") else [])
 
-    class FileDataset(Dataset):
-        """A file per sample: raw bytes as uint8, label = index of the class folder."""
+    if spec["loader"] == "DataLoader":
+        from torch.utils.data import DataLoader, Dataset
 
-        def __init__(self, root, pattern):
-            self.root = root
-            self.files = list_files(root, pattern)
-            classes = sorted({f.split(os.sep, 1)[0] for f in self.files if os.sep in f})
-            index = {c: i for i, c in enumerate(classes)}
-            self.labels = [index.get(f.split(os.sep, 1)[0], 0) if os.sep in f else 0
-                           for f in self.files]
+        class FileDataset(Dataset):
+            """A file per sample, read the way users write it; label = class folder index."""
 
-        def __len__(self):
-            return len(self.files)
+            def __init__(self, root, pattern):
+                self.root = root
+                self.files = list_files(root, pattern)
+                classes = sorted({f.split(os.sep, 1)[0] for f in self.files if os.sep in f})
+                index = {c: i for i, c in enumerate(classes)}
+                self.labels = [index.get(f.split(os.sep, 1)[0], 0) if os.sep in f else 0
+                               for f in self.files]
 
-        def __getitem__(self, i):
-            data = np.fromfile(os.path.join(self.root, self.files[i]), dtype=np.uint8)
-            return torch.from_numpy(data), self.labels[i]
+            def __len__(self):
+                return len(self.files)
 
-    class TokenWindows(Dataset):
-        """Window i = tokens [i*context, i*context + context + 1), as int64 (nanoGPT's
-        get_batch: torch 1.13 has no uint16 tensor)."""
+            def __getitem__(self, i):
+                with open(os.path.join(self.root, self.files[i]), "rb") as f:
+                    data = f.read()
+                return torch.frombuffer(data, dtype=torch.uint8), self.labels[i]
 
-        def __init__(self, path, context):
-            self.path = path
-            self.context = context
-            n_tokens = os.path.getsize(path) // 2
-            self.n = (n_tokens - (context + 1)) // context + 1 if n_tokens > context else 0
-            self.data = None        # opened lazily, once per process (each worker)
+        class TokenWindows(Dataset):
+            """Window i = tokens [i*context, i*context + context + 1), kept 2 bytes a token
+            as loaderd delivers them (viewed as int16: torch 1.13 has no uint16)."""
 
-        def __len__(self):
-            return self.n
+            def __init__(self, path, context):
+                self.path = path
+                self.context = context
+                n_tokens = os.path.getsize(path) // 2
+                self.n = (n_tokens - (context + 1)) // context + 1 if n_tokens > context else 0
+                self.data = None        # opened lazily, once per process (each worker)
 
-        def __getitem__(self, i):
-            if self.data is None:
-                self.data = np.memmap(self.path, dtype=np.uint16, mode="r")
-            s = i * self.context
-            return torch.from_numpy(self.data[s:s + self.context + 1].astype(np.int64))
+            def __len__(self):
+                return self.n
 
-    if spec["dataset"] == "records":
-        ds = FileDataset(spec["path"], "*.bin")
+            def __getitem__(self, i):
+                if self.data is None:
+                    self.data = np.memmap(self.path, dtype=np.uint16, mode="r")
+                s = i * self.context
+                return torch.from_numpy(self.data[s:s + self.context + 1].view(np.int16))
+
+        if spec["dataset"] == "records":
+            ds = FileDataset(spec["path"], "*.bin")
+        else:
+            ds = TokenWindows(spec["path"], spec["context"])
+        kw = {}
+        if spec["workers"] > 0:
+            kw = {"persistent_workers": True, "prefetch_factor": spec["prefetch_factor"]}
+        loader = DataLoader(ds, batch_size=spec["batch_size"], shuffle=True,
+                            num_workers=spec["workers"], **kw)
+        samples_per_epoch, batches_per_epoch = len(ds), len(loader)
+
+        def batches():
+            for _ in range(epochs_total):
+                for b in loader:
+                    yield b, (b if isinstance(b, (list, tuple)) else [b])
+                yield None, None        # end of epoch
     else:
-        ds = TokenWindows(spec["path"], spec["context"])
-    loader = DataLoader(ds, batch_size=spec["batch_size"], shuffle=True,
-                        num_workers=spec["workers"], persistent_workers=False)
+        sys.path.insert(0, spec["pkg"])
+        os.environ["LOADERCLIENT_LIB"] = spec["lib"]
+        import loaderclient
+
+        client = loaderclient.Client(spec["socket"])
+        stream = client.open(spec["dataset"], spec["batch_size"], shuffle=True, seed=spec["seed"],
+                             epochs=epochs_total)
+        samples_per_epoch = batches_per_epoch = None
+
+        def tensors(b):
+            out = []
+            for name in b.keys():
+                a = b.numpy(name)
+                if a.dtype == np.uint16:
+                    a = a.view(np.int16)        # as the DataLoader side: same bytes, same dtype
+                out.append(torch.from_numpy(a))
+            return out
+
+        def batches():
+            # An epoch ends after its last batch is consumed, as on the DataLoader side
+            # (not when the next epoch's first batch arrives).
+            n = 0
+            for b in stream:
+                yield b, tensors(b)
+                n += b.rows
+                if n == spec["expect"]:
+                    n = 0
+                    yield None, None
+
     baseline_kib = read_proc_kib(os.getpid(), "VmRSS")
-    epochs = []
-    for epoch in range(spec["epochs"]):
-        samples = nbytes = batches = 0
-        t0 = time.perf_counter()
-        it = iter(loader)
-        first_ms = None
-        partial = False
-        for batch in it:
-            if first_ms is None:
-                first_ms = (time.perf_counter() - t0) * 1000
-            parts = batch if isinstance(batch, (list, tuple)) else [batch]
-            samples += parts[0].shape[0]
-            nbytes += sum(p.element_size() * p.numel() for p in parts)
-            batches += 1
-            if batches < len(loader) and (
-                    samples >= spec["max_samples"]
-                    or time.perf_counter() - t0 >= spec["max_seconds"]):
-                partial = True
-                break
-        secs = time.perf_counter() - t0
-        del it                      # shuts the workers down; not timed
-        epochs.append({"epoch": epoch, "samples": samples, "batches": batches,
-                       "bytes": nbytes, "seconds": secs, "first_batch_ms": first_ms,
-                       "partial": partial,
-                       "samples_per_s": samples / secs if secs > 0 else 0.0})
-    print(json.dumps({"samples_per_epoch": len(ds), "batches_per_epoch": len(loader),
+    epochs, cur = [], None
+    checksum = 0
+    cpu_at = {}
+    t_mark = time.perf_counter()
+    for b, parts in batches():
+        if b is None:
+            now = time.perf_counter()
+            cur["seconds"] = now - t_mark
+            epochs.append(cur)
+            cur = None
+            t_mark = now
+            if len(epochs) == 1:
+                cpu_at["start"] = (now, tree_cpu(roots))
+            elif len(epochs) == epochs_total:
+                cpu_at["end"] = (now, tree_cpu(roots))
+            continue
+        if cur is None:
+            cur = {"epoch": len(epochs), "samples": 0, "batches": 0, "bytes": 0,
+                   "first_batch_ms": (time.perf_counter() - t_mark) * 1000}
+        checksum += consume(parts, spec["consume"])
+        cur["samples"] += int(parts[0].shape[0])
+        cur["bytes"] += sum(t.element_size() * t.numel() for t in parts)
+        cur["batches"] += 1
+    if spec["loader"] == "DataLoader":
+        workers = [p for p in tree_pids(os.getpid()) if p != os.getpid()]
+        del loader                      # shuts the persistent workers down; not timed
+    else:
+        workers = []
+        stream.close()
+        client.close()
+    (t0, c0), (t1, c1) = cpu_at["start"], cpu_at["end"]
+    self_pid = os.getpid()
+    daemon = spec.get("daemon_pid")
+    cpu = {"trainer": c1.get(self_pid, 0.0) - c0.get(self_pid, 0.0),
+           "daemon": (c1.get(daemon, 0.0) - c0.get(daemon, 0.0)) if daemon else 0.0,
+           "workers": sum(c1[p] - c0.get(p, 0.0) for p in c1 if p not in (self_pid, daemon)),
+           "processes_seen": len(c1)}
+    cpu["total"] = cpu["trainer"] + cpu["daemon"] + cpu["workers"]
+    print(json.dumps({"samples_per_epoch": samples_per_epoch or epochs[0]["samples"],
+                      "batches_per_epoch": batches_per_epoch or epochs[0]["batches"],
                       "baseline_rss_kib": baseline_kib, "torch": torch.__version__,
-                      "torch_threads": torch.get_num_threads(), "epochs": epochs}))
+                      "torch_threads": torch.get_num_threads(), "worker_pids": workers,
+                      "timed_seconds": t1 - t0, "cpu_s": cpu, "checksum": checksum,
+                      "epochs": epochs}))
     return 0
 
 
 # ---------------------------------------------------------------------------------------
-# PyTorch DataLoader (parent side)
+# One run of one configuration (parent side)
 
-def run_dataloader(args, ds, path, batch, workers, results_dir):
-    spec = {"dataset": ds, "path": path, "batch_size": batch, "workers": workers,
-            "context": CONTEXT, "seed": SEED, "epochs": args.torch_epochs,
-            "max_samples": args.max_samples, "max_seconds": args.max_seconds}
+def run_trainer(args, ds, path, batch, loader, workers, results_dir, tag, daemon=None):
+    """Runs one trainer process (DataLoader or loaderd's Python client) and returns its
+    row, or None when it failed. Memory: the process tree (and the daemon) polled."""
+    spec = {"loader": loader, "dataset": ds, "path": path, "batch_size": batch, "workers": workers,
+            "prefetch_factor": getattr(args, "prefetch_factor", 2), "context": CONTEXT, "seed": SEED,
+            "epochs": 1 + args.timed_epochs, "expect": expected_samples(args, ds),
+            "consume": getattr(args, "consume", "copy")}
+    roots = []
+    if daemon is not None:
+        spec.update({"socket": daemon.sock, "daemon_pid": daemon.proc.pid,
+                     "lib": os.path.join(args.build_abs, "lib", "libloaderclient.so"),
+                     "pkg": os.path.join(REPO, "client", "python")})
+        roots = [daemon.proc.pid]
+        reset_peak_rss(daemon.proc.pid)
     cmd = [sys.executable, os.path.abspath(__file__), "--child", json.dumps(spec)]
-    out_p = os.path.join(results_dir, f"dataloader-{ds}-w{workers}.json")
-    err_p = os.path.join(results_dir, f"dataloader-{ds}-w{workers}.err")
-    log(f"bench: DataLoader {ds}, num_workers={workers}")
-    budget = 120 + args.torch_epochs * (args.max_seconds + 60)
-    code, pid, mem, wall = run_monitored(cmd, out_p, err_p, budget, PSS_EVERY)
+    out_p = os.path.join(results_dir, f"{tag}.json")
+    err_p = os.path.join(results_dir, f"{tag}.err")
+    code, pid, mem, wall = run_monitored(cmd, out_p, err_p, args.run_timeout, PSS_EVERY, extra_roots=roots)
+    what = f"{loader} {ds} " + (f"num_workers={workers}" if loader == "DataLoader" else "(Python client)")
     if code != 0:
-        log(f"bench: DataLoader {ds} w={workers} exited {code}:\n{tail(err_p)}")
+        log(f"bench: {what} exited {code}:\n{tail(err_p)}")
         return None
     try:
         with open(out_p) as f:
             res = json.loads(f.read().strip().splitlines()[-1])
     except (OSError, ValueError, IndexError) as e:
-        log(f"bench: DataLoader {ds} w={workers}: unreadable output ({e})")
+        log(f"bench: {what}: unreadable output ({e})")
         return None
-    if res["samples_per_epoch"] != expected_samples(args, ds):
-        log(f"bench: DataLoader {ds}: {res['samples_per_epoch']} samples per epoch, expected "
-            f"{expected_samples(args, ds)}")
+    want = expected_samples(args, ds)
+    eps = res["epochs"]
+    bad = [e["epoch"] for e in eps if e["samples"] != want]
+    if len(eps) != spec["epochs"] or bad:
+        # a loader that skips samples would look fast: that is a failure, not a result
+        log(f"bench: {what}: {len(eps)} epochs, epochs {bad} did not deliver {want} samples")
         return None
-    epochs = res["epochs"]
-    steady = epochs[1:] if len(epochs) > 1 else epochs
-    s_samples = sum(e["samples"] for e in steady)
-    s_bytes = sum(e["bytes"] for e in steady)
-    s_secs = sum(e["seconds"] for e in steady)
-    e0 = epochs[0]
+    timed = eps[1:]
+    n = sum(e["samples"] for e in timed)
+    secs = sum(e["seconds"] for e in timed)
+    cpu = res["cpu_s"]
     row = {
-        "dataset": ds, "loader": "DataLoader", "workers": workers, "batch_size": batch,
-        "samples_per_s": s_samples / s_secs if s_secs > 0 else 0.0,
-        "mb_per_s": s_bytes / s_secs / MB if s_secs > 0 else 0.0,
-        # the steady-state epoch's own time to first batch (workers start per epoch)
-        "first_batch_ms": steady[0]["first_batch_ms"],
-        "steady_epochs": [e["epoch"] for e in steady],
-        "steady_samples": s_samples, "steady_seconds": s_secs,
-        "epoch0_samples_per_s": e0["samples_per_s"],
-        "epoch0_first_batch_ms": e0["first_batch_ms"],
-        "epoch0_seconds": e0["seconds"],
-        "epoch_seconds": [e["seconds"] for e in epochs],
-        "samples_per_epoch": res["samples_per_epoch"],
-        "measured_batches_per_epoch": steady[0]["batches"],
-        "partial": any(e["partial"] for e in epochs),
-        # summed VmRSS of the process tree (main + workers), sampled every POLL_S; the
-        # main process's own exact peak (VmHWM) is a floor for it.
-        "peak_rss_mib": max(mem.peak_rss_kib, mem.hwm_kib.get(pid, 0)) / 1024,
-        "peak_rss_method": f"summed VmRSS of the process tree, polled every {POLL_S * 1000:.0f} ms",
-        "polled_peak_rss_mib": mem.peak_rss_kib / 1024,
+        "dataset": ds, "loader": "loaderd" if loader == "loaderd" else "DataLoader",
+        "client": "python" if loader == "loaderd" else None,
+        "workers": 2 if loader == "loaderd" else workers, "batch_size": batch,
+        "samples_per_s": n / secs if secs > 0 else 0.0,
+        "mb_per_s": sum(e["bytes"] for e in timed) / secs / MB if secs > 0 else 0.0,
+        "epoch_samples_per_s": [e["samples"] / e["seconds"] for e in timed if e["seconds"] > 0],
+        "timed_samples": n, "timed_seconds": secs,
+        "cpu_s": cpu,
+        "cpu_s_per_1000": cpu["total"] / n * 1000 if n else None,
+        "first_batch_ms": eps[0]["first_batch_ms"],
+        "epoch0_seconds": eps[0]["seconds"],
+        "peak_rss_mib": mem.peak_rss_kib / 1024,
         "peak_pss_mib": mem.peak_pss_kib / 1024,
-        "idle_rss_mib": (res.get("baseline_rss_kib") or 0) / 1024,
         "max_processes": mem.max_procs,
         "wall_s": wall,
         "child": res,
     }
-    log(f"bench: DataLoader {ds} w={workers}: {row['samples_per_s']:,.0f} samples/s "
-        f"(epoch 0: {row['epoch0_samples_per_s']:,.0f}), first batch "
-        f"{row['first_batch_ms']:.1f} ms, peak RSS {row['peak_rss_mib']:.0f} MiB")
+    log(f"bench: {tag}: {row['samples_per_s']:,.0f} samples/s, "
+        f"{fmt(row['cpu_s_per_1000'], '.3f')} CPU s / 1,000 samples, peak RSS {row['peak_rss_mib']:.0f} MiB, "
+        f"PSS {row['peak_pss_mib']:.0f} MiB")
+    return row
+
+
+def run_loaderctl(args, ds, batch, daemon, results_dir, tag):
+    """loaderd read by `loaderctl read --touch` (the C client, every byte read): a
+    reference for what the Python layer costs. CPU = daemon (/proc) + loaderctl (wait4's
+    rusage) over the whole read, epoch 0 included (loaderctl is not stopped between
+    epochs); samples/s over the timed epochs only."""
+    reset_peak_rss(daemon.proc.pid)
+    cmd = [daemon.bins["loaderctl"], "--socket", daemon.sock, "read", ds, "--epochs",
+           str(1 + args.timed_epochs), "--batch-size", str(batch), "--seed", str(SEED), "--touch", "--json"]
+    out_p = os.path.join(results_dir, f"{tag}.json")
+    err_p = os.path.join(results_dir, f"{tag}.err")
+    c0 = cpu_seconds(daemon.proc.pid)
+    code, pid, mem, wall = run_monitored(cmd, out_p, err_p, args.run_timeout, PSS_EVERY,
+                                             extra_roots=[daemon.proc.pid])
+    c1 = cpu_seconds(daemon.proc.pid)
+    ru = mem.rusage
+    if code != 0:
+        daemon.err(f"loaderctl read {ds} exited {code}: {tail(err_p).strip()}")
+        return None
+    try:
+        with open(out_p) as f:
+            res = json.load(f)
+        eps = res["epochs"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        daemon.err(f"loaderctl read {ds}: unreadable output ({e}): {tail(out_p, 3)}")
+        return None
+    want = expected_samples(args, ds)
+    bad = [e["epoch"] for e in eps if e["samples"] != want]
+    if len(eps) != 1 + args.timed_epochs or bad:
+        daemon.err(f"loaderctl read {ds}: {len(eps)} epochs, epochs {bad} did not deliver {want} samples")
+        return None
+    timed = eps[1:]
+    n = sum(e["samples"] for e in timed)
+    secs = sum(e["seconds"] for e in timed)
+    total_n = sum(e["samples"] for e in eps)
+    cpu = {"daemon": (c1 or 0.0) - (c0 or 0.0), "trainer": ru.ru_utime + ru.ru_stime, "workers": 0.0}
+    cpu["total"] = cpu["daemon"] + cpu["trainer"]
+    row = {
+        "dataset": ds, "loader": "loaderd", "client": "C (loaderctl --touch)", "workers": 2,
+        "batch_size": batch,
+        "samples_per_s": n / secs if secs > 0 else 0.0,
+        "mb_per_s": sum(e["bytes"] for e in timed) / secs / MB if secs > 0 else 0.0,
+        "epoch_samples_per_s": [e["samples"] / e["seconds"] for e in timed if e["seconds"] > 0],
+        "timed_samples": n, "timed_seconds": secs,
+        "cpu_s": cpu, "cpu_s_per_1000": cpu["total"] / total_n * 1000 if total_n else None,
+        "cpu_includes_epoch0": True,
+        "first_batch_ms": res.get("first_batch_ms"), "epoch0_seconds": eps[0]["seconds"],
+        "peak_rss_mib": mem.peak_rss_kib / 1024, "peak_pss_mib": mem.peak_pss_kib / 1024,
+        "max_processes": mem.max_procs, "wall_s": wall, "loaderctl": res,
+    }
+    log(f"bench: {tag}: {row['samples_per_s']:,.0f} samples/s, "
+        f"{fmt(row['cpu_s_per_1000'], '.3f')} CPU s / 1,000 samples")
+    return row
+
+
+def run_dataloader(args, ds, path, batch, workers, results_dir, runs=1):
+    """DataLoader rows for other benchmarks (bench_cache.py): `runs` runs of one
+    configuration, as bench.py measures its own, summarised like its rows."""
+    ns = argparse.Namespace(**vars(args))
+    for k, v in (("timed_epochs", 3), ("prefetch_factor", 4), ("run_timeout", 600.0)):
+        if not hasattr(ns, k):
+            setattr(ns, k, v)
+    got = [run_trainer(ns, ds, path, batch, "DataLoader", workers, results_dir,
+                       f"dataloader-{ds}-w{workers}-run{i + 1}") for i in range(runs)]
+    got = [r for r in got if r is not None]
+    return summarize_runs(got) if got else None
+
+
+def median(xs):
+    xs = sorted(xs)
+    n = len(xs)
+    if not n:
+        return None
+    return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
+
+
+def summarize_runs(runs):
+    """One row from several runs of a configuration: medians, the spread (min–max) of
+    samples/s, and every run kept under "runs"."""
+    first = runs[0]
+    sps = [r["samples_per_s"] for r in runs]
+    cpu = [r["cpu_s_per_1000"] for r in runs if r["cpu_s_per_1000"] is not None]
+    row = {k: first[k] for k in ("dataset", "loader", "client", "workers", "batch_size")}
+    row.update({
+        "samples_per_s": median(sps), "samples_per_s_min": min(sps), "samples_per_s_max": max(sps),
+        "mb_per_s": median([r["mb_per_s"] for r in runs]),
+        "cpu_s_per_1000": median(cpu) if cpu else None,
+        "cpu_s_per_1000_min": min(cpu) if cpu else None, "cpu_s_per_1000_max": max(cpu) if cpu else None,
+        "cpu_split_s_per_1000": {k: median([r["cpu_s"][k] / r["timed_samples"] * 1000 for r in runs])
+                                 for k in ("trainer", "daemon", "workers")},
+        "first_batch_ms": median([r["first_batch_ms"] for r in runs if r["first_batch_ms"] is not None]),
+        "peak_rss_mib": median([r["peak_rss_mib"] for r in runs]),
+        "peak_pss_mib": median([r["peak_pss_mib"] for r in runs]),
+        "peak_rss_mib_max": max(r["peak_rss_mib"] for r in runs),
+        "peak_pss_mib_max": max(r["peak_pss_mib"] for r in runs),
+        "cpu_includes_epoch0": first.get("cpu_includes_epoch0", False),
+        "n_runs": len(runs), "runs": runs,
+    })
+    c = row["cpu_s_per_1000"]
+    row["samples_per_cpu_s"] = 1000 / c if c else None
     return row
 
 
@@ -640,7 +805,22 @@ def mem_total_kib():
     return 0
 
 
-def machine_info(rows):
+def _cmd_out(cmd):
+    try:
+        r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, timeout=20, cwd=REPO)
+        return r.stdout.decode(errors="replace").strip() if r.returncode == 0 else None
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+
+
+def host_label():
+    """A neutral name for this kind of machine (not its hostname): usable CPUs and RAM,
+    e.g. 2c-24g."""
+    return f"{len(os.sched_getaffinity(0))}c-{round(mem_total_kib() / 1024 / 1024)}g"
+
+
+def machine_info(rows=()):
+    """CPU, memory, kernel and the versions of everything the figures depend on."""
     model = "unknown"
     try:
         with open("/proc/cpuinfo") as f:
@@ -652,117 +832,139 @@ def machine_info(rows):
         pass
     import importlib.metadata as md
     versions = {}
-    for pkg in ("numpy", "torch"):
+    for pkg in ("numpy", "torch", "torchvision", "Pillow"):
         try:
-            versions[pkg] = md.version(pkg)
+            versions[pkg.lower()] = md.version(pkg)
         except md.PackageNotFoundError:
-            versions[pkg] = None
-    # torch.__version__ as the DataLoader processes saw it, when they ran
+            versions[pkg.lower()] = None
+    # torch.__version__ as the trainer processes saw it, when they ran
     torch_ver = next((r["child"]["torch"] for r in rows if "child" in r), versions["torch"])
-    np_ver = versions["numpy"]
+    commit = _cmd_out(["git", "rev-parse", "HEAD"])
+    dirty = _cmd_out(["git", "status", "--porcelain", "--untracked-files=no"])
     return {
+        "host": host_label(),
         "nproc": len(os.sched_getaffinity(0)), "cpu_count": os.cpu_count(),
         "cpu_model": model, "mem_total_mib": mem_total_kib() // 1024,
         "kernel": platform.release(), "python": platform.python_version(),
-        "numpy": np_ver, "torch": torch_ver,
+        "numpy": versions["numpy"], "torch": torch_ver, "torchvision": versions["torchvision"],
+        "pillow": versions["pillow"],
+        "libjpeg_turbo": _cmd_out(["pkg-config", "--modversion", "libturbojpeg"]),
+        "loaderd_commit": commit, "loaderd_tree_modified": bool(dirty) if commit else None,
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"),
     }
 
 
+def machine_line(m):
+    commit = (m.get("loaderd_commit") or "unknown")[:12] + (" (modified)" if m.get("loaderd_tree_modified") else "")
+    return (f"Machine `{m['host']}`: {m['nproc']} CPUs usable ({m['cpu_model']}), {m['mem_total_mib']:,} MiB RAM, "
+            f"Linux {m['kernel']}; Python {m['python']}, torch {m['torch']}, numpy {m['numpy']}, "
+            f"libjpeg-turbo {m.get('libjpeg_turbo') or '?'}; loaderd {commit}; {m['date']}.")
+
+
 def add_ratios(rows):
+    """Per dataset: each row's median samples/s ÷ the best DataLoader's, and its samples
+    per CPU-second ÷ the best DataLoader's samples per CPU-second (per core)."""
     for ds in ("records", "tokens"):
         dls = [r for r in rows if r["dataset"] == ds and r["loader"] == "DataLoader"]
-        best = max((r["samples_per_s"] for r in dls), default=0.0)
-        ld = next((r for r in rows if r["dataset"] == ds and r["loader"] == "loaderd"), None)
+        best = max(dls, key=lambda r: r["samples_per_s"], default=None)
+        best_cpu = max((r for r in dls if r["samples_per_cpu_s"]), key=lambda r: r["samples_per_cpu_s"],
+                       default=None)
         for r in rows:
             if r["dataset"] != ds:
                 continue
-            r["ratio_vs_best_dataloader"] = r["samples_per_s"] / best if best > 0 else None
-        if ld is not None:
-            ld["ratio_vs_dataloader"] = {str(r["workers"]): ld["samples_per_s"] / r["samples_per_s"]
-                                         for r in dls if r["samples_per_s"] > 0}
+            r["ratio_vs_best_dataloader"] = (r["samples_per_s"] / best["samples_per_s"]
+                                             if best and best["samples_per_s"] > 0 else None)
+            r["best_dataloader_workers"] = best["workers"] if best else None
+            r["per_cpu_ratio_vs_best_dataloader"] = (
+                r["samples_per_cpu_s"] / best_cpu["samples_per_cpu_s"]
+                if best_cpu and r["samples_per_cpu_s"] else None)
+            r["best_per_cpu_dataloader_workers"] = best_cpu["workers"] if best_cpu else None
 
 
 def fmt(v, spec, none="—"):
     return none if v is None else format(v, spec)
 
 
-def steady_desc(n):
-    """Which epochs of n make the steady state: all but epoch 0 (epoch 0 alone if n is 1)."""
-    if n == 1:
-        return "epoch 0 of 1"
-    if n == 2:
-        return "epoch 1 of 2"
-    return f"epochs 1–{n - 1} of {n}"
+def row_name(r):
+    if r["loader"] == "loaderd":
+        return "loaderd, " + ("Python client" if r["client"] == "python" else "C client (`loaderctl read --touch`)")
+    return "DataLoader"
+
+
+def row_workers(r):
+    if r["loader"] == "loaderd":
+        return f"{r['workers']} threads"
+    return str(r["workers"]) + (f", prefetch {r['prefetch_factor']}" if r["workers"] and r.get("prefetch_factor")
+                                else "")
 
 
 def render(rows, meta):
     lines = []
     m = meta["machine"]
+    p = meta["params"]
     lines.append(f"# loaderd vs PyTorch DataLoader — {m['date']}")
     lines.append("")
-    lines.append(f"Machine: {m['nproc']} CPUs usable ({m['cpu_model']}), "
-                 f"{m['mem_total_mib']} MiB RAM, Linux {m['kernel']}; "
-                 f"Python {m['python']}, torch {m['torch']}, numpy {m['numpy']}.")
-    p = meta["params"]
+    lines.append(machine_line(m))
+    lines.append("")
     lines.append(f"Data{' (--quick)' if p['quick'] else ''}: records = {p['files']:,} files × "
                  f"{p['file_size']} B in {p['classes']} classes (batch {RECORDS_BATCH}); "
-                 f"tokens = {p['tokens']:,} uint16 tokens, context {CONTEXT} "
-                 f"(windows of {CONTEXT + 1}, batch {TOKENS_BATCH}). Page cache warm; shuffle on.")
+                 f"tokens = {p['tokens']:,} uint16 tokens, windows of {CONTEXT + 1} (batch {TOKENS_BATCH}). "
+                 f"Page cache warm; shuffle on. Every configuration: {p['runs']} runs (interleaved), each a "
+                 f"fresh trainer process that reads epoch 0 (not timed) and then {p['timed_epochs']} timed epochs; "
+                 "the figures are the medians over the runs, with the spread of samples/s (min–max).")
     lines.append("")
-    lines.append(f"samples/s and MB/s: steady state (loaderd: {steady_desc(p['loaderd_epochs'])}; "
-                 f"DataLoader: {steady_desc(p['torch_epochs'])}, at most {p['max_samples']:,} samples or "
-                 f"{p['max_seconds']:g} s per epoch). First batch: time to the first batch of "
-                 "that stream (loaderd) or of the measured epoch's iter() (DataLoader).")
-    lines.append("")
-    hdr = ["dataset", "loader", "workers", "samples/s", "MB/s", "first batch ms",
-           "peak RSS MiB", "ratio vs best DataLoader"]
+    hdr = ["dataset", "loader", "workers", "samples/s (median)", "min–max", "CPU s / 1,000 samples",
+           "samples per CPU-second", "peak RSS MiB", "peak PSS MiB", "÷ best DataLoader", "÷ best DataLoader per CPU-s"]
     lines.append("| " + " | ".join(hdr) + " |")
-    lines.append("|" + "|".join(["---"] * 2 + ["---:"] * (len(hdr) - 2)) + "|")
+    lines.append("|" + "|".join(["---"] * 3 + ["---:"] * (len(hdr) - 3)) + "|")
     for r in rows:
-        ratio = r.get("ratio_vs_best_dataloader")
-        part = " (partial epochs)" if r["partial"] else ""
-        wk = f"{r['workers']} threads" if r["loader"] == "loaderd" else str(r["workers"])
+        rt, rc = r.get("ratio_vs_best_dataloader"), r.get("per_cpu_ratio_vs_best_dataloader")
+        bold = r["loader"] == "loaderd" and r["client"] == "python"
         lines.append("| " + " | ".join([
-            r["dataset"], r["loader"] + part, wk,
-            fmt(r["samples_per_s"], ",.0f"), fmt(r["mb_per_s"], ",.1f"),
-            fmt(r["first_batch_ms"], ",.1f"), fmt(r["peak_rss_mib"], ",.0f"),
-            (f"**{ratio:.2f}×**" if r["loader"] == "loaderd" else f"{ratio:.2f}×")
-            if ratio is not None else "—"]) + " |")
+            r["dataset"], row_name(r), row_workers(r),
+            fmt(r["samples_per_s"], ",.0f"),
+            f"{r['samples_per_s_min']:,.0f}–{r['samples_per_s_max']:,.0f}",
+            fmt(r["cpu_s_per_1000"], ".3f") + (" ³" if r.get("cpu_includes_epoch0") else ""),
+            fmt(r["samples_per_cpu_s"], ",.0f"),
+            fmt(r["peak_rss_mib"], ",.0f"), fmt(r["peak_pss_mib"], ",.0f"),
+            (f"**{rt:.2f}×**" if bold else f"{rt:.2f}×") if rt is not None else "—",
+            (f"**{rc:.2f}×**" if bold else f"{rc:.2f}×") if rc is not None else "—"]) + " |")
+    lines.append("")
+    lines.append("What each number includes:")
+    lines.append("")
+    lines.append("- **Both sides run the same trainer loop** (`bench/bench.py`, `child_main`): a Python process "
+                 "with torch imported that takes each batch as torch tensors and reads every byte of it "
+                 f"({CONSUME_DESC[p['consume']]}, data and labels). DataLoader reads a file with `open(path, 'rb').read()`; token "
+                 "windows are 2 bytes a token on both sides (uint16 viewed as int16: torch 1.13 has no uint16). "
+                 "DataLoader at 1 or 2 workers runs with `persistent_workers=True` and the prefetch factor shown; "
+                 "batch size, shuffle and the number of timed epochs are the same on both sides.")
+    lines.append("- **samples/s**: samples of the timed epochs ÷ their wall time, from the end of epoch 0 to the "
+                 "last batch consumed; min–max over the runs.")
+    lines.append("- **CPU s / 1,000 samples**: user + system CPU over the timed epochs of every process the side "
+                 "runs, read from `/proc/PID/task/*/schedstat` at the start and the end of the timed epochs: "
+                 "loaderd = the daemon (all its threads) + the trainer process; DataLoader = the main process + "
+                 "its workers. **samples per CPU-second** = 1,000 ÷ that: the per-core comparison (a loader that "
+                 "uses two cores to go twice as fast scores the same as one that uses one). "
+                 "³ loaderctl's CPU comes from wait4 and covers all its epochs, epoch 0 included.")
+    lines.append("- **peak RSS / PSS MiB**: the largest sum, polled every "
+                 f"{POLL_S * 1000:.0f} ms (PSS every {POLL_S * PSS_EVERY * 1000:.0f} ms), over the processes of "
+                 "the side: loaderd = the daemon + the trainer process (with torch and loaderclient loaded); "
+                 "DataLoader = the main process + its workers. RSS counts a shared page once per process that maps "
+                 "it (torch's libraries in every worker, the ring in daemon and trainer); PSS divides it among "
+                 "them. Both include the page-cache pages of a mapped file (the token file: loaderd maps it in "
+                 "the daemon, DataLoader in each process).")
+    lines.append("- **÷ best DataLoader**: median samples/s ÷ the fastest DataLoader configuration's (by median); "
+                 "**per CPU-s**: samples per CPU-second ÷ the DataLoader configuration with the most samples per "
+                 "CPU-second.")
     lines.append("")
     for r in rows:
-        if r["loader"] == "loaderd" and r.get("ratio_vs_dataloader"):
-            vs = ", ".join(f"{v:.2f}× vs {k} worker{'s' if k != '1' else ''}"
-                           for k, v in r["ratio_vs_dataloader"].items())
-            rates = [r["samples_per_epoch"] / t for t in r["epoch_seconds"][1:] if t > 0]
-            spread = (f" Steady epochs ranged {min(rates):,.0f}–{max(rates):,.0f} samples/s "
-                      f"(median {sorted(rates)[len(rates) // 2]:,.0f}): the table shows their mean."
-                      if rates else "")
-            lines.append(f"- {r['dataset']}: loaderd samples/s = {vs}.{spread}")
-    lines.append("")
-    lines.append("First epoch (loaderd: the stream's epoch 0; DataLoader: epoch 0, including "
-                 "worker start-up):")
-    lines.append("")
-    lines.append("| dataset | loader | workers | epoch 0 samples/s | epoch 0 s | epoch 0 first batch ms |")
-    lines.append("|---|---|---:|---:|---:|---:|")
-    for r in rows:
-        fb = r["first_batch_ms"] if r["loader"] == "loaderd" else r.get("epoch0_first_batch_ms")
-        lines.append(f"| {r['dataset']} | {r['loader']} | {r['workers']} | "
-                     f"{fmt(r['epoch0_samples_per_s'], ',.0f')} | {fmt(r['epoch0_seconds'], '.2f')} | "
-                     f"{fmt(fb, ',.1f')} |")
-    lines.append("")
-    lines.append("Memory (MiB): idle = before reading (loaderd: the daemon alone; DataLoader: the "
-                 "process after importing torch and building the Dataset); peak RSS as in the "
-                 "table; peak PSS = summed proportional set size of the same processes (shared "
-                 f"pages counted once), polled every {POLL_S * PSS_EVERY * 1000:.0f} ms (a read "
-                 "that lasts only a few periods may show less than its peak).")
-    lines.append("")
-    lines.append("| dataset | loader | workers | idle RSS | peak RSS | peak PSS | how peak RSS is measured |")
-    lines.append("|---|---|---:|---:|---:|---:|---|")
-    for r in rows:
-        lines.append(f"| {r['dataset']} | {r['loader']} | {r['workers']} | "
-                     f"{r['idle_rss_mib']:,.0f} | {r['peak_rss_mib']:,.0f} | "
-                     f"{r['peak_pss_mib']:,.0f} | {r['peak_rss_method']} |")
+        if r["loader"] == "loaderd" and r["client"] == "python":
+            lines.append(f"- {r['dataset']}: loaderd (Python client) {fmt(r['ratio_vs_best_dataloader'], '.2f')}× "
+                         f"the best DataLoader (num_workers={r['best_dataloader_workers']}) in samples/s, "
+                         f"{fmt(r['per_cpu_ratio_vs_best_dataloader'], '.2f')}× per CPU-second (against "
+                         f"num_workers={r['best_per_cpu_dataloader_workers']}); CPU split per 1,000 samples: "
+                         + ", ".join(f"{k} {v:.3f} s" for k, v in r["cpu_split_s_per_1000"].items()
+                                     if k != "workers") + ".")
     if meta.get("failures"):
         lines.append("")
         lines.append("**FAILURES:**")
@@ -773,24 +975,22 @@ def render(rows, meta):
 
 
 def console_table(rows):
-    hdr = ["dataset", "loader", "workers", "samples/s", "MB/s", "first batch ms",
-           "peak RSS MiB", "ratio vs best DL"]
+    hdr = ["dataset", "loader", "workers", "samples/s", "min-max", "CPU s/1k", "smp/CPU-s", "RSS MiB",
+           "PSS MiB", "x best DL", "x per CPU"]
     body = []
     for r in rows:
-        ratio = r.get("ratio_vs_best_dataloader")
-        body.append([r["dataset"], r["loader"] + ("*" if r["partial"] else ""),
-                     str(r["workers"]), fmt(r["samples_per_s"], ",.0f"),
-                     fmt(r["mb_per_s"], ",.1f"), fmt(r["first_batch_ms"], ",.1f"),
-                     fmt(r["peak_rss_mib"], ",.0f"),
-                     f"{ratio:.2f}x" if ratio is not None else "-"])
-    widths = [max(len(h), *(len(b[i]) for b in body)) if body else len(h)
-              for i, h in enumerate(hdr)]
+        rt, rc = r.get("ratio_vs_best_dataloader"), r.get("per_cpu_ratio_vs_best_dataloader")
+        name = r["loader"] if r["loader"] == "DataLoader" else ("loaderd-py" if r["client"] == "python"
+                                                                 else "loaderd-C")
+        body.append([r["dataset"], name, str(r["workers"]), fmt(r["samples_per_s"], ",.0f", "-"),
+                     f"{r['samples_per_s_min']:,.0f}-{r['samples_per_s_max']:,.0f}",
+                     fmt(r["cpu_s_per_1000"], ".3f", "-"), fmt(r["samples_per_cpu_s"], ",.0f", "-"),
+                     fmt(r["peak_rss_mib"], ",.0f", "-"), fmt(r["peak_pss_mib"], ",.0f", "-"),
+                     f"{rt:.2f}x" if rt is not None else "-", f"{rc:.2f}x" if rc is not None else "-"])
+    widths = [max(len(h), *(len(b[i]) for b in body)) if body else len(h) for i, h in enumerate(hdr)]
     out = ["  ".join(h.ljust(w) if i < 3 else h.rjust(w) for i, (h, w) in enumerate(zip(hdr, widths)))]
     for b in body:
-        out.append("  ".join(c.ljust(w) if i < 3 else c.rjust(w)
-                             for i, (c, w) in enumerate(zip(b, widths))))
-    if any(r["partial"] for r in rows):
-        out.append("* measured over a bounded part of each epoch (see --max-samples/--max-seconds)")
+        out.append("  ".join(c.ljust(w) if i < 3 else c.rjust(w) for i, (c, w) in enumerate(zip(b, widths))))
     return "\n".join(out)
 
 
@@ -802,32 +1002,31 @@ def parse_args(argv):
         description="loaderd vs PyTorch DataLoader (see bench/README.md). Extra arguments "
                     "may also come from the BENCH_ARGS environment variable.")
     p.add_argument("--quick", action="store_true",
-                   help=f"smaller data: {QUICK['files']:,} files, {QUICK['tokens']:,} tokens")
-    p.add_argument("--files", type=int, help="number of record files (default 100,000)")
+                   help=f"smaller data: {QUICK['files']:,} files, {QUICK['tokens']:,} tokens; 1 run")
+    p.add_argument("--files", type=int, help=f"number of record files (default {FULL['files']:,})")
     p.add_argument("--file-size", type=int, help="bytes per record file (default 3072)")
     p.add_argument("--classes", type=int, help="class folders (default 100)")
-    p.add_argument("--tokens", type=int, help="uint16 tokens in tokens.bin (default 200,000,000)")
+    p.add_argument("--tokens", type=int, help=f"uint16 tokens in the token file (default {FULL['tokens']:,})")
     p.add_argument("--build-dir", default=os.environ.get("BUILD", "build"),
-                   help="where bin/loaderd, bin/loaderctl, bin/ld-gendata are (default build, "
-                        "relative to the repository)")
+                   help="where bin/loaderd, bin/loaderctl, bin/ld-gendata, lib/libloaderclient.so are "
+                        "(default build, relative to the repository)")
     p.add_argument("--data-dir", default=os.path.join(HERE, "data"))
     p.add_argument("--results-dir", default=os.path.join(HERE, "results"))
     p.add_argument("--workers", default="0,1,2",
                    help="DataLoader num_workers values to measure (default 0,1,2)")
-    p.add_argument("--loaderd-epochs", type=int, default=8,
-                   help="epochs per loaderctl read; epochs >= 1 are the steady state")
-    p.add_argument("--torch-epochs", type=int, default=2,
-                   help="DataLoader epochs per configuration; epochs >= 1 are the steady state")
-    p.add_argument("--max-samples", type=int, default=200_000,
-                   help="DataLoader: stop an epoch after this many samples (default 200,000)")
-    p.add_argument("--max-seconds", type=float, default=20.0,
-                   help="DataLoader: stop an epoch after this many seconds (default 20)")
-    p.add_argument("--prefetch", type=int, default=0,
-                   help="loaderctl read --prefetch (default: the daemon's server.prefetch)")
+    p.add_argument("--prefetch-factor", type=int, default=4,
+                   help="DataLoader prefetch_factor with workers (default 4; torch's default is 2)")
+    p.add_argument("--runs", type=int, help="runs of every configuration (default 3; --quick: 1)")
+    p.add_argument("--timed-epochs", type=int, default=3,
+                   help="timed epochs per run, after an untimed epoch 0 (default 3)")
+    p.add_argument("--consume", choices=("copy", "sum"), default="copy",
+                   help="how the trainer reads every byte of a batch, on both sides: copy each tensor "
+                        "(default) or sum its elements")
+    p.add_argument("--no-c-client", action="store_true", help="skip the loaderctl --touch rows")
     p.add_argument("--startup-timeout", type=float, default=180.0,
                    help="seconds to wait for loaderd's socket")
-    p.add_argument("--read-timeout", type=float, default=600.0,
-                   help="seconds allowed for one loaderctl read")
+    p.add_argument("--run-timeout", type=float, default=300.0,
+                   help="seconds allowed for one run of one configuration")
     p.add_argument("--skip-loaderd", action="store_true", help="DataLoader rows only")
     p.add_argument("--skip-torch", action="store_true", help="loaderd rows only")
     p.add_argument("--child", help=argparse.SUPPRESS)
@@ -836,16 +1035,16 @@ def parse_args(argv):
     for k in ("files", "file_size", "classes", "tokens"):
         if getattr(a, k) is None:
             setattr(a, k, base[k])
+    if a.runs is None:
+        a.runs = 1 if a.quick else 3
     if a.files < 1 or a.file_size < 1 or a.classes < 1 or a.tokens < 2 * (CONTEXT + 1):
         p.error("--files, --file-size and --classes must be >= 1, --tokens >= 2 windows")
     try:
         a.workers = [int(w) for w in a.workers.split(",") if w.strip() != ""]
     except ValueError:
         p.error("--workers: a comma-separated list of integers")
-    if a.torch_epochs < 1 or a.max_samples < 1 or a.max_seconds <= 0:
-        p.error("--torch-epochs, --max-samples, --max-seconds must be positive")
-    if a.loaderd_epochs < 2:
-        p.error("--loaderd-epochs must be at least 2 (epoch 0 is not the steady state)")
+    if a.runs < 1 or a.timed_epochs < 1 or a.prefetch_factor < 1:
+        p.error("--runs, --timed-epochs and --prefetch-factor must be at least 1")
     return a
 
 
@@ -870,11 +1069,12 @@ def main():
     if args.child:
         return child_main(json.loads(args.child))
     # A SIGTERM (timeout, CI cancel) unwinds like Ctrl-C, so that the finally clauses stop
-    # loaderd and the DataLoader process groups instead of leaving them running.
+    # loaderd and the trainer process groups instead of leaving them running.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     ensure_system_python()
 
     build = args.build_dir if os.path.isabs(args.build_dir) else os.path.join(REPO, args.build_dir)
+    args.build_abs = build
     bins = {n: os.path.join(build, "bin", n) for n in ("loaderd", "loaderctl", "ld-gendata")}
     need = ["ld-gendata"] + ([] if args.skip_loaderd else ["loaderd", "loaderctl"])
     for n in need:
@@ -882,57 +1082,87 @@ def main():
             fail(f"{bins[n]} not found: build first (make all)")
     args.data_dir = os.path.abspath(args.data_dir)
     args.results_dir = os.path.abspath(args.results_dir)
-    os.makedirs(args.results_dir, exist_ok=True)
+    raw_dir = os.path.join(args.results_dir, "raw")
+    os.makedirs(raw_dir, exist_ok=True)
+    t_start = time.perf_counter()
 
     rec_dir, tok_file, files = generate(args, bins["ld-gendata"])
     warm = warm_page_cache(rec_dir, files, tok_file)
 
-    failures, rows, ld_info = [], [], None
-    if not args.skip_loaderd:
-        ld_rows, ld_info, ok = run_loaderd(args, bins, rec_dir, tok_file, args.results_dir)
-        rows.extend(ld_rows)
-        if not ok:
-            failures.extend("loaderd: " + e for e in ld_info["errors"])
-    if not args.skip_torch:
-        for ds, path, batch in (("records", rec_dir, RECORDS_BATCH),
-                                ("tokens", tok_file, TOKENS_BATCH)):
-            for w in args.workers:
-                r = run_dataloader(args, ds, path, batch, w, args.results_dir)
-                if r is None:
-                    failures.append(f"DataLoader {ds} num_workers={w} failed")
+    configs = []            # (dataset, path, batch, loader, workers)
+    for ds, path, batch in (("records", rec_dir, RECORDS_BATCH), ("tokens", tok_file, TOKENS_BATCH)):
+        if not args.skip_loaderd:
+            configs.append((ds, path, batch, "loaderd", 2))
+            if not args.no_c_client:
+                configs.append((ds, path, batch, "loaderctl", 2))
+        if not args.skip_torch:
+            configs += [(ds, path, batch, "DataLoader", w) for w in args.workers]
+
+    failures, runs = [], {c: [] for c in configs}
+    daemon = None
+    try:
+        if not args.skip_loaderd:
+            daemon = Daemon(args, bins, rec_dir, tok_file, raw_dir)
+            if not daemon.start():
+                configs = [c for c in configs if c[3] == "DataLoader"]
+        # Interleaved: run 1 of every configuration, then run 2, ..., so that a slow phase of
+        # a shared machine spreads over all of them instead of hitting one.
+        for i in range(args.runs):
+            for c in configs:
+                ds, path, batch, loader, w = c
+                tag = f"{ds}-{loader}" + (f"-w{w}" if loader == "DataLoader" else "") + f"-run{i + 1}"
+                if loader == "loaderctl":
+                    r = run_loaderctl(args, ds, batch, daemon, raw_dir, tag)
                 else:
-                    rows.append(r)
-    order = {"records": 0, "tokens": 1}
-    rows.sort(key=lambda r: (order[r["dataset"]], r["loader"] != "loaderd", r["workers"]))
+                    r = run_trainer(args, ds, path, batch, loader, w, raw_dir, tag,
+                                    daemon if loader == "loaderd" else None)
+                if r is None:
+                    failures.append(f"{tag} failed")
+                else:
+                    if loader == "DataLoader" and w:
+                        r["prefetch_factor"] = args.prefetch_factor
+                    runs[c].append(r)
+        if daemon is not None and daemon.proc is not None and daemon.proc.poll() is None:
+            daemon.info["status_end"] = daemon.status()
+    finally:
+        if daemon is not None:
+            daemon.stop()
+            failures.extend("loaderd: " + e for e in daemon.info["errors"])
+
+    rows = []
+    for c in configs:
+        if runs[c]:
+            row = summarize_runs(runs[c])
+            row["prefetch_factor"] = runs[c][0].get("prefetch_factor")
+            rows.append(row)
     add_ratios(rows)
 
     meta = {
-        "machine": machine_info(rows),
+        "machine": machine_info([r for c in configs for r in runs[c]]),
+        "command": " ".join(([f"BENCH_ARGS={shlex.quote(os.environ['BENCH_ARGS'])}"] if os.environ.get("BENCH_ARGS")
+                             else []) + ["/usr/bin/python3 bench/bench.py"] + [shlex.quote(x) for x in sys.argv[1:]]),
         "params": {"quick": args.quick, "files": args.files, "file_size": args.file_size,
                    "classes": args.classes, "tokens": args.tokens, "context": CONTEXT,
                    "records_batch": RECORDS_BATCH, "tokens_batch": TOKENS_BATCH,
-                   "loaderd_epochs": args.loaderd_epochs, "torch_epochs": args.torch_epochs,
-                   "max_samples": args.max_samples, "max_seconds": args.max_seconds,
-                   "workers": args.workers, "seed": SEED, "build_dir": args.build_dir},
+                   "runs": args.runs, "timed_epochs": args.timed_epochs,
+                   "prefetch_factor": args.prefetch_factor, "workers": args.workers, "seed": SEED,
+                   "consume": args.consume,
+                   "daemon_workers": 2, "build_dir": args.build_dir},
         "page_cache_warm": warm,
-        "loaderd": ld_info,
+        "loaderd": daemon.info if daemon is not None else None,
+        "seconds": time.perf_counter() - t_start,
         "failures": failures,
     }
     md = render(rows, meta)
     with open(os.path.join(args.results_dir, "latest.md"), "w") as f:
         f.write(md)
     with open(os.path.join(args.results_dir, "latest.json"), "w") as f:
-        json.dump({**meta, "rows": rows}, f, indent=2)
+        json.dump({**meta, "rows": rows}, f, indent=1)
         f.write("\n")
     sys.stderr.flush()
     print()
-    print(f"{meta['machine']['date']}  {meta['machine']['nproc']} CPUs "
-          f"({meta['machine']['cpu_model']}), torch {meta['machine']['torch']}")
+    print(machine_line(meta["machine"]))
     print(console_table(rows))
-    for r in rows:
-        if r["loader"] == "loaderd" and r.get("ratio_vs_dataloader"):
-            vs = ", ".join(f"{v:.2f}x vs w={k}" for k, v in r["ratio_vs_dataloader"].items())
-            print(f"{r['dataset']}: loaderd {vs}")
     print(f"results: {os.path.join(args.results_dir, 'latest.md')}, latest.json", flush=True)
     if failures:
         log("bench: FAILED: " + "; ".join(failures))
