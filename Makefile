@@ -124,8 +124,9 @@ $(GENIMAGES): $(call obj,tools/genimages.c)
 	@mkdir -p $(dir $@)
 	$(CC) -o $@ $^ $(LDFLAGS_ALL) $(shell pkg-config --libs libturbojpeg 2>/dev/null)
 
-# The image benchmark's floor links the daemon's decoder and resampler, as unit tests do.
-$(IMGFLOOR): $(call obj,tools/ld-imgfloor.c) $(CORE_A)
+# The image benchmark's floor (bench-only) links the daemon's decoder, resampler and
+# pipeline, as unit tests do.
+$(IMGFLOOR): $(call obj,bench/ld-imgfloor.c) $(CORE_A)
 	@mkdir -p $(dir $@)
 	$(CC) -o $@ $^ $(LDFLAGS_ALL) $(PKG_LIBS) -ldl -lm
 

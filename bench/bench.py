@@ -784,7 +784,7 @@ def summarize_runs(runs):
         "peak_rss_mib_max": max(r["peak_rss_mib"] for r in runs),
         "peak_pss_mib_max": max(r["peak_pss_mib"] for r in runs),
         "cpu_includes_epoch0": first.get("cpu_includes_epoch0", False),
-        "n_runs": len(runs), "runs": runs,
+        "partial": False, "n_runs": len(runs), "runs": runs,
     })
     c = row["cpu_s_per_1000"]
     row["samples_per_cpu_s"] = 1000 / c if c else None

@@ -1,7 +1,8 @@
-/* ld-imgfloor — the image benchmark's floor: what one core does per image with
- * libjpeg-turbo and loaderd's resampler alone, no daemon around it.
+/* ld-imgfloor — the image benchmark's floor: the fastest known way to do, on one core,
+ * the work loaderd's image pipeline does per sample, with no daemon around it.
  *
- *   ld-imgfloor DIR [--pattern GLOB] [--size N] [--limit N] [--repeat R] [--json]
+ *   ld-imgfloor DIR [--pattern GLOB] [--size N] [--limit N] [--repeat R] [--seed S]
+ *               [--epoch E] [--json]
  *
  * Finds the files under DIR whose name matches GLOB (default "*.jpg"), in sorted path
  * order; --limit N keeps N of them spread evenly over that order (the generator draws
@@ -9,22 +10,31 @@
  * first (that pass is timed on its own), then, on this one thread, each file goes
  * through each mode in turn, one mode per pass:
  *
- *   decode                image_decode at full size
- *   decode_resize         transform_decode_resize: full-size decode, then the whole
- *                         image resized to N x N (the floor of random_resized_crop,
- *                         which decodes at full size unless the crop is at least twice
- *                         the output on both sides)
- *   decode_scaled         image_decode with min N x N: the largest DCT reduction that
- *                         still gives N x N pixels
- *   decode_resize_scaled  the same decode, then resized to N x N (the floor of a
- *                         pipeline that resizes the whole image)
+ *   decode         image_decode of the whole image at full size: what PIL (and so
+ *                  torchvision's ImageFolder) decodes for every sample
+ *   decode_resize  that full decode, then the whole image resized to N x N with the
+ *                  daemon's resampler (the floor before region decoding; context only)
+ *   crop           THE FLOOR: the daemon's own per-sample path, transform_apply of the
+ *                  bench's pipeline (random_resized_crop N, random_flip 0.5, to_dtype
+ *                  uint8 CHW) with the sample's index, seed and epoch: the crop is
+ *                  drawn on the header's size, only the rows and iMCU columns around it
+ *                  are decoded, at the largest DCT reduction the pipeline's planner
+ *                  allows, then resized, flipped and written CHW. The scale is chosen
+ *                  by the same planning code as in loaderd, so the floor follows any
+ *                  change of that choice.
+ *
+ * The crop mode produces the same output as loaderd (the same pixels for the same
+ * draws) and as torchvision's RandomResizedCrop + flip within the decoder's rounding;
+ * it is not the same steps as PIL: PIL decodes every pixel of the image, loaderd (and
+ * this floor) only the region that the crop reads, at a reduced scale when the crop is
+ * large. "The same work" means the same output. loaderd's workers add to this floor
+ * the file reads, the scheduling and the hand-off of the batch, so loaderd per worker
+ * thread cannot be faster than the floor per core.
  *
  * A pass is repeated R times (default 1) and the fastest kept, so that a moment of
  * interference from elsewhere on the machine does not count. Both wall-clock and this
- * thread's CPU time are reported; images/s is wall-clock. Why a separate tool: the
- * benchmark compares loaderd's samples/s per worker thread with what the decoder
- * itself allows per core, so the floor must use the same decoder and resampler
- * (linked from the daemon's core library) on the same files. */
+ * thread's CPU time are reported; images/s is wall-clock. It links the daemon's core
+ * library (the decoder, resampler and pipeline), as the unit tests do. */
 #include <errno.h>
 #include <fnmatch.h>
 #include <ftw.h>
@@ -39,6 +49,7 @@
 #include "image.h"
 #include "ld_error.h"
 #include "proto.h"
+#include "resample.h"
 #include "transform.h"
 
 #define IMGFLOOR_MAX_FILE (64u << 20)   /* larger files are skipped with an error */
@@ -53,19 +64,24 @@ struct sample {
     size_t len;
 };
 
-enum mode_kind { MODE_DECODE, MODE_DECODE_RESIZE };
+enum mode_kind { MODE_DECODE, MODE_DECODE_RESIZE, MODE_CROP };
 
 struct mode {
     const char *name;
     enum mode_kind kind;
-    bool scaled;
 };
 
 static const struct mode modes[] = {
-    {"decode", MODE_DECODE, false},
-    {"decode_resize", MODE_DECODE_RESIZE, false},
-    {"decode_scaled", MODE_DECODE, true},
-    {"decode_resize_scaled", MODE_DECODE_RESIZE, true},
+    {"decode", MODE_DECODE},
+    {"decode_resize", MODE_DECODE_RESIZE},
+    {"crop", MODE_CROP},
+};
+
+/* What the crop mode runs, and the draws it uses. */
+struct crop_ctx {
+    const transform_pipeline *pipeline;
+    uint64_t seed, epoch;
+    size_t n_total;             /* files found: a chosen file's index is its place among them */
 };
 #define N_MODES (sizeof modes / sizeof modes[0])
 
@@ -83,7 +99,7 @@ static int walk_error;
 static int usage(const char *msg)
 {
     fprintf(stderr, "ld-imgfloor: %s\nusage: ld-imgfloor DIR [--pattern GLOB] [--size N] [--limit N] "
-                    "[--repeat R] [--json]\n", msg);
+                    "[--repeat R] [--seed S] [--epoch E] [--json]\n", msg);
     return 2;
 }
 
@@ -165,24 +181,48 @@ static int scale_slot(int num, int denom)
     return d >= 8 ? 3 : d >= 4 ? 2 : d >= 2 ? 1 : 0;
 }
 
+/* The full-size decode resized whole to size x size, uint8 HWC into out. */
+static int decode_resize(const struct sample *smp, int size, struct image_buf *buf, uint8_t *out, char *errbuf)
+{
+    struct image_decode_opts opts = {0};
+    int r = image_decode(smp->data, smp->len, &opts, buf, errbuf);
+    if (r < 0)
+        return r;
+    struct resample_job job = {
+        .src = buf->data, .src_stride = (size_t)buf->width * 3, .src_w = buf->width, .src_h = buf->height,
+        .box_x0 = 0, .box_y0 = 0, .box_w = buf->width, .box_h = buf->height,
+        .clamp_x0 = 0, .clamp_y0 = 0, .clamp_x1 = buf->width, .clamp_y1 = buf->height,
+        .out_w = size, .out_h = size, .rect_x0 = 0, .rect_y0 = 0, .rect_w = size, .rect_h = size,
+    };
+    return resample_run(&job, buf, out, (size_t)size * 3, NULL, NULL);
+}
+
 /* One pass of one mode over every sample. Returns 0 or the first error, with its
  * message in errbuf naming the file. */
-static int run_pass(const struct mode *m, int size, const struct sample *samples, char *const *paths,
-                    size_t n, struct image_buf *buf, uint8_t *out, struct result *ret_result, char *errbuf)
+static int run_pass(const struct mode *m, int size, const struct crop_ctx *cc, const struct sample *samples,
+                    char *const *paths, size_t n, size_t n_chosen, struct image_buf *buf, uint8_t *out,
+                    struct result *ret_result, char *errbuf)
 {
     struct result res = {0};
     struct image_decode_opts opts = {0};
-    if (m->scaled) {
-        opts.min_width = size;
-        opts.min_height = size;
-    }
     char msg[LD_ERRMSG_MAX];
     double w0 = now(CLOCK_MONOTONIC), c0 = now(CLOCK_THREAD_CPUTIME_ID);
     for (size_t i = 0; i < n; i++) {
         msg[0] = '\0';
-        int r = m->kind == MODE_DECODE
-                    ? image_decode(samples[i].data, samples[i].len, &opts, buf, msg)
-                    : transform_decode_resize(samples[i].data, samples[i].len, &opts, size, size, out, buf, msg);
+        int r;
+        switch (m->kind) {
+        case MODE_DECODE:
+            r = image_decode(samples[i].data, samples[i].len, &opts, buf, msg);
+            break;
+        case MODE_DECODE_RESIZE:
+            r = decode_resize(&samples[i], size, buf, out, msg);
+            break;
+        default:
+            /* the sample's index in the dataset: its place among all the files found */
+            r = transform_apply(cc->pipeline, samples[i].data, samples[i].len, cc->seed, cc->epoch,
+                                (uint64_t)(i * cc->n_total / n_chosen), out, buf, msg);
+            break;
+        }
         if (r < 0) {
             ld_errorf(errbuf, "%s: %s: %s", paths[i], m->name, msg[0] ? msg : ld_strerror(r));
             return r;
@@ -197,6 +237,22 @@ static int run_pass(const struct mode *m, int size, const struct sample *samples
     return 0;
 }
 
+/* The bench's image pipeline: random_resized_crop size x size (torchvision's defaults),
+ * random_flip 0.5, to_dtype uint8 CHW; decode options left at their defaults, as in the
+ * bench's config. */
+static int make_pipeline(int size, transform_pipeline **ret_p, struct transform_output *ret_out, char *errbuf)
+{
+    struct transform_spec specs[3];
+    transform_spec_init(&specs[0], TRANSFORM_RANDOM_RESIZED_CROP);
+    specs[0].random_resized_crop.height = size;
+    specs[0].random_resized_crop.width = size;
+    transform_spec_init(&specs[1], TRANSFORM_RANDOM_FLIP);
+    transform_spec_init(&specs[2], TRANSFORM_TO_DTYPE);
+    specs[2].to_dtype.dtype = LD_DTYPE_UINT8;
+    specs[2].to_dtype.layout = TRANSFORM_LAYOUT_CHW;
+    return transform_pipeline_new(specs, 3, ret_p, ret_out, errbuf);
+}
+
 static void print_json(const char *dir, int size, size_t n_total, size_t n, uint64_t bytes, double read_s,
                        int repeat, const struct result *res)
 {
@@ -207,7 +263,7 @@ static void print_json(const char *dir, int size, size_t n_total, size_t n, uint
         if ((unsigned char)*p >= 0x20)
             putchar(*p);
     }
-    printf("\", \"size\": %d, \"files_found\": %zu, \"images\": %zu, \"bytes\": %llu, \"repeat\": %d, "
+    printf("\", \"size\": %d, \"floor_mode\": \"crop\", \"files_found\": %zu, \"images\": %zu, \"bytes\": %llu, \"repeat\": %d, "
            "\"read_s\": %.6f, \"read_ms_per_image\": %.6f, \"modes\": {",
            size, n_total, n, (unsigned long long)bytes, repeat, read_s, read_s * 1e3 / (double)n);
     for (size_t k = 0; k < N_MODES; k++) {
@@ -252,7 +308,7 @@ static int parse_pos(const char *s, long max, long *ret_v)
 int main(int argc, char **argv)
 {
     const char *dir = NULL, *pattern = "*.jpg";
-    long size = 224, limit = 0, repeat = 1;
+    long size = 224, limit = 0, repeat = 1, seed = 0, epoch = 1;
     bool json = false;
     for (int a = 1; a < argc; a++) {
         long *target = NULL, max = 0;
@@ -269,6 +325,12 @@ int main(int argc, char **argv)
         } else if (!strcmp(argv[a], "--repeat")) {
             target = &repeat;
             max = 100;
+        } else if (!strcmp(argv[a], "--seed") || !strcmp(argv[a], "--epoch")) {
+            long *v = argv[a][2] == 's' ? &seed : &epoch;
+            char *end;
+            errno = 0;
+            if (a + 1 >= argc || (*v = strtol(argv[++a], &end, 10), errno || *end || *v < 0))
+                return usage("--seed and --epoch take whole numbers >= 0");
         } else if (!strcmp(argv[a], "--json")) {
             json = true;
         } else if (argv[a][0] == '-') {
@@ -289,6 +351,8 @@ int main(int argc, char **argv)
     char **chosen = NULL;
     uint8_t *out = NULL;
     size_t n = 0;
+    transform_pipeline *pipeline = NULL;
+    struct transform_output tout;
     struct image_buf buf;
     image_buf_init(&buf);
     char errbuf[LD_ERRMSG_MAX] = "";
@@ -306,7 +370,10 @@ int main(int argc, char **argv)
     size_t want = limit > 0 && (size_t)limit < walk_list.n ? (size_t)limit : walk_list.n;
     samples = calloc(want, sizeof *samples);
     chosen = calloc(want, sizeof *chosen);
-    out = malloc((size_t)size * (size_t)size * 3);
+    if (make_pipeline((int)size, &pipeline, &tout, errbuf) < 0)
+        goto fail;
+    out = malloc(tout.sample_bytes > (size_t)size * (size_t)size * 3 ? tout.sample_bytes
+                                                                      : (size_t)size * (size_t)size * 3);
     if (!samples || !chosen || !out) {
         fprintf(stderr, "ld-imgfloor: out of memory\n");
         goto out;
@@ -326,13 +393,15 @@ int main(int argc, char **argv)
     double read_s = now(CLOCK_MONOTONIC) - r0;
 
     /* Warm-up: the decoder handle, the scratch buffers and the code paths, untimed. */
+    struct crop_ctx cc = {.pipeline = pipeline, .seed = (uint64_t)seed, .epoch = (uint64_t)epoch,
+                          .n_total = walk_list.n};
     struct result res[N_MODES], pass;
     for (size_t k = 0; k < N_MODES; k++)
-        if (run_pass(&modes[k], (int)size, samples, chosen, n < 16 ? n : 16, &buf, out, &pass, errbuf) < 0)
+        if (run_pass(&modes[k], (int)size, &cc, samples, chosen, n < 16 ? n : 16, n, &buf, out, &pass, errbuf) < 0)
             goto fail;
     for (size_t k = 0; k < N_MODES; k++) {
         for (long t = 0; t < repeat; t++) {
-            if (run_pass(&modes[k], (int)size, samples, chosen, n, &buf, out, &pass, errbuf) < 0)
+            if (run_pass(&modes[k], (int)size, &cc, samples, chosen, n, n, &buf, out, &pass, errbuf) < 0)
                 goto fail;
             if (t == 0 || pass.wall_s < res[k].wall_s)
                 res[k] = pass;
@@ -348,6 +417,7 @@ fail:
     fprintf(stderr, "ld-imgfloor: %s\n", errbuf);
 out:
     image_buf_close(&buf);
+    transform_pipeline_free(pipeline);
     for (size_t i = 0; samples && i < n; i++)
         free(samples[i].data);
     free(samples);
