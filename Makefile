@@ -6,8 +6,8 @@
 #                        fuzzer for a few seconds, and an -O0 build of everything
 #   make demo            generate a small dataset, start loaderd, read two epochs, stop
 #   make bench           loaderd vs PyTorch DataLoader, then the dataset cache, images and
-#                        the Python client in a training loop
-#                        (see bench/README.md)
+#                        the Python client in a training loop; results in
+#                        bench/results/<date>-<host>.{json,md} (see bench/README.md)
 #   make fuzz            each libFuzzer harness (tests/fuzz/) for FUZZ_SECONDS (default 60)
 #   make soak            minutes of client churn, RSS/fd//dev/shm drift judged (scripts/soak.sh)
 #   SANITIZE=address,undefined   build with sanitizers (any -fsanitize= list)
@@ -220,8 +220,7 @@ demo:
 bench:
 	@scripts/deps.sh bench
 	$(MAKE) --no-print-directory all
-	/usr/bin/python3 bench/bench.py; s=$$?; /usr/bin/python3 bench/bench_cache.py || s=1; \
-	  /usr/bin/python3 bench/bench_images.py || s=1; /usr/bin/python3 bench/bench_python.py --spawn || s=1; exit $$s
+	/usr/bin/python3 bench/run.py
 
 clean:
 	rm -rf build

@@ -2,11 +2,16 @@
 """loaderd against PyTorch's DataLoader, doing the same work in the same run.
 
 Generates two datasets with ld-gendata (many small files; one flat token file), warms
-the page cache, then reads each dataset with `loaderctl read` against a running loaderd
-and with torch.utils.data.DataLoader at 0, 1 and 2 workers, each DataLoader
-configuration in its own process so that the peak memory of its process tree can be
-measured. Prints a table and writes bench/results/latest.{md,json}. What is measured
-and how is explained in bench/README.md.
+the page cache, starts one loaderd, then runs every configuration several times,
+interleaved: loaderd read by a Python trainer through loaderclient, loaderd read by
+`loaderctl read --touch`, and torch.utils.data.DataLoader at 0, 1 and 2 workers
+(persistent, with a prefetch factor). Every trainer is a fresh process running the same
+loop (`child_main`): epoch 0 untimed, then the timed epochs, every byte of every batch
+read. Reported per configuration: median samples/s and its spread, CPU seconds per
+1,000 samples of everything the side runs (daemon + trainer, or DataLoader's main
+process + workers) and samples per CPU-second, peak RSS and PSS of the same processes.
+Prints a table and writes bench/results/latest.{md,json} (bench/run.py gathers them into
+the dated result file). What is measured and how is explained in bench/README.md.
 
 Run with Debian's /usr/bin/python3 (numpy, torch). `make bench` runs it with no
 arguments; pass arguments through the environment: `make bench BENCH_ARGS=--quick`.
@@ -30,7 +35,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 SYSTEM_PYTHON = "/usr/bin/python3"
 
-FULL = {"files": 100_000, "file_size": 3072, "classes": 100, "tokens": 200_000_000}
+# 100M tokens (97,656 windows): three runs of five configurations stay within minutes
+FULL = {"files": 100_000, "file_size": 3072, "classes": 100, "tokens": 100_000_000}
 QUICK = {"files": 20_000, "file_size": 3072, "classes": 100, "tokens": 20_000_000}
 
 CONTEXT = 1024          # tokens dataset: a sample is CONTEXT + 1 tokens

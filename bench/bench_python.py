@@ -167,8 +167,10 @@ class Daemon:
 # loaders
 
 def torch_loader(files, workers):
-    import numpy as np
+    import warnings
     import torch
+    # torch.frombuffer over bytes (read-only) warns once; the default collate copies it
+    warnings.filterwarnings("ignore", message="The given buffer is not writable")
 
     class Records(torch.utils.data.Dataset):
         def __len__(self):
@@ -176,12 +178,14 @@ def torch_loader(files, workers):
 
         def __getitem__(self, i):
             path, label = files[i]
-            return torch.from_numpy(np.fromfile(path, np.uint8)), label
+            with open(path, "rb") as f:     # the idiom users write (fewer system calls than np.fromfile)
+                return torch.frombuffer(f.read(), dtype=torch.uint8), label
 
     g = torch.Generator()
     g.manual_seed(0)
+    kw = {"persistent_workers": True, "prefetch_factor": 4} if workers else {}
     return torch.utils.data.DataLoader(Records(), batch_size=BATCH, shuffle=True, num_workers=workers,
-                                       persistent_workers=False, generator=g)
+                                       generator=g, **kw)
 
 
 def loaderd_loader(sock, **kw):

@@ -1,0 +1,125 @@
+#!/usr/bin/python3
+"""run — `make bench`: every benchmark in one run, and one result file that the figures
+of README.md and bench/README.md are quoted from.
+
+Runs, in this order, each as its own process with Debian's /usr/bin/python3:
+bench/bench.py (loaderd vs DataLoader), bench/bench_cache.py (the single-file cache),
+bench/bench_images.py (the image pipeline and its floor), bench/bench_python.py --spawn
+(the Python client in a training loop). Each writes its own files under bench/results/
+(latest.*, cache.*, images.*, python.*, raw outputs; none of them committed). Then this
+script gathers them into
+
+    bench/results/<date>-<host>.json   machine (CPU model, cores, RAM, kernel, versions of
+                                       Python, torch, numpy, torchvision, Pillow,
+                                       libjpeg-turbo, the loaderd commit), every command
+                                       with its exit code and time, and every result
+                                       (every run of every configuration)
+    bench/results/<date>-<host>.md     the summary: the same machine line and each
+                                       benchmark's tables
+
+where <date> is the UTC date and <host> a neutral label of the machine's size (usable
+CPUs and RAM, e.g. 2c-24g), never its hostname. These two files are small and are the
+ones committed with a README update: the README's table names the file it comes from.
+
+Options for the benchmarks come from the environment as before (BENCH_ARGS,
+BENCH_CACHE_ARGS, BENCH_IMAGES_ARGS, BENCH_PYTHON_ARGS); `--quick` in BENCH_ARGS makes
+all four small. Exits non-zero when any benchmark failed (the result files are written
+anyway, with the failures in them).
+"""
+import datetime
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+import bench  # noqa: E402  (machine_info, host_label: shared with bench.py)
+
+PY = bench.SYSTEM_PYTHON if os.path.exists(bench.SYSTEM_PYTHON) else sys.executable
+
+
+def steps():
+    """(name, argv, extra-args variable, its result files) of each benchmark."""
+    quick = "--quick" in shlex.split(os.environ.get("BENCH_ARGS", ""))
+    py_args = shlex.split(os.environ.get("BENCH_PYTHON_ARGS", "")) + (["--quick"] if quick else [])
+    return [
+        ("bench", ["bench/bench.py"], "BENCH_ARGS", ("latest.json", "latest.md")),
+        ("cache", ["bench/bench_cache.py"], "BENCH_CACHE_ARGS", ("cache.json", "cache.md")),
+        ("images", ["bench/bench_images.py"], "BENCH_IMAGES_ARGS", ("images.json", "images.md")),
+        ("python", ["bench/bench_python.py", "--spawn", *py_args], "BENCH_PYTHON_ARGS",
+         ("python.json", "python.md")),
+    ]
+
+
+def load(path, since, parse):
+    """The file's contents when it was written by this run, else None."""
+    try:
+        if os.path.getmtime(path) < since:
+            return None
+        with open(path) as f:
+            return parse(f)
+    except (OSError, ValueError):
+        return None
+
+
+def main():
+    results_dir = os.path.join(HERE, "results")
+    os.makedirs(results_dir, exist_ok=True)
+    machine = bench.machine_info()
+    started = datetime.datetime.now(datetime.timezone.utc)
+    t0 = time.perf_counter()
+    out = {"machine": machine, "started": started.strftime("%Y-%m-%d %H:%M:%S UTC"), "steps": []}
+    md_parts = []
+    failed = []
+    for name, argv, env_var, (json_name, md_name) in steps():
+        env_prefix = [f"{v}={shlex.quote(os.environ[v])}" for v in ("BENCH_ARGS", env_var)
+                      if os.environ.get(v)]
+        cmd = [PY, *argv]
+        shown = " ".join(dict.fromkeys(env_prefix)) + (" " if env_prefix else "") + " ".join(
+            ["/usr/bin/python3"] + [shlex.quote(a) for a in argv])
+        print(f"== {name}: {shown}", flush=True)
+        since = time.time()
+        t1 = time.perf_counter()
+        rc = subprocess.call(cmd, cwd=REPO)
+        secs = time.perf_counter() - t1
+        res = load(os.path.join(results_dir, json_name), since, json.load)
+        md = load(os.path.join(results_dir, md_name), since, lambda f: f.read())
+        out["steps"].append({"name": name, "command": shown, "exit_code": rc, "seconds": round(secs, 1),
+                             "results": res})
+        if rc != 0:
+            failed.append(f"{name} (exit {rc})")
+        if md:
+            # each benchmark's own title becomes a section of the summary
+            md_parts.append("\n".join(("#" + line) if line.startswith("#") else line
+                                      for line in md.strip().splitlines()))
+        else:
+            md_parts.append(f"## {name}\n\nNo results (exit {rc}).")
+    out["seconds"] = round(time.perf_counter() - t0, 1)
+    out["failures"] = failed
+
+    stem = f"{started.strftime('%Y-%m-%d')}-{machine['host']}"
+    json_path = os.path.join(results_dir, stem + ".json")
+    md_path = os.path.join(results_dir, stem + ".md")
+    with open(json_path, "w") as f:
+        json.dump(out, f, indent=1)
+        f.write("\n")
+    head = [f"# `make bench` — {out['started']}", "", bench.machine_line(machine), "",
+            f"Everything measured is in `bench/results/{stem}.json` (every run, every command). "
+            f"Total {out['seconds'] / 60:.1f} min.", "",
+            "| benchmark | command | exit | seconds |", "|---|---|---:|---:|"]
+    head += [f"| {s['name']} | `{s['command']}` | {s['exit_code']} | {s['seconds']:.0f} |" for s in out["steps"]]
+    if failed:
+        head += ["", "**FAILED: " + ", ".join(failed) + "**"]
+    with open(md_path, "w") as f:
+        f.write("\n".join(head) + "\n\n" + "\n\n".join(md_parts) + "\n")
+    print(f"\nmake bench: {out['seconds'] / 60:.1f} min; results: bench/results/{stem}.md and .json"
+          + (f"; FAILED: {', '.join(failed)}" if failed else ""), flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
