@@ -49,6 +49,7 @@ PSS_EVERY = 4           # PSS every 4th sample only: reading smaps_rollup costs 
                         # mmap lock, which the measured process's page faults also need
 MB = 1e6                # MB/s is decimal megabytes, computed the same way for every row
 MIB = 1024 * 1024
+CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
 # ---------------------------------------------------------------------------------------
@@ -335,40 +336,36 @@ def loaderctl_json(loaderctl, sock, *argv, timeout=30):
 
 
 def cpu_seconds(pid):
-    """CPU time (user + system, all threads) a live process has used, in seconds, or None
-    when it is gone. The threads' scheduler run times (/proc/PID/task/*/schedstat, in ns)
-    where the kernel has them, else /proc/PID/stat's utime + stime (clock ticks, 10 ms)."""
-    try:
-        tids = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return None
-    total, ok = 0, True
-    for tid in tids:
-        try:
-            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
-                total += int(f.read().split()[0])
-        except FileNotFoundError:
-            continue            # a thread that ended between the listing and the read
-        except (OSError, ValueError, IndexError):
-            ok = False
-            break
-    if ok:
-        return total / 1e9
+    """CPU time (user + system) a live process has used, all its threads together, those
+    that have ended included, in seconds; None when it is gone. /proc/PID/stat's utime +
+    stime: the kernel derives them from the threads' exact run times and reports them in
+    clock ticks (10 ms), so an interval of a second or more is exact to about 1%.
+    (Summing the live threads' /proc/PID/task/*/schedstat would be finer but would miss
+    the CPU of threads that have ended.)"""
     try:
         with open(f"/proc/{pid}/stat") as f:
             fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return (int(fields[11]) + int(fields[12])) / CLK_TCK
     except (OSError, ValueError, IndexError):
         return None
 
 
+def self_cpu_seconds():
+    """This process's CPU time, all threads (ended ones included), to the microsecond."""
+    import resource
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_utime + ru.ru_stime
+
+
 def tree_cpu(roots):
-    """{pid: CPU seconds} of every live process in the trees under roots."""
+    """{pid: CPU seconds} of every live process in the trees under roots (this process's
+    own from getrusage, finer than /proc)."""
     out = {}
+    me = os.getpid()
     for r in roots:
         for p in tree_pids(r):
             if p not in out:
-                c = cpu_seconds(p)
+                c = self_cpu_seconds() if p == me else cpu_seconds(p)
                 if c is not None:
                     out[p] = c
     return out
@@ -479,9 +476,17 @@ CONSUME_DESC = {"copy": "a copy of every tensor, `t.clone()`, as the host side o
 
 
 def child_main(spec):
-    """One run of one configuration: epoch 0 (warm-up: worker start, first touch of the
-    ring), then the timed epochs back to back; the CPU of every process of that side is
-    read at the start and at the end of the timed epochs. Prints one JSON line."""
+    """One run of one configuration, in a trainer process of its own: epoch 0 (warm-up:
+    worker start, first touch of the ring), then the timed epochs back to back; the CPU
+    of every process of that side is read at the start and at the end of the timed
+    epochs. Prints one JSON line.
+
+    spec: loader ("DataLoader" or "loaderd"), kind ("records": a directory of *.bin
+    files in class folders; "tokens": a uint16 token file with windows of context + 1),
+    path, context, batch_size, seed, epochs (epoch 0 + the timed ones), expect (samples
+    per epoch), consume ("copy" or "sum"); DataLoader: workers, prefetch_factor;
+    loaderd: socket, dataset (its name in the daemon), daemon_pid, lib (the client
+    library), pkg (the directory holding the loaderclient package)."""
     import warnings
     import numpy as np
     import torch
@@ -535,7 +540,7 @@ def child_main(spec):
                 s = i * self.context
                 return torch.from_numpy(self.data[s:s + self.context + 1].view(np.int16))
 
-        if spec["dataset"] == "records":
+        if spec["kind"] == "records":
             ds = FileDataset(spec["path"], "*.bin")
         else:
             ds = TokenWindows(spec["path"], spec["context"])
@@ -635,7 +640,7 @@ def child_main(spec):
 def run_trainer(args, ds, path, batch, loader, workers, results_dir, tag, daemon=None):
     """Runs one trainer process (DataLoader or loaderd's Python client) and returns its
     row, or None when it failed. Memory: the process tree (and the daemon) polled."""
-    spec = {"loader": loader, "dataset": ds, "path": path, "batch_size": batch, "workers": workers,
+    spec = {"loader": loader, "kind": ds, "dataset": ds, "path": path, "batch_size": batch, "workers": workers,
             "prefetch_factor": getattr(args, "prefetch_factor", 2), "context": CONTEXT, "seed": SEED,
             "epochs": 1 + args.timed_epochs, "expect": expected_samples(args, ds),
             "consume": getattr(args, "consume", "copy")}
@@ -947,7 +952,8 @@ def render(rows, meta):
     lines.append("- **samples/s**: samples of the timed epochs ÷ their wall time, from the end of epoch 0 to the "
                  "last batch consumed; min–max over the runs.")
     lines.append("- **CPU s / 1,000 samples**: user + system CPU over the timed epochs of every process the side "
-                 "runs, read from `/proc/PID/task/*/schedstat` at the start and the end of the timed epochs: "
+                 "runs, read at the start and the end of the timed epochs (`/proc/PID/stat`, all threads; the "
+                 "trainer's own from getrusage): "
                  "loaderd = the daemon (all its threads) + the trainer process; DataLoader = the main process + "
                  "its workers. **samples per CPU-second** = 1,000 ÷ that: the per-core comparison (a loader that "
                  "uses two cores to go twice as fast scores the same as one that uses one). "

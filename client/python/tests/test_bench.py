@@ -1,0 +1,134 @@
+"""The benchmark's own instruments (bench/bench.py, bench/ld-imgfloor.c), checked on small
+data: both sides of the comparison must do the same work, and what they cost must be
+counted for every process they run. A benchmark that quietly skips work on one side or
+misses a process's CPU reports a ratio that nobody can reproduce.
+"""
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+import support
+from conftest import REC, TOK
+
+BENCH = os.path.join(support.REPO, "bench", "bench.py")
+sys.path.insert(0, os.path.dirname(BENCH))
+import bench  # noqa: E402
+
+pytest.importorskip("torch")
+
+
+def trainer(spec, timeout=120):
+    """bench.py's trainer process (`--child`), as `make bench` runs it; its JSON line."""
+    r = subprocess.run([sys.executable, BENCH, "--child", json.dumps(spec)], stdout=subprocess.PIPE,
+                       stderr=subprocess.PIPE, timeout=timeout)
+    assert r.returncode == 0, r.stderr.decode(errors="replace")[-3000:]
+    return json.loads(r.stdout.decode().strip().splitlines()[-1])
+
+
+def specs(daemon, data_dir, kind, dataset, path, batch, expect, context=0):
+    base = {"kind": kind, "path": path, "context": context, "batch_size": batch, "seed": 0, "epochs": 3,
+            "expect": expect, "consume": "sum"}
+    lib = os.environ.get("LOADERCLIENT_LIB", os.path.join(support.REPO, "build", "lib", "libloaderclient.so"))
+    return [
+        dict(base, loader="DataLoader", workers=0, prefetch_factor=2),
+        dict(base, loader="DataLoader", workers=1, prefetch_factor=2),
+        dict(base, loader="loaderd", dataset=dataset, socket=daemon.socket, daemon_pid=daemon.pid,
+             lib=os.path.abspath(lib), pkg=os.path.join(support.REPO, "client", "python")),
+    ]
+
+
+@pytest.mark.parametrize("kind", ["records", "tokens"])
+def test_both_sides_read_the_same_bytes(daemon, data_dir, kind):
+    """Every configuration delivers every sample of every epoch and its trainer reads all
+    of it: the sums over all bytes (data and labels, in the dtype each side hands to the
+    trainer) agree. A side that converted token windows to int64 alone (the ids go above
+    32767, so their int16 view sums differently), or that skipped or repeated samples,
+    would not."""
+    if kind == "records":
+        n = REC["n"]
+        ss = specs(daemon, data_dir, "records", "rec", os.path.join(data_dir, "rec"), 64, n)
+    else:
+        n = (TOK["n"] - (TOK["context"] + 1)) // TOK["context"] + 1
+        ss = specs(daemon, data_dir, "tokens", "tok", os.path.join(data_dir, "tok.bin"), 32, n,
+                   context=TOK["context"])
+    results = [trainer(s) for s in ss]
+    for s, r in zip(ss, results):
+        what = "%s workers=%s" % (s["loader"], s.get("workers"))
+        assert [e["samples"] for e in r["epochs"]] == [n] * 3, what
+        assert r["cpu_s"]["total"] > 0, what
+    # the same data in every epoch, so each side's sum is 3 x one epoch's
+    assert len({r["checksum"] for r in results}) == 1, [r["checksum"] for r in results]
+    assert results[0]["checksum"] != 0
+    dl1, ld = results[1], results[2]
+    # the worker's and the daemon's CPU are counted, not only the trainer's
+    assert dl1["cpu_s"]["workers"] > 0 and len(dl1["worker_pids"]) == 1
+    assert ld["cpu_s"]["daemon"] > 0
+
+
+def test_cpu_seconds_counts_children_and_threads():
+    """tree_cpu sees the CPU that a child process and a second thread burn."""
+    burn = ("import os, threading, time\n"
+            "def spin():\n"
+            "    t = time.process_time()\n"
+            "    while time.process_time() - t < 0.3: pass\n"
+            "if os.fork() == 0:\n"
+            "    spin(); time.sleep(5); os._exit(0)\n"
+            "th = threading.Thread(target=spin); th.start(); th.join()\n"
+            "print('ready', flush=True); time.sleep(5)\n")
+    p = subprocess.Popen([sys.executable, "-c", burn], stdout=subprocess.PIPE)
+    try:
+        assert p.stdout.readline().strip() == b"ready"
+        deadline = time.monotonic() + 10
+        while True:
+            c = bench.tree_cpu([p.pid])
+            if len(c) == 2 and sum(c.values()) >= 0.5 or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        assert len(c) == 2, c                       # the process and its child
+        assert sum(c.values()) >= 0.5, c            # 0.3 s in a thread + 0.3 s in the child
+        assert bench.cpu_delta({}, c) == pytest.approx(sum(c.values()))
+    finally:
+        p.kill()
+        p.wait()
+
+
+def test_summary_is_median_and_spread():
+    runs = [{"dataset": "records", "loader": "DataLoader", "client": None, "workers": 0, "batch_size": 64,
+             "samples_per_s": v, "mb_per_s": v / 10, "cpu_s_per_1000": c, "timed_samples": 1000,
+             "cpu_s": {"trainer": c, "daemon": 0.0, "workers": 0.0, "total": c}, "first_batch_ms": 1.0,
+             "peak_rss_mib": 100.0, "peak_pss_mib": 50.0}
+            for v, c in ((300.0, 0.5), (100.0, 2.0), (200.0, 1.0), (400.0, 0.25))]
+    row = bench.summarize_runs(runs)
+    assert row["samples_per_s"] == 250.0                     # median of an even count
+    assert (row["samples_per_s_min"], row["samples_per_s_max"]) == (100.0, 400.0)
+    assert row["cpu_s_per_1000"] == 0.75
+    assert row["samples_per_cpu_s"] == pytest.approx(1000 / 0.75)
+    assert row["n_runs"] == 4 and len(row["runs"]) == 4
+
+
+def test_image_floor_decodes_only_the_crop(scratch):
+    """ld-imgfloor's floor is the daemon's crop path: the same images, fewer pixels decoded
+    than the whole-image decode PIL does, at most as many as the full decode per image."""
+    loaderd, _ = support.binaries()
+    bindir = os.path.dirname(loaderd)
+    genimages, imgfloor = os.path.join(bindir, "ld-genimages"), os.path.join(bindir, "ld-imgfloor")
+    if not (os.access(genimages, os.X_OK) and os.access(imgfloor, os.X_OK)):
+        pytest.skip("ld-genimages / ld-imgfloor not built next to %s" % loaderd)
+    d = str(scratch / "img")
+    subprocess.run([genimages, d, "--count", "24", "--classes", "2", "--min", "256", "--max", "500"],
+                   check=True, stdout=subprocess.DEVNULL, timeout=60)
+    r = subprocess.run([imgfloor, d, "--size", "64", "--json"], stdout=subprocess.PIPE, check=True, timeout=60)
+    res = json.loads(r.stdout)
+    assert res["floor_mode"] == "crop" and res["images"] == 24
+    modes = res["modes"]
+    assert set(modes) == {"decode", "decode_resize", "crop"}
+    full, crop = modes["decode"], modes["crop"]
+    assert full["mean_decoded_megapixels"] == pytest.approx(full["mean_src_megapixels"])
+    assert crop["mean_decoded_megapixels"] < full["mean_decoded_megapixels"]
+    # a 64 x 64 output from 256-500 px images: some crops are decoded at a reduced scale
+    assert sum(crop["scales"][k] for k in ("1/2", "1/4", "1/8")) > 0
+    assert sum(crop["scales"].values()) == 24
