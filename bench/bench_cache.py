@@ -714,7 +714,7 @@ def main_rows(res):
     for r in t.get("files", []):
         rows.append(["files", "DataLoader", str(r["workers"]), r["samples_per_s"], r["mb_per_s"],
                      r["peak_rss_mib"], steady_desc(len(r["runs"][0]["child"]["epochs"]))
-                     + " (bench.py's trainer: open().read() per file)"])
+                     + " (bench.py's trainer: open().read() per file; packed vs files, not like for like)"])
     for r in t.get("pickle", []):
         rows.append(["pickle, in memory", "DataLoader", str(r["workers"]), r["samples_per_s"], r["mb_per_s"],
                      r["peak_rss_mib"], f"{steady_desc(len(r['child']['epochs']))}, after a {r['load_s']:.2f} s load"

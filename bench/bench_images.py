@@ -576,7 +576,7 @@ def render(rows, floor, summary, meta):
     L.append("")
     L.append(f"samples/s: steady state (loaderd: epoch 1 of {p['loaderd_epochs']}; DataLoader: "
              f"epoch 1 of {p['torch_epochs']}, each epoch bounded to {p['max_seconds']:g} s). "
-             "CPU s / 1,000 samples: over every epoch read (loaderd: the daemon process; "
+             "CPU s / 1,000 samples: over every epoch read (loaderd: the daemon + loaderctl; "
              "DataLoader: main process + workers).")
     L.append("")
     hdr = ["loader", "workers", "samples/s", "epoch 0 samples/s", "CPU s / 1,000 samples",
