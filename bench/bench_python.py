@@ -5,10 +5,11 @@ torch.utils.data.DataLoader over the same files.
 Three measurements, on the records dataset (files of 3072 bytes in class folders; a
 sample is uint8[3072] + an int64 label; batch 64):
 
-1. data path alone: samples/s of iterating the loader without doing anything with the
-   batches. loaderd through LoaderdDataLoader (zero-copy tensors), the same stream read
-   with bare C calls through ctypes (the floor of any Python client), and DataLoader at
-   num_workers 0, 1, 2.
+1. data path alone: samples/s of iterating the loader and copying each batch (every byte
+   read, as bench.py's trainer does on both sides). loaderd through LoaderdDataLoader
+   (zero-copy tensors), the same stream read with bare C calls through ctypes (bytes not
+   read: the per-batch floor of any Python client), and DataLoader at num_workers 0, 1, 2
+   (persistent workers).
 2. training: a tiny MLP (3072 -> 256 -> classes, on x.float() / 255, SGD) fed by each
    loader: samples/s and the fraction of the step time spent waiting for data (time
    blocked in next() over the loop's total).
@@ -201,6 +202,8 @@ def time_epoch(loader, max_seconds):
     for data, label in loader:
         if first is None:
             first = time.perf_counter() - t0
+        data.clone()        # read every byte, as bench.py's trainer does on both sides
+        label.clone()
         n += data.shape[0]
         if time.perf_counter() - t0 > max_seconds:
             break
