@@ -132,3 +132,18 @@ def test_image_floor_decodes_only_the_crop(scratch):
     # a 64 x 64 output from 256-500 px images: some crops are decoded at a reduced scale
     assert sum(crop["scales"][k] for k in ("1/2", "1/4", "1/8")) > 0
     assert sum(crop["scales"].values()) == 24
+
+
+def test_result_file_names_no_path_of_this_machine():
+    """bench/run.py writes the committed result file with the repository and the temporary
+    directory made neutral: nothing in it says where the run happened."""
+    import tempfile
+    import run
+    repo = support.REPO
+    res = {"dir": os.path.join(repo, "bench", "data", "images-10000"), "n": 3,
+           "runs": [{"socket": os.path.join(tempfile.gettempdir(), "ld-bench-x", "s.sock")}],
+           "text": "built in %s" % repo}
+    out = run.scrub(res, run.path_subs())
+    assert out == {"dir": "bench/data/images-10000", "n": 3, "runs": [{"socket": "$TMPDIR/ld-bench-x/s.sock"}],
+                   "text": "built in ."}
+    assert repo not in json.dumps(out)
