@@ -335,19 +335,40 @@ def loaderctl_json(loaderctl, sock, *argv, timeout=30):
     return json.loads(r.stdout)
 
 
+STAT_SLACK_S = 0.025    # two clock ticks and a margin: see pid_cpu_delta
+
+
 def cpu_seconds(pid):
     """CPU time (user + system) a live process has used, all its threads together, those
     that have ended included, in seconds; None when it is gone. /proc/PID/stat's utime +
-    stime: the kernel derives them from the threads' exact run times and reports them in
-    clock ticks (10 ms), so an interval of a second or more is exact to about 1%.
-    (Summing the live threads' /proc/PID/task/*/schedstat would be finer but would miss
-    the CPU of threads that have ended.)"""
+    stime: the kernel derives them from the threads' exact run times but reports them in
+    clock ticks (10 ms)."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             fields = f.read().rsplit(")", 1)[1].split()
         return (int(fields[11]) + int(fields[12])) / CLK_TCK
     except (OSError, ValueError, IndexError):
         return None
+
+
+def sched_seconds(pid):
+    """The summed run times of a process's live threads (/proc/PID/task/*/schedstat, in
+    ns), or None where the kernel does not keep them. Exact, but blind to threads that
+    have ended."""
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return None
+    total = 0
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                total += int(f.read().split()[0])
+        except FileNotFoundError:
+            continue            # a thread that ended between the listing and the read
+        except (OSError, ValueError, IndexError):
+            return None
+    return total / 1e9
 
 
 def self_cpu_seconds():
@@ -358,22 +379,43 @@ def self_cpu_seconds():
 
 
 def tree_cpu(roots):
-    """{pid: CPU seconds} of every live process in the trees under roots (this process's
-    own from getrusage, finer than /proc)."""
+    """{pid: (stat seconds, schedstat seconds or None)} of every live process in the
+    trees under roots; for this process getrusage's figure, twice."""
     out = {}
     me = os.getpid()
     for r in roots:
         for p in tree_pids(r):
-            if p not in out:
-                c = self_cpu_seconds() if p == me else cpu_seconds(p)
-                if c is not None:
-                    out[p] = c
+            if p in out:
+                continue
+            if p == me:
+                c = self_cpu_seconds()
+                out[p] = (c, c)
+                continue
+            c = cpu_seconds(p)
+            if c is not None:
+                out[p] = (c, sched_seconds(p))
     return out
 
 
+def pid_cpu_delta(before, after, pid):
+    """CPU seconds process pid used between two tree_cpu() snapshots (all of it when it
+    was not in the first). The threads' exact run times, unless threads ended in between
+    with more CPU than the clock-tick figure's resolution (the two differ by more than
+    STAT_SLACK_S): then the clock-tick figure, which counts them."""
+    a = after.get(pid)
+    if a is None:
+        return 0.0
+    b = before.get(pid, (0.0, 0.0))
+    ds = a[0] - b[0]
+    if a[1] is None or b[1] is None:
+        return ds
+    dn = a[1] - b[1]
+    return ds if abs(ds - dn) > STAT_SLACK_S else dn
+
+
 def cpu_delta(before, after):
-    """CPU seconds used between two tree_cpu() snapshots, per process kind."""
-    return sum(after[p] - before.get(p, 0.0) for p in after)
+    """CPU seconds all the processes of `after` used since `before`."""
+    return sum(pid_cpu_delta(before, after, p) for p in after)
 
 
 class Daemon:
@@ -620,9 +662,9 @@ def child_main(spec):
     (t0, c0), (t1, c1) = cpu_at["start"], cpu_at["end"]
     self_pid = os.getpid()
     daemon = spec.get("daemon_pid")
-    cpu = {"trainer": c1.get(self_pid, 0.0) - c0.get(self_pid, 0.0),
-           "daemon": (c1.get(daemon, 0.0) - c0.get(daemon, 0.0)) if daemon else 0.0,
-           "workers": sum(c1[p] - c0.get(p, 0.0) for p in c1 if p not in (self_pid, daemon)),
+    cpu = {"trainer": pid_cpu_delta(c0, c1, self_pid),
+           "daemon": pid_cpu_delta(c0, c1, daemon) if daemon else 0.0,
+           "workers": sum(pid_cpu_delta(c0, c1, p) for p in c1 if p not in (self_pid, daemon)),
            "processes_seen": len(c1)}
     cpu["total"] = cpu["trainer"] + cpu["daemon"] + cpu["workers"]
     print(json.dumps({"samples_per_epoch": samples_per_epoch or epochs[0]["samples"],
@@ -710,10 +752,10 @@ def run_loaderctl(args, ds, batch, daemon, results_dir, tag):
            str(1 + args.timed_epochs), "--batch-size", str(batch), "--seed", str(SEED), "--touch", "--json"]
     out_p = os.path.join(results_dir, f"{tag}.json")
     err_p = os.path.join(results_dir, f"{tag}.err")
-    c0 = cpu_seconds(daemon.proc.pid)
+    c0 = tree_cpu([daemon.proc.pid])
     code, pid, mem, wall = run_monitored(cmd, out_p, err_p, args.run_timeout, PSS_EVERY,
                                              extra_roots=[daemon.proc.pid])
-    c1 = cpu_seconds(daemon.proc.pid)
+    c1 = tree_cpu([daemon.proc.pid])
     ru = mem.rusage
     if code != 0:
         daemon.err(f"loaderctl read {ds} exited {code}: {tail(err_p).strip()}")
@@ -734,7 +776,7 @@ def run_loaderctl(args, ds, batch, daemon, results_dir, tag):
     n = sum(e["samples"] for e in timed)
     secs = sum(e["seconds"] for e in timed)
     total_n = sum(e["samples"] for e in eps)
-    cpu = {"daemon": (c1 or 0.0) - (c0 or 0.0), "trainer": ru.ru_utime + ru.ru_stime, "workers": 0.0}
+    cpu = {"daemon": pid_cpu_delta(c0, c1, daemon.proc.pid), "trainer": ru.ru_utime + ru.ru_stime, "workers": 0.0}
     cpu["total"] = cpu["daemon"] + cpu["trainer"]
     row = {
         "dataset": ds, "loader": "loaderd", "client": "C (loaderctl --touch)", "workers": 2,
@@ -952,7 +994,8 @@ def render(rows, meta):
     lines.append("- **samples/s**: samples of the timed epochs ÷ their wall time, from the end of epoch 0 to the "
                  "last batch consumed; min–max over the runs.")
     lines.append("- **CPU s / 1,000 samples**: user + system CPU over the timed epochs of every process the side "
-                 "runs, read at the start and the end of the timed epochs (`/proc/PID/stat`, all threads; the "
+                 "runs, read at the start and the end of the timed epochs (the threads' run times from "
+                 "`/proc/PID/task/*/schedstat`, or `/proc/PID/stat` when threads ended in between; the "
                  "trainer's own from getrusage): "
                  "loaderd = the daemon (all its threads) + the trainer process; DataLoader = the main process + "
                  "its workers. **samples per CPU-second** = 1,000 ÷ that: the per-core comparison (a loader that "
