@@ -6,8 +6,8 @@ and against the decoder's own floor, in one run.
    images (--quick: 1,000), quality 90, sides 256–500 px, 100 class folders; reads every
    file once so that all loaders read from the page cache.
 2. The floor: ld-imgfloor (bench/ld-imgfloor.c) runs, on one thread over images held in
-   memory, the daemon's own per-sample path (the crop region decoded at the planner's
-   DCT scale, resized, flipped, written CHW): the fastest known way to produce the same
+   memory, the daemon's own per-sample path (the crop region decoded at the scale the
+   pipeline's planner chooses, full size by default, then resized, flipped, written CHW): the fastest known way to produce the same
    output; for context also the whole-image decode PIL does, with and without a resize.
 3. loaderd, started twice (server.workers 1, then 2), each time read by `loaderctl read
    images --epochs 2 --batch-size 64 --touch --json` with RandomResizedCrop 224 +
@@ -603,7 +603,7 @@ def render(rows, floor, summary, meta):
         L.append("|---|---:|---:|---:|---:|---|")
         desc = {"decode": "whole image, full size (what PIL decodes)",
                 "decode_resize": f"whole image, full size + resize to {SIZE}×{SIZE} (context)",
-                "crop": f"crop region only, at the planner's DCT scale + resize, flip, CHW (**the floor**)"}
+                "crop": f"crop region only, at the scale the daemon plans + resize, flip, CHW (**the floor**)"}
         for name, fm in floor["modes"].items():
             sc = fm["scales"]
             L.append(f"| {desc.get(name, name)} | {fm['ms_per_image']:.3f} | {fm['cpu_ms_per_image']:.3f} | "
@@ -621,8 +621,9 @@ def render(rows, floor, summary, meta):
                  f"floor's images/s per core ({pct(s['floor_cpu_efficiency'])} on CPU time).")
     L.append("")
     L.append("The floor is the daemon's own per-sample path (transform_apply: the crop drawn on the "
-             "header's size, only the rows and iMCU columns around it decoded, at the largest DCT "
-             "reduction the pipeline's planner allows, then resized, flipped and written CHW) on one "
+             "header's size, only the rows and iMCU columns around it decoded, at the scale the pipeline's "
+             "planner chooses (full size unless decode.dct_scaling is on; the bench's config leaves it off), "
+             "then resized, flipped and written CHW) on one "
              "core, images in memory: the same output as loaderd and as torchvision, not the same steps "
              "as PIL, which decodes every pixel (compare the decoded MP). loaderd's workers add file "
              "reads, scheduling and the hand-off, so loaderd per worker stays below 100% of it; with "

@@ -2,7 +2,7 @@
  * the work loaderd's image pipeline does per sample, with no daemon around it.
  *
  *   ld-imgfloor DIR [--pattern GLOB] [--size N] [--limit N] [--repeat R] [--seed S]
- *               [--epoch E] [--json]
+ *               [--epoch E] [--dct-scaling] [--json]
  *
  * Finds the files under DIR whose name matches GLOB (default "*.jpg"), in sorted path
  * order; --limit N keeps N of them spread evenly over that order (the generator draws
@@ -15,13 +15,14 @@
  *   decode_resize  that full decode, then the whole image resized to N x N with the
  *                  daemon's resampler (the floor before region decoding; context only)
  *   crop           THE FLOOR: the daemon's own per-sample path, transform_apply of the
- *                  bench's pipeline (random_resized_crop N, random_flip 0.5, to_dtype
- *                  uint8 CHW) with the sample's index, seed and epoch: the crop is
- *                  drawn on the header's size, only the rows and iMCU columns around it
- *                  are decoded, at the largest DCT reduction the pipeline's planner
- *                  allows, then resized, flipped and written CHW. The scale is chosen
- *                  by the same planning code as in loaderd, so the floor follows any
- *                  change of that choice.
+ *                  bench's pipeline (decode, random_resized_crop N, random_flip 0.5,
+ *                  to_dtype uint8 CHW) with the sample's index, seed and epoch: the
+ *                  crop is drawn on the header's size, only the rows and iMCU columns
+ *                  around it are decoded, at the scale the pipeline's planner chooses
+ *                  (full size by default, as in the bench's config; with
+ *                  --dct-scaling, decode.dct_scaling: true), then resized, flipped and
+ *                  written CHW. The scale is chosen by the same planning code as in
+ *                  loaderd, so the floor follows any change of that choice.
  *
  * The crop mode produces the same output as loaderd (the same pixels for the same
  * draws) and as torchvision's RandomResizedCrop + flip within the decoder's rounding;
@@ -99,7 +100,7 @@ static int walk_error;
 static int usage(const char *msg)
 {
     fprintf(stderr, "ld-imgfloor: %s\nusage: ld-imgfloor DIR [--pattern GLOB] [--size N] [--limit N] "
-                    "[--repeat R] [--seed S] [--epoch E] [--json]\n", msg);
+                    "[--repeat R] [--seed S] [--epoch E] [--dct-scaling] [--json]\n", msg);
     return 2;
 }
 
@@ -237,20 +238,24 @@ static int run_pass(const struct mode *m, int size, const struct crop_ctx *cc, c
     return 0;
 }
 
-/* The bench's image pipeline: random_resized_crop size x size (torchvision's defaults),
- * random_flip 0.5, to_dtype uint8 CHW; decode options left at their defaults, as in the
- * bench's config. */
-static int make_pipeline(int size, transform_pipeline **ret_p, struct transform_output *ret_out, char *errbuf)
+/* The bench's image pipeline: decode (its defaults, as in the bench's config, unless
+ * --dct-scaling), random_resized_crop size x size (torchvision's defaults), random_flip
+ * 0.5, to_dtype uint8 CHW. */
+static int make_pipeline(int size, bool dct_scaling, transform_pipeline **ret_p, struct transform_output *ret_out,
+                         char *errbuf)
 {
-    struct transform_spec specs[3];
-    transform_spec_init(&specs[0], TRANSFORM_RANDOM_RESIZED_CROP);
-    specs[0].random_resized_crop.height = size;
-    specs[0].random_resized_crop.width = size;
-    transform_spec_init(&specs[1], TRANSFORM_RANDOM_FLIP);
-    transform_spec_init(&specs[2], TRANSFORM_TO_DTYPE);
-    specs[2].to_dtype.dtype = LD_DTYPE_UINT8;
-    specs[2].to_dtype.layout = TRANSFORM_LAYOUT_CHW;
-    return transform_pipeline_new(specs, 3, ret_p, ret_out, errbuf);
+    struct transform_spec specs[4];
+    transform_spec_init(&specs[0], TRANSFORM_DECODE);
+    if (dct_scaling)
+        specs[0].decode.dct_scaling = true;
+    transform_spec_init(&specs[1], TRANSFORM_RANDOM_RESIZED_CROP);
+    specs[1].random_resized_crop.height = size;
+    specs[1].random_resized_crop.width = size;
+    transform_spec_init(&specs[2], TRANSFORM_RANDOM_FLIP);
+    transform_spec_init(&specs[3], TRANSFORM_TO_DTYPE);
+    specs[3].to_dtype.dtype = LD_DTYPE_UINT8;
+    specs[3].to_dtype.layout = TRANSFORM_LAYOUT_CHW;
+    return transform_pipeline_new(specs, 4, ret_p, ret_out, errbuf);
 }
 
 static void print_json(const char *dir, int size, size_t n_total, size_t n, uint64_t bytes, double read_s,
@@ -309,7 +314,7 @@ int main(int argc, char **argv)
 {
     const char *dir = NULL, *pattern = "*.jpg";
     long size = 224, limit = 0, repeat = 1, seed = 0, epoch = 1;
-    bool json = false;
+    bool json = false, dct_scaling = false;
     for (int a = 1; a < argc; a++) {
         long *target = NULL, max = 0;
         if (!strcmp(argv[a], "--pattern")) {
@@ -331,6 +336,8 @@ int main(int argc, char **argv)
             errno = 0;
             if (a + 1 >= argc || (*v = strtol(argv[++a], &end, 10), errno || *end || *v < 0))
                 return usage("--seed and --epoch take whole numbers >= 0");
+        } else if (!strcmp(argv[a], "--dct-scaling")) {
+            dct_scaling = true;
         } else if (!strcmp(argv[a], "--json")) {
             json = true;
         } else if (argv[a][0] == '-') {
@@ -370,7 +377,7 @@ int main(int argc, char **argv)
     size_t want = limit > 0 && (size_t)limit < walk_list.n ? (size_t)limit : walk_list.n;
     samples = calloc(want, sizeof *samples);
     chosen = calloc(want, sizeof *chosen);
-    if (make_pipeline((int)size, &pipeline, &tout, errbuf) < 0)
+    if (make_pipeline((int)size, dct_scaling, &pipeline, &tout, errbuf) < 0)
         goto fail;
     out = malloc(tout.sample_bytes > (size_t)size * (size_t)size * 3 ? tout.sample_bytes
                                                                       : (size_t)size * (size_t)size * 3);

@@ -123,17 +123,26 @@ def test_image_floor_decodes_only_the_crop(scratch):
     d = str(scratch / "img")
     subprocess.run([genimages, d, "--count", "24", "--classes", "2", "--min", "256", "--max", "500"],
                    check=True, stdout=subprocess.DEVNULL, timeout=60)
-    r = subprocess.run([imgfloor, d, "--size", "64", "--json"], stdout=subprocess.PIPE, check=True, timeout=60)
-    res = json.loads(r.stdout)
-    assert res["floor_mode"] == "crop" and res["images"] == 24
-    modes = res["modes"]
-    assert set(modes) == {"decode", "decode_resize", "crop"}
+    def floor(*extra):
+        r = subprocess.run([imgfloor, d, "--size", "64", "--json", *extra], stdout=subprocess.PIPE, check=True,
+                           timeout=60)
+        res = json.loads(r.stdout)
+        assert res["floor_mode"] == "crop" and res["images"] == 24
+        assert set(res["modes"]) == {"decode", "decode_resize", "crop"}
+        return res["modes"]
+
+    modes = floor()
     full, crop = modes["decode"], modes["crop"]
     assert full["mean_decoded_megapixels"] == pytest.approx(full["mean_src_megapixels"])
+    # the daemon's default: full-size DCT, only the region around the crop decoded
     assert crop["mean_decoded_megapixels"] < full["mean_decoded_megapixels"]
-    # a 64 x 64 output from 256-500 px images: some crops are decoded at a reduced scale
-    assert sum(crop["scales"][k] for k in ("1/2", "1/4", "1/8")) > 0
-    assert sum(crop["scales"].values()) == 24
+    assert crop["scales"]["1/1"] == 24
+    # with decode.dct_scaling, as the daemon plans it: a 64 x 64 output from 256-500 px
+    # images lets some crops be decoded at a reduced scale
+    scaled = floor("--dct-scaling")["crop"]
+    assert sum(scaled["scales"][k] for k in ("1/2", "1/4", "1/8")) > 0
+    assert sum(scaled["scales"].values()) == 24
+    assert scaled["mean_decoded_megapixels"] < crop["mean_decoded_megapixels"]
 
 
 def test_result_file_names_no_path_of_this_machine():
