@@ -25,6 +25,7 @@
 
 #include "cache_keeper.h"
 #include "log.h"
+#include "metrics.h"
 #include "notify.h"
 #include "proto.h"
 #include "proto_socket.h"
@@ -78,6 +79,7 @@ struct conn {
     uint64_t queued_bytes;          /* replies queued and not yet written to the socket */
     uint64_t peak_queued_bytes;
     uint64_t connected_ns, last_frame_ns; /* for the hello deadline and the idle timeout */
+    uint64_t batches_served, samples_served, bytes_served, closed_wait_ns; /* for metrics */
     struct conn_stream *streams;
     char rbuf[READ_BUF_SIZE];
 };
@@ -302,6 +304,7 @@ static void conn_stream_close(conn *c, struct conn_stream *cs)
     if (*pp)
         *pp = cs->next;
     srv->closed_wait_ns += stream_wait_ns(cs->s);
+    c->closed_wait_ns += stream_wait_ns(cs->s);
     srv->memory_used -= cs->ring_bytes;
     srv->n_streams--;
     ld_log(LD_LOG_INFO, "stream %" PRIu64 " closed (client %" PRIu64 ")", cs->id, c->id);
@@ -500,6 +503,9 @@ static void on_next(void *ctx, int rc, const struct stream_batch *b, const char 
         srv->batches_served++;
         srv->samples_served += b->rows;
         srv->bytes_served += b->bytes;
+        c->batches_served++;
+        c->samples_served += b->rows;
+        c->bytes_served += b->bytes;
         msg = proto_reply_ok(r->id);
         cJSON_AddNumberToObject(msg, "slot", b->slot);
         cJSON_AddNumberToObject(msg, "generation", (double)b->generation);
@@ -648,6 +654,121 @@ static void op_status(conn *c, const cJSON *req, int64_t id)
     reply_send(c, r);
 }
 
+/* ---- metrics ----------------------------------------------------------------------- */
+
+/* A number from a describe() object (stream or cache keeper); 0 when absent. */
+static double server_json_num(const cJSON *o, const char *key)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    return cJSON_IsNumber(v) ? v->valuedouble : 0;
+}
+
+/* The Prometheus text of the daemon's counters now (see metrics.h). Per-stream and cache
+ * values are read from the same describe() objects that `streams` and `status` show, so
+ * the three always agree. */
+static int server_metrics_text(server *srv, char **ret_text, size_t *ret_len)
+{
+    struct metrics_snapshot m = {0};
+    struct metrics_stream *st = calloc(srv->n_streams ? srv->n_streams : 1, sizeof *st);
+    struct metrics_client *cl = calloc(srv->n_conns ? srv->n_conns : 1, sizeof *cl);
+    struct metrics_dataset *ds = calloc(srv->n_datasets ? srv->n_datasets : 1, sizeof *ds);
+    cJSON *held = cJSON_CreateArray(); /* keeps the describe() objects whose strings we point at */
+    int rc = LD_ENOMEM;
+    if (!st || !cl || !ds || !held)
+        goto out;
+    m.version = LOADERD_VERSION;
+    m.uptime_s = (double)(uv_hrtime() - srv->started_ns) / 1e9;
+    m.clients = srv->n_conns;
+    m.streams = srv->n_streams;
+    m.workers = pool_threads(srv->workers);
+    m.batches = srv->batches_served;
+    m.samples = srv->samples_served;
+    m.bytes = srv->bytes_served;
+    m.worker_busy_s = (double)pool_busy_ns(srv->workers) / 1e9;
+    m.memory_budget = srv->cfg->memory_budget;
+    m.memory_used = srv->memory_used;
+    m.queued_reply_bytes = srv->queued_bytes;
+    m.have_process = metrics_read_self(&m.rss_bytes, &m.cpu_s) == 0;
+    uint64_t wait = srv->closed_wait_ns;
+    for (conn *k = srv->conns; k && m.n_clients < srv->n_conns; k = k->next) {
+        struct metrics_client *mc = &cl[m.n_clients++];
+        uint64_t cwait = k->closed_wait_ns;
+        mc->id = k->id;
+        mc->name = k->name;
+        mc->batches = k->batches_served;
+        mc->samples = k->samples_served;
+        mc->bytes = k->bytes_served;
+        for (struct conn_stream *cs = k->streams; cs && m.n_streams < srv->n_streams; cs = cs->next) {
+            cJSON *js = cJSON_CreateObject();
+            if (!js)
+                goto out;
+            cJSON_AddItemToArray(held, js);
+            stream_describe_state(cs->s, js);
+            struct metrics_stream *ms = &st[m.n_streams++];
+            const cJSON *dn = cJSON_GetObjectItemCaseSensitive(js, "dataset");
+            ms->id = cs->id;
+            ms->dataset = cJSON_IsString(dn) ? dn->valuestring : "";
+            ms->client_id = k->id;
+            ms->batches = (uint64_t)server_json_num(js, "batches_served");
+            ms->samples = (uint64_t)server_json_num(js, "samples_served");
+            ms->bytes = (uint64_t)server_json_num(js, "bytes_served");
+            ms->wait_s = (double)stream_wait_ns(cs->s) / 1e9;
+            for (int state = 0; state < METRICS_SLOT_STATES; state++) {
+                ms->slots[state] = ring_count(stream_ring(cs->s), (enum ring_state)state);
+                m.slots[state] += ms->slots[state];
+            }
+            mc->streams++;
+            cwait += stream_wait_ns(cs->s);
+        }
+        mc->wait_s = (double)cwait / 1e9;
+        wait += cwait - k->closed_wait_ns;
+    }
+    m.wait_s = (double)wait / 1e9;
+    for (size_t i = 0; i < srv->n_datasets; i++) {
+        ds[i].name = srv->datasets[i]->name;
+        ds[i].bad_samples = atomic_load(&srv->datasets[i]->bad_samples);
+        ds[i].replaced_samples = atomic_load(&srv->datasets[i]->replaced_samples);
+        if (srv->keepers[i]) {
+            cJSON *jc = cJSON_CreateObject();
+            if (!jc)
+                goto out;
+            cJSON_AddItemToArray(held, jc);
+            cache_keeper_describe(srv->keepers[i], jc);
+            const cJSON *state = cJSON_GetObjectItemCaseSensitive(jc, "state");
+            ds[i].cache_state = cJSON_IsString(state) ? state->valuestring : "unknown";
+            ds[i].cache_samples = (uint64_t)server_json_num(jc, "hits");
+            ds[i].cache_bytes = (uint64_t)server_json_num(jc, "hit_bytes");
+        }
+    }
+    m.n_datasets = srv->n_datasets;
+    m.stream = st;
+    m.client = cl;
+    m.dataset = ds;
+    rc = metrics_format(&m, ret_text, ret_len);
+out:
+    cJSON_Delete(held);
+    free(st);
+    free(cl);
+    free(ds);
+    return rc;
+}
+
+static void op_metrics(conn *c, const cJSON *req, int64_t id)
+{
+    char *text = NULL;
+    size_t len = 0;
+    int rc = server_metrics_text(c->srv, &text, &len);
+    if (rc < 0) {
+        reply_error(c, id, rc, "cannot format the metrics: out of memory");
+        return;
+    }
+    cJSON *r = proto_reply_ok(id);
+    cJSON_AddStringToObject(r, "content_type", METRICS_CONTENT_TYPE);
+    cJSON_AddStringToObject(r, "text", text);
+    free(text);
+    reply_send(c, r);
+}
+
 /* The dataset a cache request names, and its keeper; replies the error when there is none. */
 static cache_keeper *cache_request(conn *c, const cJSON *req, int64_t id, dataset **ret_d)
 {
@@ -775,6 +896,7 @@ static const struct {
     {LD_OP_STATUS, op_status},   {LD_OP_STREAMS, op_streams},
     {LD_OP_CACHE_BUILD, op_cache_build}, {LD_OP_CACHE_INFO, op_cache_info},
     {LD_OP_CACHE_VERIFY, op_cache_verify},
+    {LD_OP_METRICS, op_metrics},
 };
 
 static void handle_frame(conn *c, const char *payload, size_t len)
@@ -804,7 +926,7 @@ static void handle_frame(conn *c, const char *payload, size_t len)
             ops[i].run(c, req, id);
         } else {
             snprintf(err, sizeof err, "unknown op '%s' (expected hello, datasets, open, next, release, "
-                                      "close, status, streams, cache_build, cache_info or cache_verify)", op);
+                                      "close, status, streams, cache_build, cache_info, cache_verify or metrics)", op);
             reply_error(c, id, LD_EUNKNOWNOP, err);
         }
     }

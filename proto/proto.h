@@ -45,6 +45,7 @@
 #define LD_OP_CACHE_BUILD "cache_build"
 #define LD_OP_CACHE_INFO "cache_info"
 #define LD_OP_CACHE_VERIFY "cache_verify"
+#define LD_OP_METRICS "metrics"
 
 /* Element types of batch fields. Never renumber: the wire carries the names, the
  * Python binding the numbers. */

@@ -1,6 +1,6 @@
 /* loaderctl — the operator's view into a running loaderd, and its benchmark client.
  *
- * Read-only commands (status, datasets, streams) send one request through
+ * Read-only commands (status, datasets, streams, metrics) send one request through
  * libloaderclient's lc_request_json and print the reply as a table, or as JSON with
  * --json. `read` attaches as a trainer would: it opens a stream, takes every batch,
  * releases it at once (or after reading every byte with --touch) and reports samples/s
@@ -38,6 +38,7 @@ static const struct {
     {"status", "  status [--json]        the daemon's counters: clients, streams, throughput, memory\n"},
     {"datasets", "  datasets [--json]      the configured datasets and their fields\n"},
     {"streams", "  streams [--json]       the open streams\n"},
+    {"metrics", "  metrics [--json]       the counters in the Prometheus text format (0.0.4)\n"},
     {"read", "  read DATASET [--epochs N] [--batch-size B] [--no-shuffle] [--seed S] [--epoch E]\n"
              "       [--rank R] [--world-size W] [--drop-last] [--start-batch K] [--prefetch P]\n"
              "       [--touch] [--json]\n"
@@ -201,6 +202,18 @@ static void ctl_fmt_bytes(double b, char *buf, size_t size)
         snprintf(buf, size, "%.0f B", b);
     else
         snprintf(buf, size, "%.1f %s", b, units[u]);
+}
+
+/* ---- metrics ----------------------------------------------------------------------- */
+
+/* Prints the exposition as it came, for a scraper's textfile collector or a person. */
+static int ctl_metrics(const cJSON *r)
+{
+    const cJSON *t = cJSON_GetObjectItemCaseSensitive(r, "text");
+    if (!cJSON_IsString(t))
+        return ctl_fail("metrics", "the reply has no text (is loaderd older than this loaderctl?)");
+    fputs(t->valuestring, stdout);
+    return fflush(stdout) == 0 ? 0 : ctl_fail("metrics", strerror(errno));
 }
 
 /* ---- status ------------------------------------------------------------------------ */
@@ -840,6 +853,8 @@ int main(int argc, char **argv)
         print = ctl_datasets;
     else if (strcmp(cmd, "streams") == 0)
         print = ctl_streams;
+    else if (strcmp(cmd, "metrics") == 0)
+        print = ctl_metrics;
     else
         return ctl_usage_error("unknown command %s", cmd);
     for (int k = 1; k < cargc; k++) {
