@@ -185,6 +185,7 @@ test:
 	$(MAKE) --no-print-directory BUILD=build/fuzz CC=clang SANITIZE=$(FUZZ_SAN) fuzzers
 	FUZZ_SECONDS=$(TEST_FUZZ_SECONDS) scripts/run-tests.sh build/fuzz fuzz
 	$(MAKE) --no-print-directory BUILD=build/o0 OPT_LEVEL=-O0 all tests
+	scripts/run-tests.sh build systemd
 	@scripts/run-tests.sh --total
 
 # Each fuzzer for FUZZ_SECONDS (default 60) from its seed corpus, under ASan+UBSan;
@@ -226,3 +227,21 @@ clean:
 	rm -rf build
 
 -include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)
+
+# ---- systemd units, the service user and the runtime directory ----------------------
+# `make install-systemd` (run by `make install`) puts loaderd.service and loaderd.socket
+# where systemd looks for local units, and the sysusers.d and tmpfiles.d entries that
+# create the loaderd user and /run/loaderd. The units name $(PREFIX)/bin/loaderd.
+PREFIX ?= /usr/local
+SYSTEMD_UNIT_DIR ?= $(PREFIX)/lib/systemd/system
+SYSUSERS_DIR ?= $(PREFIX)/lib/sysusers.d
+TMPFILES_DIR ?= $(PREFIX)/lib/tmpfiles.d
+
+.PHONY: install-systemd
+install-systemd:
+	install -d $(DESTDIR)$(SYSTEMD_UNIT_DIR) $(DESTDIR)$(SYSUSERS_DIR) $(DESTDIR)$(TMPFILES_DIR)
+	sed 's|/usr/local/|$(PREFIX)/|g' systemd/loaderd.service > $(DESTDIR)$(SYSTEMD_UNIT_DIR)/loaderd.service
+	chmod 0644 $(DESTDIR)$(SYSTEMD_UNIT_DIR)/loaderd.service
+	install -m 0644 systemd/loaderd.socket $(DESTDIR)$(SYSTEMD_UNIT_DIR)/loaderd.socket
+	install -m 0644 systemd/loaderd.sysusers $(DESTDIR)$(SYSUSERS_DIR)/loaderd.conf
+	install -m 0644 systemd/loaderd.tmpfiles $(DESTDIR)$(TMPFILES_DIR)/loaderd.conf

@@ -4,7 +4,7 @@
 #   scripts/run-tests.sh --total [LABEL]  the closing line (LABEL: "make test")
 # Groups: unit (cmocka unit tests), integration (real loaderd + real client),
 #         tsan (the concurrent parts, in a ThreadSanitizer build), python (pytest),
-#         fuzz (each libFuzzer harness for $FUZZ_SECONDS seconds, default 10).
+#         systemd (the units, as installed), fuzz (each libFuzzer harness for $FUZZ_SECONDS seconds, default 10).
 #
 # Every program runs under a timeout (TEST_TIMEOUT seconds, default 300; pytest
 # PYTEST_TIMEOUT, default 600), so a deadlock fails the run instead of hanging it.
@@ -101,6 +101,22 @@ for group in "$@"; do
       for t in "$build"/test/fuzz_*; do [ -x "$t" ] && found=1 && run_fuzzer "$t"; done
       if [ $found -eq 0 ]; then
         failed=$((failed + 1)); failures+=("no fuzzer in $build/test")
+      fi ;;
+    systemd)
+      # The units as installed: systemd-analyze verify and security, sysusers.d, tmpfiles.d.
+      echo "== tests/systemd/check-units.sh"
+      out=$(mktemp)
+      timeout -k 10 "$test_timeout" tests/systemd/check-units.sh "$build" 2>&1 | tee "$out"
+      rc=${PIPESTATUS[0]}
+      last=$(grep -E '^systemd units: ' "$out" | tail -1)
+      p=$(echo "$last" | grep -Eo '[0-9]+ passed' | awk '{print $1+0}')
+      f=$(echo "$last" | grep -Eo '[0-9]+ failed' | awk '{print $1+0}')
+      s=$(echo "$last" | grep -Eo '[0-9]+ skipped' | awk '{print $1+0}')
+      rm -f "$out"
+      passed=$((passed + ${p:-0})); failed=$((failed + ${f:-0})); skipped=$((skipped + ${s:-0}))
+      if [ $rc -ne 0 ]; then
+        [ "${f:-0}" -eq 0 ] && failed=$((failed + 1))
+        failures+=("tests/systemd/check-units.sh (exit $rc)")
       fi ;;
     python)
       py=/usr/bin/python3

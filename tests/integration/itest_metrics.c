@@ -197,6 +197,34 @@ static void promtool_check(struct harness *h, const char *text)
         fail_msg("promtool check metrics failed (%d) on:\n%s", rc, text);
 }
 
+/* Every loaderd_* name the Grafana dashboard queries is a family of the text. */
+static void check_dashboard(const char *text)
+{
+    FILE *f = fopen("contrib/grafana/loaderd.json", "r");
+    if (!f)
+        fail_msg("cannot open contrib/grafana/loaderd.json (run from the repository root)");
+    static char json[256 * 1024];
+    size_t n = fread(json, 1, sizeof json - 1, f);
+    fclose(f);
+    json[n] = '\0';
+    int names = 0;
+    for (const char *p = json; (p = strstr(p, "loaderd_")) != NULL;) {
+        char name[128], type[140];
+        size_t k = 0;
+        while (k < sizeof name - 1 && (islower((unsigned char)p[k]) || p[k] == '_'))
+            name[k] = p[k], k++;
+        name[k] = '\0';
+        p += k;
+        if (strcmp(name, "loaderd_") == 0)
+            continue;
+        snprintf(type, sizeof type, "# TYPE %s ", name);
+        if (!strstr(text, type))
+            fail_msg("the dashboard queries %s, which loaderd does not export", name);
+        names++;
+    }
+    assert_true(names >= 15);
+}
+
 static void test_metrics_agree_with_status(void **state)
 {
     struct harness *h = *state;
@@ -302,6 +330,7 @@ static void test_metrics_agree_with_status(void **state)
             fail_msg("no %s in:\n%s", series, m2);
     }
     promtool_check(h, m2);
+    check_dashboard(m2);
 
     /* The op itself says what the text is. */
     cJSON *r = request(h, "metrics");
