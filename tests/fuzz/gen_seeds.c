@@ -8,7 +8,9 @@
  *           palette, 16-bit gray, interlaced) behind the harness's 13-byte head, one per
  *           path it can take;
  *   cache   two small valid cache files built by cache_build from a real `files`
- *           dataset (fixed-size and ragged samples), behind the fix-up byte.
+ *           dataset (fixed-size and ragged samples), behind the fix-up byte;
+ *   reply   open replies for a fixed and a ragged layout (as the daemon writes them),
+ *           behind the batch size and rows, with ring bytes after the NUL.
  *
  * Usage: gen_seeds OUTDIR (run by `make fuzz-seeds`). */
 #include <errno.h>
@@ -276,6 +278,38 @@ static void cache_seeds(void)
         die("cannot remove %s", tmp);
 }
 
+/* ---- reply ------------------------------------------------------------------------ */
+
+static void reply_seeds(void)
+{
+    /* 4 slots of 8 KiB after the header page; batch size 16 (byte 1 = 15), 16 rows. */
+    static const uint8_t head[4] = {0, 15, 0, 15};
+    static const char fixed[] =
+        "{\"id\":2,\"ok\":true,\"stream\":1,\"shm\":\"/loaderd.1.1\",\"shm_size\":36864,"
+        "\"slot_count\":4,\"slot_size\":8192,\"slot_offset\":4096,\"batches_per_epoch\":10,"
+        "\"samples_per_epoch\":160,\"batch_size\":16,\"fields\":["
+        "{\"name\":\"data\",\"dtype\":\"uint8\",\"shape\":[256],\"ragged\":false,\"offset\":64},"
+        "{\"name\":\"label\",\"dtype\":\"int64\",\"shape\":[],\"ragged\":false,\"offset\":4160}]}";
+    static const char ragged[] =
+        "{\"id\":2,\"ok\":true,\"stream\":1,\"shm\":\"/loaderd.1.2\",\"shm_size\":36864,"
+        "\"slot_count\":4,\"slot_size\":8192,\"slot_offset\":4096,\"batches_per_epoch\":10,"
+        "\"samples_per_epoch\":160,\"batch_size\":16,\"fields\":["
+        "{\"name\":\"data\",\"dtype\":\"uint8\",\"shape\":[],\"ragged\":true,\"offset\":256,"
+        "\"offsets_offset\":64,\"capacity\":4096},"
+        "{\"name\":\"label\",\"dtype\":\"int64\",\"shape\":[],\"ragged\":false,\"offset\":4352}]}";
+    /* After the NUL: the ring's bytes, repeated: 8 zero bytes, so every ragged offset
+     * is 0 (valid: empty samples); the fuzzer grows it into real ones. */
+    uint8_t body[sizeof ragged + 1 + 8];
+    const char *texts[2] = {fixed, ragged};
+    static const char *const names[2] = {"open-fixed", "open-ragged"};
+    for (int i = 0; i < 2; i++) {
+        size_t n = strlen(texts[i]);
+        memcpy(body, texts[i], n);
+        memset(body + n, 0, 1 + 8);
+        seed("reply", names[i], head, sizeof head, body, n + 1 + 8);
+    }
+}
+
 int main(int argc, char **argv)
 {
     if (argc != 2)
@@ -285,5 +319,6 @@ int main(int argc, char **argv)
     config_seeds();
     image_seeds();
     cache_seeds();
+    reply_seeds();
     return 0;
 }
