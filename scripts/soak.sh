@@ -65,7 +65,10 @@ datasets:
     path: tokens.bin
     context: 256
 EOF
-"$loaderd" --config "$dir/loaderd.yaml" >"$dir/loaderd.log" 2>&1 &
+# A sanitized daemon (BUILD=build/asan) would grow by ASan's quarantine of freed memory
+# (256 MiB by default), which is not a leak: keep it small so that drift means something.
+ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}quarantine_size_mb=4" \
+  "$loaderd" --config "$dir/loaderd.yaml" >"$dir/loaderd.log" 2>&1 &
 daemon=$!
 for _ in $(seq 100); do [ -S "$sock" ] && "$loaderctl" --socket "$sock" status >/dev/null 2>&1 && break; sleep 0.1; done
 "$loaderctl" --socket "$sock" status >/dev/null 2>&1 || { echo "soak: loaderd did not start:"; cat "$dir/loaderd.log"; exit 2; }
