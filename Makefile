@@ -4,6 +4,8 @@
 #   make test            unit + integration tests under ASan+UBSan (build/asan), the
 #                        concurrent parts under TSan (build/tsan), the Python tests, each
 #                        fuzzer for a few seconds, and an -O0 build of everything
+#   make install         binaries, libloaderclient, headers, loaderclient.pc, systemd units
+#                        and the example config under $(DESTDIR)$(PREFIX) (PREFIX=/usr/local)
 #   make demo            generate a small dataset, start loaderd, read two epochs, stop
 #   make bench           loaderd vs PyTorch DataLoader, then the dataset cache, images and
 #                        the Python client in a training loop; results in
@@ -34,6 +36,15 @@ else
   HAVE_CUDA := $(CUDA)
 endif
 
+# ---- version and layering ----------------------------------------------------------
+# One version, in VERSION: the daemon, the library (soname, lc_version_number) and the
+# Python package (pyproject.toml reads the same file) all take it from there.
+VERSION_STR := $(strip $(file < VERSION))
+VERSION_WORDS := $(subst ., ,$(VERSION_STR))
+VERSION_MAJOR := $(word 1,$(VERSION_WORDS))
+VERSION_NUMBER := $(shell echo $$(( $(word 1,$(VERSION_WORDS)) * 10000 + $(word 2,$(VERSION_WORDS)) * 100 + $(word 3,$(VERSION_WORDS)) )))
+VERSION_DEFS := -DLD_VERSION=\"$(VERSION_STR)\" -DLD_VERSION_NUMBER=$(VERSION_NUMBER)
+
 # Warnings: -Wall -Wextra catch the usual; -Wundef makes a misspelt feature flag
 # (LD_HAVE_*) a compile error; -Wshadow and -Wstrict-prototypes keep declarations
 # honest; -Werror so that a warning never lands.
@@ -45,9 +56,20 @@ OPT_LEVEL ?=
 OPT  := $(or $(OPT_LEVEL),$(if $(SANITIZE),-O1 -fno-omit-frame-pointer,-O2))
 SAN  := $(if $(SANITIZE),-fsanitize=$(SANITIZE) -fno-sanitize-recover=undefined,)
 CFLAGS_ALL := -std=c11 -D_GNU_SOURCE -g $(OPT) $(WARN) $(SAN) -fPIC -fvisibility=hidden -pthread \
-        -MMD -MP -I. -Iproto -Idaemon -Iclient $(PKG_CFLAGS) \
-        -DLD_HAVE_CUDA=$(HAVE_CUDA) -DLD_HAVE_SYSTEMD=1 $(CFLAGS)
+        -MMD -MP $(PKG_CFLAGS) \
+        -DLD_HAVE_CUDA=$(HAVE_CUDA) -DLD_HAVE_SYSTEMD=1 $(VERSION_DEFS) $(CFLAGS)
 LDFLAGS_ALL := $(SAN) -pthread $(LDFLAGS)
+
+# Include paths per directory, so that the layering is a compile error, not a
+# convention: proto/ (the wire) and client/ (libloaderclient, loaderctl) see only
+# proto/ and client/; the daemon, its tools and the unit tests see everything.
+INC_WIRE   := -Iproto -Iclient
+INC_DAEMON := -Idaemon -Iproto -Iclient
+INC = $(INC_DAEMON)
+$(BUILD)/obj/proto/%.o: INC = $(INC_WIRE)
+$(BUILD)/obj/client/%.o: INC = $(INC_WIRE)
+$(BUILD)/obj/tools/loaderctl.o: INC = $(INC_WIRE)
+$(BUILD)/obj/tests/integration/%.o: INC = $(INC_WIRE) -Itests/integration
 
 PROTO_SRC  := $(sort $(wildcard proto/*.c))
 CORE_SRC   := $(filter-out daemon/main.c,$(sort $(wildcard daemon/*.c)))
@@ -66,6 +88,10 @@ LOADERCTL := $(BUILD)/bin/loaderctl
 GENDATA   := $(BUILD)/bin/ld-gendata
 GENIMAGES := $(BUILD)/bin/ld-genimages
 IMGFLOOR  := $(BUILD)/bin/ld-imgfloor
+# The client library: the real file carries the full version, the soname the major
+# (a trainer links against libloaderclient.so.MAJOR), and the .so link is for -l.
+CLIENT_SONAME := libloaderclient.so.$(VERSION_MAJOR)
+CLIENT_SO_REAL := $(BUILD)/lib/libloaderclient.so.$(VERSION_STR)
 CLIENT_SO := $(BUILD)/lib/libloaderclient.so
 CLIENT_A  := $(BUILD)/lib/libloaderclient.a
 CORE_A    := $(BUILD)/lib/libloaderd_core.a
@@ -94,7 +120,7 @@ $(shell mkdir -p $(BUILD) && echo '$(CC) $(CFLAGS_ALL) $(LDFLAGS_ALL)' > $(FLAGS
 
 $(BUILD)/obj/%.o: %.c $(FLAGS_FILE)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS_ALL) -c $< -o $@
+	$(CC) $(CFLAGS_ALL) $(INC) -c $< -o $@
 
 $(CORE_A): $(CORE_OBJ) $(PROTO_OBJ)
 	@mkdir -p $(dir $@)
@@ -104,9 +130,13 @@ $(CLIENT_A): $(CLIENT_OBJ) $(PROTO_OBJ)
 	@mkdir -p $(dir $@)
 	rm -f $@ && ar rcs $@ $^
 
-$(CLIENT_SO): $(CLIENT_OBJ) $(PROTO_OBJ)
+$(CLIENT_SO_REAL): $(CLIENT_OBJ) $(PROTO_OBJ)
 	@mkdir -p $(dir $@)
-	$(CC) -shared -Wl,-soname,libloaderclient.so -Wl,--no-undefined -o $@ $^ $(LDFLAGS_ALL) $(CJSON_LIBS) -lm
+	$(CC) -shared -Wl,-soname,$(CLIENT_SONAME) -Wl,--no-undefined -o $@ $^ $(LDFLAGS_ALL) $(CJSON_LIBS) -lm
+
+$(CLIENT_SO): $(CLIENT_SO_REAL)
+	ln -sf libloaderclient.so.$(VERSION_STR) $(BUILD)/lib/$(CLIENT_SONAME)
+	ln -sf $(CLIENT_SONAME) $@
 
 $(LOADERD): $(call obj,daemon/main.c) $(CORE_A)
 	@mkdir -p $(dir $@)
@@ -144,7 +174,7 @@ $(BUILD)/lib/ld-plugin-%.so: $(call obj,examples/plugins/%.c)
 
 $(BUILD)/test/plugins/fixture-%.so: tests/unit/plugin_fixture.c daemon/transform_plugin.h $(FLAGS_FILE)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS_ALL) -DFIXTURE_$* -shared -o $@ $< $(LDFLAGS_ALL)
+	$(CC) $(CFLAGS_ALL) $(INC_DAEMON) -DFIXTURE_$* -shared -o $@ $< $(LDFLAGS_ALL)
 
 # test_transform dlopens the example plug-in and the broken ones (order-only: they
 # are not linked in).
@@ -167,6 +197,51 @@ $(BUILD)/bin/ld-gen-seeds: $(call obj,tests/fuzz/gen_seeds.c) $(CORE_A)
 	$(CC) -o $@ $^ $(LDFLAGS_ALL) $(PKG_LIBS) -ldl -lm
 
 fuzzers: $(FUZZ_BIN)
+
+# ---- install ---------------------------------------------------------------------
+# `make install PREFIX=/usr DESTDIR=/tmp/stage`: the daemon and loaderctl, the client
+# library (libloaderclient.so.X.Y.Z with its soname and -l links, and the .a), its
+# headers and loaderclient.pc, the systemd units (ExecStart pointing at BINDIR) and the
+# example config. Nothing is written outside $(DESTDIR)$(PREFIX) unless a *DIR says so.
+PREFIX     ?= /usr/local
+BINDIR     ?= $(PREFIX)/bin
+LIBDIR     ?= $(PREFIX)/lib
+INCLUDEDIR ?= $(PREFIX)/include
+PKGCONFIGDIR ?= $(LIBDIR)/pkgconfig
+DATADIR    ?= $(PREFIX)/share
+DOCDIR     ?= $(DATADIR)/doc/loaderd
+SYSTEMDUNITDIR ?= $(PREFIX)/lib/systemd/system
+SYSCONFDIR ?= /etc
+INSTALL    ?= install
+CLIENT_HEADERS := client/loaderclient.h client/loaderclient_errors.h
+
+.PHONY: install uninstall
+install: all
+	$(INSTALL) -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(LIBDIR) $(DESTDIR)$(INCLUDEDIR) $(DESTDIR)$(PKGCONFIGDIR) \
+	  $(DESTDIR)$(DOCDIR)/examples $(DESTDIR)$(SYSTEMDUNITDIR)
+	$(INSTALL) -m 755 $(LOADERD) $(LOADERCTL) $(DESTDIR)$(BINDIR)/
+	$(INSTALL) -m 755 $(CLIENT_SO_REAL) $(DESTDIR)$(LIBDIR)/
+	ln -sf libloaderclient.so.$(VERSION_STR) $(DESTDIR)$(LIBDIR)/$(CLIENT_SONAME)
+	ln -sf $(CLIENT_SONAME) $(DESTDIR)$(LIBDIR)/libloaderclient.so
+	$(INSTALL) -m 644 $(CLIENT_A) $(DESTDIR)$(LIBDIR)/
+	$(INSTALL) -m 644 $(CLIENT_HEADERS) $(DESTDIR)$(INCLUDEDIR)/
+	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@LIBDIR@|$(LIBDIR)|g' -e 's|@INCLUDEDIR@|$(INCLUDEDIR)|g' \
+	  -e 's|@VERSION@|$(VERSION_STR)|g' client/loaderclient.pc.in > $(DESTDIR)$(PKGCONFIGDIR)/loaderclient.pc
+	chmod 644 $(DESTDIR)$(PKGCONFIGDIR)/loaderclient.pc
+	for u in systemd/loaderd.service systemd/loaderd.socket; do \
+	  sed -e 's|/usr/local/bin/|$(BINDIR)/|g' -e 's|/usr/local/share/doc/loaderd/|$(DOCDIR)/|g' \
+	    -e 's|/etc/loaderd/|$(SYSCONFDIR)/loaderd/|g' $$u > $(DESTDIR)$(SYSTEMDUNITDIR)/$$(basename $$u) && \
+	  chmod 644 $(DESTDIR)$(SYSTEMDUNITDIR)/$$(basename $$u) || exit 1; done
+	$(INSTALL) -m 644 config/loaderd.yaml $(DESTDIR)$(DOCDIR)/examples/loaderd.yaml
+	$(INSTALL) -m 644 README.md $(DESTDIR)$(DOCDIR)/README.md
+
+uninstall:
+	rm -f $(DESTDIR)$(BINDIR)/loaderd $(DESTDIR)$(BINDIR)/loaderctl \
+	  $(DESTDIR)$(LIBDIR)/libloaderclient.so.$(VERSION_STR) $(DESTDIR)$(LIBDIR)/$(CLIENT_SONAME) \
+	  $(DESTDIR)$(LIBDIR)/libloaderclient.so $(DESTDIR)$(LIBDIR)/libloaderclient.a \
+	  $(addprefix $(DESTDIR)$(INCLUDEDIR)/,$(notdir $(CLIENT_HEADERS))) $(DESTDIR)$(PKGCONFIGDIR)/loaderclient.pc \
+	  $(DESTDIR)$(SYSTEMDUNITDIR)/loaderd.service $(DESTDIR)$(SYSTEMDUNITDIR)/loaderd.socket
+	rm -rf $(DESTDIR)$(DOCDIR)
 
 deps:
 	@scripts/deps.sh build

@@ -53,27 +53,15 @@
 #include <time.h>
 #include <unistd.h>
 
-/* The public numbers must be the daemon's: the header promises it. */
-_Static_assert(LC_EPERM == LD_EPERM, "LC_EPERM");
-_Static_assert(LC_EACCES == LD_EACCES, "LC_EACCES");
-_Static_assert(LC_EINVAL == LD_EINVAL, "LC_EINVAL");
-_Static_assert(LC_ENOMEM == LD_ENOMEM, "LC_ENOMEM");
-_Static_assert(LC_ENOENT == LD_ENOENT, "LC_ENOENT");
-_Static_assert(LC_ETIMEDOUT == LD_ETIMEDOUT, "LC_ETIMEDOUT");
-_Static_assert(LC_ECONNREFUSED == LD_ECONNREFUSED, "LC_ECONNREFUSED");
-_Static_assert(LC_ECONNRESET == LD_ECONNRESET, "LC_ECONNRESET");
-_Static_assert(LC_EPROTO == LD_EPROTO, "LC_EPROTO");
-_Static_assert(LC_EVERSION == LD_EVERSION, "LC_EVERSION");
-_Static_assert(LC_EFIELD == LD_EFIELD, "LC_EFIELD");
-_Static_assert(LC_ENODATASET == LD_ENODATASET, "LC_ENODATASET");
-_Static_assert(LC_ENOSTREAM == LD_ENOSTREAM, "LC_ENOSTREAM");
-_Static_assert(LC_ENOTLEASED == LD_ENOTLEASED, "LC_ENOTLEASED");
-_Static_assert(LC_ESTALE == LD_ESTALE, "LC_ESTALE");
-_Static_assert(LC_EEND == LD_EEND, "LC_EEND");
-_Static_assert(LC_EBUDGET == LD_EBUDGET, "LC_EBUDGET");
-_Static_assert(LC_ESAMPLE == LD_ESAMPLE, "LC_ESAMPLE");
-_Static_assert(LC_ELIMIT == LD_ELIMIT, "LC_ELIMIT");
-_Static_assert(LC_ECLOSED == LD_ECLOSED, "LC_ECLOSED");
+/* The public LC_E* codes and the daemon's LD_E* codes are generated from one list
+ * (loaderclient_errors.h); these only guard the generation itself. */
+_Static_assert((int)LC_EFIELD == (int)LD_EFIELD && (int)LC_ECANCELED == (int)LD_ECANCELED, "one error table");
+_Static_assert(LD_SLOT_COUNT_MAX <= UINT32_MAX, "slot counts are uint32_t");
+
+/* The version comes from the VERSION file, through the Makefile. */
+#if !defined(LD_VERSION) || !defined(LD_VERSION_NUMBER)
+#error "LD_VERSION and LD_VERSION_NUMBER are defined by the Makefile (from VERSION)"
+#endif
 _Static_assert(LC_DTYPE_UINT8 == LD_DTYPE_UINT8, "LC_DTYPE_UINT8");
 _Static_assert(LC_DTYPE_UINT16 == LD_DTYPE_UINT16, "LC_DTYPE_UINT16");
 _Static_assert(LC_DTYPE_UINT32 == LD_DTYPE_UINT32, "LC_DTYPE_UINT32");
@@ -560,12 +548,59 @@ static int client_call(lc_client *c, cJSON *msg, const char *op, int timeout_ms,
 
 LC_EXPORT const char *lc_version(void)
 {
-    return LC_VERSION;
+    return LD_VERSION;
+}
+
+LC_EXPORT int lc_version_number(void)
+{
+    return LD_VERSION_NUMBER;
 }
 
 LC_EXPORT const char *lc_strerror(int code)
 {
     return ld_strerror(code);
+}
+
+LC_EXPORT const char *lc_error_name(int code)
+{
+    return ld_error_name(code);
+}
+
+static const int client_error_codes[] = {
+#define CLIENT_ERROR_CODE(name, value, wire, msg) (value),
+    LC_ERROR_MAP(CLIENT_ERROR_CODE)
+#undef CLIENT_ERROR_CODE
+};
+
+LC_EXPORT int lc_error_code(int index)
+{
+    if (index < 0 || (size_t)index >= sizeof client_error_codes / sizeof client_error_codes[0])
+        return 0;
+    return client_error_codes[index];
+}
+
+static const struct {
+    const char *name;
+    int64_t value;
+} client_limits[] = {
+#define CLIENT_LIMIT(name, value) {name, (int64_t)(value)},
+    LD_LIMIT_MAP(CLIENT_LIMIT)
+#undef CLIENT_LIMIT
+};
+
+LC_EXPORT int64_t lc_limit(const char *name)
+{
+    for (size_t i = 0; name && i < sizeof client_limits / sizeof client_limits[0]; i++)
+        if (strcmp(client_limits[i].name, name) == 0)
+            return client_limits[i].value;
+    return LC_EINVAL;
+}
+
+LC_EXPORT const char *lc_limit_name(int index)
+{
+    if (index < 0 || (size_t)index >= sizeof client_limits / sizeof client_limits[0])
+        return NULL;
+    return client_limits[index].name;
 }
 
 LC_EXPORT const char *lc_default_socket(void)
@@ -866,7 +901,7 @@ LC_EXPORT int lc_request_json(lc_client *c, const char *request_json, char **ret
 {
     char msg[LD_ERRMSG_MAX];
     cJSON *req = NULL, *reply = NULL;
-    char op[16] = "request";
+    char op[LD_OP_NAME_MAX + 1] = "request";
     int ret;
     if (!c)
         return LC_EINVAL;
@@ -909,8 +944,37 @@ LC_EXPORT void lc_stream_options_init(lc_stream_options *o)
     if (!o)
         return;
     memset(o, 0, sizeof *o);
+    o->struct_size = sizeof *o;
     o->shuffle = 1;
     o->world_size = 1;
+}
+
+/* The first published layouts: a caller's struct_size may not be smaller. */
+#define CLIENT_OPTIONS_V0_SIZE (offsetof(lc_stream_options, epochs) + sizeof(uint64_t))
+#define CLIENT_FIELD_V0_SIZE (offsetof(lc_field, offsets) + sizeof(const int64_t *))
+
+/* Copies a caller's versioned struct of `theirs` bytes into ours (`ours` bytes, already
+ * holding the defaults): the common prefix is copied, members the caller does not know
+ * keep their defaults, and members we do not know must be zero (their default, as far
+ * as a newer header is concerned) or we would silently ignore what was asked. */
+static int client_copy_struct_in(void *dst, size_t ours, const void *src, size_t theirs, size_t min,
+                                 const char *what, char *msg)
+{
+    if (theirs < min) {
+        client_msgf(msg, "%s.struct_size is %zu, below the smallest layout (%zu bytes): initialise it with "
+                    "%s_init()", what, theirs, min, what);
+        return LC_EINVAL;
+    }
+    memcpy(dst, src, theirs < ours ? theirs : ours);
+    for (size_t i = ours; i < theirs; i++) {
+        if (((const unsigned char *)src)[i] != 0) {
+            client_msgf(msg, "%s sets a member at byte %zu that this library (%s, %zu-byte struct) does not "
+                        "know: the trainer was built against a newer loaderclient.h", what, i, LD_VERSION, ours);
+            return LC_ENOTSUP;
+        }
+    }
+    ((size_t *)dst)[0] = ours;
+    return 0;
 }
 
 LC_EXPORT uint64_t lc_stream_batches_per_epoch(const lc_stream *s) { return s ? s->batches_per_epoch : 0; }
@@ -1030,9 +1094,9 @@ static int client_parse_open(const cJSON *reply, uint32_t batch_size, lc_stream 
     char sub[LD_ERRMSG_MAX];
     int ret;
     if ((ret = proto_get_int(reply, "stream", 0, LD_JSON_SAFE_INT, &v[0], sub)) < 0 ||
-        (ret = proto_get_str(reply, "shm", 255, &shm, sub)) < 0 ||
+        (ret = proto_get_str(reply, "shm", LD_SHM_NAME_MAX - 1, &shm, sub)) < 0 ||
         (ret = proto_get_int(reply, "shm_size", (int64_t)LD_RING_ALIGN, INT64_MAX / 2, &v[1], sub)) < 0 ||
-        (ret = proto_get_int(reply, "slot_count", 1, 65536, &v[2], sub)) < 0 ||
+        (ret = proto_get_int(reply, "slot_count", 1, LD_SLOT_COUNT_MAX, &v[2], sub)) < 0 ||
         (ret = proto_get_int(reply, "slot_size", (int64_t)LD_RING_ALIGN, INT64_MAX / 2, &v[3], sub)) < 0 ||
         (ret = proto_get_int(reply, "slot_offset", (int64_t)LD_RING_ALIGN, INT64_MAX / 2, &v[4], sub)) < 0 ||
         (ret = proto_get_int(reply, "batches_per_epoch", 0, LD_JSON_SAFE_INT, &v[5], sub)) < 0 ||
@@ -1056,7 +1120,7 @@ static int client_parse_open(const cJSON *reply, uint32_t batch_size, lc_stream 
     s->batches_per_epoch = (uint64_t)v[5];
     s->samples_per_epoch = (uint64_t)v[6];
     s->batch_size = batch_size;
-    /* slot_count <= 2^16 and slot_size < 2^62 could still overflow: divide instead. */
+    /* slot_count <= LD_SLOT_COUNT_MAX and slot_size < 2^62 could still overflow: divide instead. */
     if (s->slot_size % LD_RING_ALIGN || s->slot_offset % LD_RING_ALIGN ||
         s->slot_offset > (uint64_t)v[1] ||
         s->slot_size > ((uint64_t)v[1] - s->slot_offset) / s->slot_count) {
@@ -1179,10 +1243,12 @@ static int client_check_u64(lc_client *c, const char *name, uint64_t v)
     return LC_EFIELD;
 }
 
-LC_EXPORT int lc_stream_open(lc_client *c, const char *dataset, const lc_stream_options *o,
+LC_EXPORT int lc_stream_open(lc_client *c, const char *dataset, const lc_stream_options *opts,
                              lc_stream **ret_stream)
 {
     char msg[LD_ERRMSG_MAX];
+    lc_stream_options opt;
+    const lc_stream_options *o = &opt;
     cJSON *req = NULL, *reply = NULL;
     lc_stream *s = NULL;
     bool remote = false;
@@ -1191,9 +1257,15 @@ LC_EXPORT int lc_stream_open(lc_client *c, const char *dataset, const lc_stream_
     int ret;
     if (!c)
         return LC_EINVAL;
-    if (!dataset || !o || !ret_stream) {
+    if (!dataset || !opts || !ret_stream) {
         client_seterr(c, "lc_stream_open: dataset, options and ret_stream are required");
         return LC_EINVAL;
+    }
+    lc_stream_options_init(&opt);
+    if ((ret = client_copy_struct_in(&opt, sizeof opt, opts, opts->struct_size, CLIENT_OPTIONS_V0_SIZE,
+                                     "lc_stream_options", msg)) < 0) {
+        client_seterr(c, "lc_stream_open: %s", msg);
+        return ret;
     }
     if ((ret = client_check_usable(c)) < 0)
         return ret;
@@ -1506,24 +1578,33 @@ LC_EXPORT int lc_batch_slot(const lc_batch *b) { return b ? b->slot : LC_EINVAL;
 LC_EXPORT uint64_t lc_batch_generation(const lc_batch *b) { return b ? b->generation : 0; }
 LC_EXPORT int lc_batch_field_count(const lc_batch *b) { return b ? b->stream->n_fields : 0; }
 
-LC_EXPORT int lc_batch_field(const lc_batch *b, int i, lc_field *ret_field)
+/* Hands a field out to a caller whose lc_field is `theirs` bytes: as much of ours as
+ * fits; members we do not know (a newer header's) are zero, their "not set". */
+static int client_copy_field_out(const lc_field *f, lc_field *ret, size_t theirs)
 {
-    if (!b || !ret_field || i < 0 || i >= b->stream->n_fields)
+    if (theirs < CLIENT_FIELD_V0_SIZE)
         return LC_EINVAL;
-    *ret_field = b->fields[i];
+    if (theirs > sizeof *f)
+        memset((char *)ret + sizeof *f, 0, theirs - sizeof *f);
+    memcpy(ret, f, theirs < sizeof *f ? theirs : sizeof *f);
     return 0;
 }
 
-LC_EXPORT int lc_batch_field_by_name(const lc_batch *b, const char *name, lc_field *ret_field)
+LC_EXPORT int lc_batch_field_sized(const lc_batch *b, int i, lc_field *ret_field, size_t field_size)
+{
+    if (!b || !ret_field || i < 0 || i >= b->stream->n_fields)
+        return LC_EINVAL;
+    return client_copy_field_out(&b->fields[i], ret_field, field_size);
+}
+
+LC_EXPORT int lc_batch_field_by_name_sized(const lc_batch *b, const char *name, lc_field *ret_field,
+                                           size_t field_size)
 {
     if (!b || !name || !ret_field)
         return LC_EINVAL;
-    for (int i = 0; i < b->stream->n_fields; i++) {
-        if (strcmp(b->fields[i].name, name) == 0) {
-            *ret_field = b->fields[i];
-            return 0;
-        }
-    }
+    for (int i = 0; i < b->stream->n_fields; i++)
+        if (strcmp(b->fields[i].name, name) == 0)
+            return client_copy_field_out(&b->fields[i], ret_field, field_size);
     return LC_EINVAL;
 }
 

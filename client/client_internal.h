@@ -30,7 +30,7 @@ enum client_pending_kind {
 struct client_pending {
     int64_t id;
     int kind;                   /* enum client_pending_kind */
-    char op[16];                /* for messages */
+    char op[LD_OP_NAME_MAX + 1]; /* for messages */
     lc_stream *stream;          /* NEXT: the stream to give the reply to */
     uint64_t stream_id;         /* RELEASE: for the error message */
     int slot;                   /* RELEASE */

@@ -8,6 +8,17 @@
  * Every function returns 0 or a negative LC_E* code; lc_client_error() gives the
  * message of the client's last failure (the daemon's own message for daemon errors).
  * A client and its streams are used from one thread at a time.
+ *
+ * Versions and growth: the library's soname is libloaderclient.so.<major>; within a
+ * major version, a trainer compiled against an older header keeps working with a newer
+ * library. The structs a trainer allocates carry the size it was compiled with:
+ * lc_stream_options starts with `struct_size` (set by lc_stream_options_init), and
+ * lc_batch_field() is a macro that passes sizeof(lc_field). The library reads and
+ * writes only that many bytes, so members can be added at the end (a device build adds
+ * the device fields there) without breaking compiled trainers: members a trainer does
+ * not know take their defaults. A trainer compiled against a newer header than the
+ * library gets LC_ENOTSUP when it sets a member the library does not know (all-zero
+ * unknown members are accepted: they are the defaults).
  */
 #ifndef LOADERCLIENT_H
 #define LOADERCLIENT_H
@@ -25,29 +36,10 @@ extern "C" {
 #define LC_EXPORT
 #endif
 
-#define LC_VERSION "0.1.0"
-
-/* Error codes (the same numbers as the daemon's table; see proto/PROTOCOL.md). */
-#define LC_EPERM (-1)        /* the daemon, or a ring, is not who it should be */
-#define LC_EACCES (-13)      /* the default socket's directory is not private */
-#define LC_EINVAL (-22)
-#define LC_ENOMEM (-12)
-#define LC_ENOENT (-2)
-#define LC_ETIMEDOUT (-110)
-#define LC_ECONNREFUSED (-111)
-#define LC_ECONNRESET (-104)
-#define LC_EPROTO (-71)
-#define LC_EVERSION (-4001)
-#define LC_EFIELD (-4003)
-#define LC_ENODATASET (-4004)
-#define LC_ENOSTREAM (-4005)
-#define LC_ENOTLEASED (-4006)
-#define LC_ESTALE (-4007)
-#define LC_EEND (-4008)
-#define LC_EBUDGET (-4009)
-#define LC_ESAMPLE (-4010)
-#define LC_ELIMIT (-4012)
-#define LC_ECLOSED (-4015)
+/* Error codes: LC_OK and one LC_E* per code the daemon can send (LC_EINVAL, LC_EFIELD,
+ * LC_ENODATASET, ...), generated from the one table the daemon uses too. Every code has
+ * a wire name (lc_error_name) and a sentence (lc_strerror). */
+#include "loaderclient_errors.h"
 
 /* Field element types (same numbers as the wire's dtypes). */
 #define LC_DTYPE_UINT8 1
@@ -67,7 +59,8 @@ typedef struct lc_client lc_client;
 typedef struct lc_stream lc_stream;
 typedef struct lc_batch lc_batch;
 
-/* One field of a batch: a view into the mapped ring, valid until the batch is released. */
+/* One field of a batch: a view into the mapped ring, valid until the batch is released.
+ * New members are added at the end only. */
 typedef struct lc_field {
     const char *name;
     int dtype;                    /* LC_DTYPE_* */
@@ -78,21 +71,41 @@ typedef struct lc_field {
     const int64_t *offsets;       /* ragged only: rows + 1 offsets into data; else NULL */
 } lc_field;
 
+/* Initialise with lc_stream_options_init() (it sets struct_size and the defaults), then
+ * set what differs. */
 typedef struct lc_stream_options {
-    uint32_t batch_size;          /* required, >= 1 */
+    size_t struct_size;           /* sizeof(lc_stream_options) as compiled; set by lc_stream_options_init */
+    uint32_t batch_size;          /* required, in [1, lc_limit("batch_size_max")] */
     int shuffle;                  /* default 1 */
     uint64_t seed;                /* default 0 */
     uint64_t epoch;               /* first epoch, default 0 */
     int32_t rank;                 /* default 0 */
-    int32_t world_size;           /* default 1 */
+    int32_t world_size;           /* default 1; at most lc_limit("world_size_max") */
     int drop_last;                /* default 0 */
     uint64_t start_batch;         /* resume within the first epoch, default 0 */
-    uint32_t prefetch;            /* 0 = the daemon's default */
+    uint32_t prefetch;            /* 0 = the daemon's default; at most lc_limit("prefetch_max") */
     uint64_t epochs;              /* 0 = unbounded; else LC_EEND after that many */
 } lc_stream_options;
 
+/* The library's version, "MAJOR.MINOR.PATCH", and as MAJOR * 10000 + MINOR * 100 + PATCH
+ * (0.1.0 is 100), for run-time checks against the pkg-config version compiled against. */
 LC_EXPORT const char *lc_version(void);
+LC_EXPORT int lc_version_number(void);
+/* A sentence for a code ("no such dataset"); never NULL. */
 LC_EXPORT const char *lc_strerror(int code);
+/* The wire name of a code ("no_such_dataset"; "ok" for 0); never NULL: "unknown_error"
+ * for a code not in the table. */
+LC_EXPORT const char *lc_error_name(int code);
+/* The index-th code of the table (0 <= index), 0 past its end: for bindings that build
+ * their own view of the table (the Python binding does). */
+LC_EXPORT int lc_error_code(int index);
+/* A limit of the protocol by name: "batch_size_max", "world_size_max", "prefetch_max",
+ * "workers_max", "slot_count_max", "shm_name_max" (with the NUL), "op_name_max",
+ * "epoch_max", "name_max" (with the NUL), "fields_max", "dims_max", "frame_max",
+ * "errmsg_max". LC_EINVAL for an unknown name. lc_limit_name(i) lists them (NULL past
+ * the end). */
+LC_EXPORT int64_t lc_limit(const char *name);
+LC_EXPORT const char *lc_limit_name(int index);
 /* The default socket, the daemon's default too: $LOADERD_SOCKET, else
  * $XDG_RUNTIME_DIR/loaderd.sock when that is an absolute path to a directory of this
  * user's with mode 0700, else /tmp/loaderd-<uid>/loaderd.sock (a private 0700
@@ -122,8 +135,10 @@ LC_EXPORT const char *lc_client_error(const lc_client *c);
 LC_EXPORT int lc_request_json(lc_client *c, const char *request_json, char **ret_reply_json);
 LC_EXPORT void lc_free(void *p);
 
+/* Sets struct_size = sizeof(lc_stream_options) and every default. */
 LC_EXPORT void lc_stream_options_init(lc_stream_options *o);
-/* Opens a stream and maps its ring. */
+/* Opens a stream and maps its ring. LC_EINVAL when o->struct_size is smaller than the
+ * first version of the struct (not initialised with lc_stream_options_init). */
 LC_EXPORT int lc_stream_open(lc_client *c, const char *dataset, const lc_stream_options *o,
                              lc_stream **ret_stream);
 LC_EXPORT uint64_t lc_stream_batches_per_epoch(const lc_stream *s);
@@ -146,9 +161,15 @@ LC_EXPORT uint64_t lc_batch_index(const lc_batch *b);   /* batch number within i
 LC_EXPORT int lc_batch_slot(const lc_batch *b);
 LC_EXPORT uint64_t lc_batch_generation(const lc_batch *b);
 LC_EXPORT int lc_batch_field_count(const lc_batch *b);
-/* Field i (0 <= i < count) or, by name, lc_batch_field_by_name. LC_EINVAL when absent. */
-LC_EXPORT int lc_batch_field(const lc_batch *b, int i, lc_field *ret_field);
-LC_EXPORT int lc_batch_field_by_name(const lc_batch *b, const char *name, lc_field *ret_field);
+/* Field i (0 <= i < count) or, by name, lc_batch_field_by_name. LC_EINVAL when absent.
+ * Both are macros that pass the caller's sizeof(lc_field) to the _sized functions,
+ * which write that many bytes (members the library does not know are zeroed); bindings
+ * that cannot use the macros call the _sized functions with their struct's size. */
+LC_EXPORT int lc_batch_field_sized(const lc_batch *b, int i, lc_field *ret_field, size_t field_size);
+LC_EXPORT int lc_batch_field_by_name_sized(const lc_batch *b, const char *name, lc_field *ret_field,
+                                           size_t field_size);
+#define lc_batch_field(b, i, f) lc_batch_field_sized((b), (i), (f), sizeof *(f))
+#define lc_batch_field_by_name(b, name, f) lc_batch_field_by_name_sized((b), (name), (f), sizeof *(f))
 /* 1 while the slot still holds this batch (its generation in shared memory matches). */
 LC_EXPORT int lc_batch_valid(const lc_batch *b);
 /* Gives the slot back to the daemon (without waiting for its reply) and frees b.

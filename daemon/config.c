@@ -101,7 +101,7 @@ static const struct key cache_keys[] = {
  * per online core; config_default_socket). */
 static const struct key server_keys[] = {
     {.name = "socket", .type = KEY_SOCKET, SERVER_AT(socket_path)},
-    {.name = "workers", .type = KEY_INT, .min = 0, .max = 1024, .def = 0, SERVER_AT(workers)},
+    {.name = "workers", .type = KEY_INT, .min = 0, .max = LD_WORKERS_MAX, .def = 0, SERVER_AT(workers)},
     {.name = "memory_budget", .type = KEY_SIZE, .min = (int64_t)MIB, .max = (int64_t)TIB,
      .def = (int64_t)GIB, SERVER_AT(memory_budget)},
     {.name = "max_clients", .type = KEY_INT, .min = 1, .max = 4096, .def = 64,
@@ -110,7 +110,7 @@ static const struct key server_keys[] = {
      SERVER_AT(max_streams)},
     {.name = "max_frame", .type = KEY_SIZE, .min = LD_FRAME_MIN_LIMIT, .max = LD_FRAME_MAX_LIMIT,
      .def = LD_FRAME_DEFAULT_LIMIT, SERVER_AT(max_frame)},
-    {.name = "prefetch", .type = KEY_INT, .min = 1, .max = 64, .def = 4, SERVER_AT(prefetch)},
+    {.name = "prefetch", .type = KEY_INT, .min = 1, .max = LD_PREFETCH_MAX, .def = 4, SERVER_AT(prefetch)},
     {.name = "log_level", .type = KEY_ENUM, .def = LD_LOG_INFO, SERVER_AT(log_level),
      .from_name = ld_log_level_from_name, .choices = "error, warn, info, debug"},
     {.name = "socket_group", .type = KEY_STRING, SERVER_AT(socket_group)},
@@ -1371,7 +1371,7 @@ static int resolve_server(const struct loader *l, struct config *c)
     }
     if (c->workers == 0) {
         long n = sysconf(_SC_NPROCESSORS_ONLN);
-        c->workers = n < 1 ? 1 : n > 1024 ? 1024 : (uint32_t)n;
+        c->workers = n < 1 ? 1 : n > LD_WORKERS_MAX ? LD_WORKERS_MAX : (uint32_t)n;
     }
     return 0;
 }

@@ -114,7 +114,7 @@ int main(int argc, char **argv)
         case 'c': config_path = optarg; break;
         case 'k': check_only = true; break;
         case 'l': log_level = optarg; break;
-        case 'V': printf("loaderd 0.1.0\n"); return 0;
+        case 'V': printf("loaderd %s\n", LD_VERSION); return 0;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }

@@ -4,7 +4,7 @@
  * unguessable part, its pages are committed at open (posix_fallocate), so a
  * /dev/shm too small for it fails here with a message naming /dev/shm and the size
  * instead of a SIGBUS later, and it is mapped read-write by the daemon (clients map
- * it read-only). Layout: see struct ld_ring_header in proto/proto.h.
+ * it read-only). Layout: see struct ld_ring_header in proto/ld_wire.h.
  *
  * Slot state machine, driven only from the loop thread (no locking here):
  *   FREE -acquire-> FILLING -ready-> READY -lease-> LEASED -release-> FREE
@@ -16,8 +16,10 @@
 #include <stddef.h>
 #include <sys/types.h>
 
+#include "ld_wire.h"
+
 enum ring_state { RING_FREE = 0, RING_FILLING = 1, RING_READY = 2, RING_LEASED = 3 };
-#define RING_NAME_MAX 96
+#define RING_NAME_MAX LD_SHM_NAME_MAX /* the name clients accept, NUL included */
 
 typedef struct ring ring;
 

@@ -412,15 +412,15 @@ static void op_open(conn *c, const cJSON *req, int64_t id)
     bool shuffle, drop_last;
     int rc;
     if ((rc = proto_get_str(req, "dataset", LD_NAME_MAX - 1, &name, err)) < 0 ||
-        (rc = proto_get_int(req, "batch_size", 1, 65536, &batch, err)) < 0 ||
+        (rc = proto_get_int(req, "batch_size", 1, LD_BATCH_SIZE_MAX, &batch, err)) < 0 ||
         (rc = proto_opt_bool(req, "shuffle", true, &shuffle, err)) < 0 ||
         (rc = proto_opt_int(req, "seed", 0, LD_JSON_SAFE_INT, 0, &seed, err)) < 0 ||
         (rc = proto_opt_int(req, "epoch", 0, LD_JSON_SAFE_INT, 0, &epoch, err)) < 0 ||
-        (rc = proto_opt_int(req, "world_size", 1, 65536, 1, &world, err)) < 0 ||
-        (rc = proto_opt_int(req, "rank", 0, 65535, 0, &rank, err)) < 0 ||
+        (rc = proto_opt_int(req, "world_size", 1, LD_WORLD_SIZE_MAX, 1, &world, err)) < 0 ||
+        (rc = proto_opt_int(req, "rank", 0, LD_WORLD_SIZE_MAX - 1, 0, &rank, err)) < 0 ||
         (rc = proto_opt_bool(req, "drop_last", false, &drop_last, err)) < 0 ||
         (rc = proto_opt_int(req, "start_batch", 0, LD_JSON_SAFE_INT, 0, &start, err)) < 0 ||
-        (rc = proto_opt_int(req, "prefetch", 1, 64, srv->cfg->prefetch, &prefetch, err)) < 0 ||
+        (rc = proto_opt_int(req, "prefetch", 1, LD_PREFETCH_MAX, srv->cfg->prefetch, &prefetch, err)) < 0 ||
         (rc = proto_opt_int(req, "epochs", 0, LD_JSON_SAFE_INT, 0, &epochs, err)) < 0) {
         reply_error(c, id, rc, err);
         return;
@@ -912,7 +912,7 @@ static void handle_frame(conn *c, const char *payload, size_t len)
     const char *op;
     if (id < 0) {
         reply_error(c, -1, LD_EFIELD, "field 'id': expected an integer in [0, 2^53)");
-    } else if ((rc = proto_get_str(req, "op", 32, &op, err)) < 0) {
+    } else if ((rc = proto_get_str(req, "op", LD_OP_NAME_MAX, &op, err)) < 0) {
         reply_error(c, id, rc, err);
     } else if (!c->hello && strcmp(op, LD_OP_HELLO) != 0) {
         snprintf(err, sizeof err, "the first request must be hello, not '%s'", op);

@@ -56,7 +56,14 @@ static const char ctl_options_usage[] =
     "  --timeout MS           per-request timeout (default: %d)\n"
     "  --daemon-uid UID       the user loaderd must run as (a number or a name; default:\n"
     "                         $LOADERD_UID, else this user or root)\n"
-    "  --json                 print JSON instead of text\n";
+    "  --json                 print JSON instead of text\n"
+    "  --version              print loaderctl's version (the client library's) and exit\n"
+    "  --help                 print this and exit\n"
+    "\nenvironment:\n"
+    "  LOADERD_SOCKET         the default socket (else $XDG_RUNTIME_DIR/loaderd.sock when\n"
+    "                         that is a private directory, else /tmp/loaderd-UID/loaderd.sock)\n"
+    "  LOADERD_UID            the default of --daemon-uid\n"
+    "\nexit status: 0 on success, 1 when the daemon or a request failed, 2 for a bad command line\n";
 
 static void ctl_usage(FILE *f)
 {

@@ -132,7 +132,115 @@ static void test_default_socket(void **state)
     free(saved_sock);
     free(saved_xdg);
     assert_string_equal(lc_strerror(LC_ENODATASET), "no such dataset");
-    assert_string_equal(lc_version(), LC_VERSION);
+    /* One version: the Makefile passes VERSION's to every part. */
+    assert_string_equal(lc_version(), LD_VERSION);
+    assert_int_equal(lc_version_number(), LD_VERSION_NUMBER);
+}
+
+/* The error table and the limits the library hands out are the daemon's, by
+ * construction (one list each); these check that every entry is reachable by code and
+ * by name and that nothing past the ends is. */
+static void test_error_table_and_limits(void **state)
+{
+    int n = 0;
+#define COUNT_CODE(name, value, wire, msg) n++;
+    LD_ERROR_MAP(COUNT_CODE)
+#undef COUNT_CODE
+    for (int i = 0; i < n; i++) {
+        int code = lc_error_code(i);
+        assert_true(code < 0);
+        assert_int_equal(ld_error_from_name(lc_error_name(code)), code);
+        assert_string_equal(lc_strerror(code), ld_strerror(code));
+        assert_string_not_equal(lc_error_name(code), "unknown_error");
+    }
+    assert_int_equal(lc_error_code(n), 0);
+    assert_int_equal(lc_error_code(-1), 0);
+    assert_string_equal(lc_error_name(0), "ok");
+    assert_string_equal(lc_error_name(-4999), "unknown_error");
+    assert_string_equal(lc_error_name(LC_ENODATASET), "no_such_dataset");
+    assert_int_equal(LC_ECACHEVERSION, LD_ECACHEVERSION);
+
+    assert_int_equal(lc_limit("batch_size_max"), LD_BATCH_SIZE_MAX);
+    assert_int_equal(lc_limit("world_size_max"), LD_WORLD_SIZE_MAX);
+    assert_int_equal(lc_limit("prefetch_max"), LD_PREFETCH_MAX);
+    assert_int_equal(lc_limit("workers_max"), LD_WORKERS_MAX);
+    assert_int_equal(lc_limit("slot_count_max"), LD_SLOT_COUNT_MAX);
+    assert_int_equal(lc_limit("shm_name_max"), LD_SHM_NAME_MAX);
+    assert_int_equal(lc_limit("op_name_max"), LD_OP_NAME_MAX);
+    assert_int_equal(lc_limit("epoch_max"), LD_EPOCH_MAX);
+    assert_int_equal(lc_limit("nope"), LC_EINVAL);
+    assert_int_equal(lc_limit(NULL), LC_EINVAL);
+    int nl = 0;
+    for (; lc_limit_name(nl); nl++)
+        assert_true(lc_limit(lc_limit_name(nl)) > 0);
+    assert_int_equal(nl, 13);
+    assert_null(lc_limit_name(-1));
+}
+
+/* lc_stream_options and lc_field can grow: a trainer built against an older or newer
+ * header works as long as it asks for nothing the library does not know. */
+static void test_versioned_structs(void **state)
+{
+    struct harness *h = *state;
+    lc_client *c = harness_connect(h, 5000, "itest_client");
+    lc_stream *s = NULL;
+    /* A newer header's struct: ours plus members this library does not know. */
+    struct {
+        lc_stream_options o;
+        uint64_t device;
+    } newer;
+    memset(&newer, 0, sizeof newer);
+    lc_stream_options_init(&newer.o);
+    newer.o.struct_size = sizeof newer;
+    newer.o.batch_size = 16;
+    newer.o.epochs = 1;
+    newer.device = 3;
+    assert_int_equal(lc_stream_open(c, "records", &newer.o, &s), LC_ENOTSUP);
+    assert_non_null(strstr(lc_client_error(c), "does not know"));
+    assert_null(s);
+    newer.device = 0; /* unknown members left at zero are their defaults */
+    assert_int_equal(lc_stream_open(c, "records", &newer.o, &s), 0);
+    lc_batch *b = NULL;
+    assert_int_equal(lc_stream_next(s, 0, &b), 0);
+    struct {
+        lc_field f;
+        uint64_t device_ptr;
+    } big;
+    memset(&big, 0xff, sizeof big);
+    assert_int_equal(lc_batch_field_sized(b, 0, &big.f, sizeof big), 0);
+    assert_string_equal(big.f.name, "data");
+    assert_int_equal(big.device_ptr, 0); /* zeroed: the library has no such member */
+    lc_field small;
+    assert_int_equal(lc_batch_field_sized(b, 0, &small, offsetof(lc_field, offsets)), LC_EINVAL);
+    assert_int_equal(lc_batch_field_by_name(b, "label", &small), 0);
+    assert_int_equal(small.dtype, LC_DTYPE_INT64);
+    assert_int_equal(lc_batch_release(b), 0);
+    assert_int_equal(lc_stream_close(s), 0);
+    s = NULL;
+
+    /* An older or uninitialised struct: refused, with the way out in the message. */
+    lc_stream_options o;
+    lc_stream_options_init(&o);
+    o.batch_size = 16;
+    o.struct_size = 8;
+    assert_int_equal(lc_stream_open(c, "records", &o, &s), LC_EINVAL);
+    assert_non_null(strstr(lc_client_error(c), "lc_stream_options_init"));
+    assert_null(s);
+
+    /* Over a limit: the daemon refuses with the limit the library reports. */
+    lc_stream_options_init(&o);
+    o.batch_size = (uint32_t)lc_limit("batch_size_max") + 1;
+    assert_int_equal(lc_stream_open(c, "records", &o, &s), LC_EFIELD);
+    char want[64];
+    snprintf(want, sizeof want, "[1, %lld]", (long long)lc_limit("batch_size_max"));
+    assert_non_null(strstr(lc_client_error(c), want));
+    lc_stream_options_init(&o);
+    o.batch_size = 16;
+    o.prefetch = (uint32_t)lc_limit("prefetch_max") + 1;
+    assert_int_equal(lc_stream_open(c, "records", &o, &s), LC_EFIELD);
+    snprintf(want, sizeof want, "[1, %lld]", (long long)lc_limit("prefetch_max"));
+    assert_non_null(strstr(lc_client_error(c), want));
+    lc_client_close(c);
 }
 
 /* ---- against loaderd ------------------------------------------------------------------- */
@@ -905,6 +1013,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_connect_missing_socket, setup_dir, teardown),
         cmocka_unit_test(test_default_socket),
+        cmocka_unit_test(test_error_table_and_limits),
+        cmocka_unit_test_setup_teardown(test_versioned_structs, setup_daemon, teardown),
         cmocka_unit_test_setup_teardown(test_fake_reply_out_of_order, setup_dir, teardown),
         cmocka_unit_test_setup_teardown(test_fake_hangup_and_huge_frame, setup_dir, teardown),
         cmocka_unit_test_setup_teardown(test_fake_timeouts, setup_dir, teardown),

@@ -11,16 +11,30 @@ The PyTorch drop-in is loaderclient.torch.LoaderdDataLoader. A ctypes binding ov
 libloaderclient.so (found through $LOADERCLIENT_LIB, the package directory, the build tree
 or the system path; see client/python/README.md).
 """
-from ._lib import LibraryNotFoundError, library_path, lib as _cdll
+from ._lib import LIMITS, LibraryNotFoundError, library_path, library_version, library_version_number
 from .errors import (CODE_NAMES, ConnectError, ConnectionLost, DatasetNotFound, EndOfStream, InvalidArgument,
                      LoaderdError, OutOfRange, OverBudget, ReleasedError, SampleError, Timeout, error_name)
 from .client import MAX_DEFERRED, Batch, Client, RaggedField, Stream, default_socket
 
-__version__ = "0.1.0"
-library_version = _cdll.lc_version().decode()
+
+def _package_version() -> str:
+    # Installed: the version pip recorded (pyproject.toml reads the repository's VERSION
+    # file). From a source checkout: the library's, which the Makefile took from the same file.
+    try:
+        from importlib.metadata import PackageNotFoundError, version
+        try:
+            return version(__name__)
+        except PackageNotFoundError:
+            pass
+    except ImportError:  # Python < 3.8
+        pass
+    return library_version
+
+
+__version__: str = _package_version()
 
 __all__ = ["Client", "Stream", "Batch", "RaggedField", "LoaderdError", "ConnectError", "ConnectionLost",
            "DatasetNotFound", "InvalidArgument", "OutOfRange", "OverBudget", "EndOfStream", "SampleError",
            "Timeout", "ReleasedError",
            "LibraryNotFoundError", "CODE_NAMES", "error_name", "default_socket", "library_path",
-           "library_version", "MAX_DEFERRED"]
+           "library_version", "library_version_number", "LIMITS", "MAX_DEFERRED"]

@@ -8,7 +8,10 @@ import ctypes
 import ctypes.util
 import os
 
-__all__ = ["lib", "libc", "LibraryNotFoundError", "library_path", "LcField", "LcStreamOptions"]
+from typing import Dict, List, Optional, Tuple
+
+__all__ = ["lib", "libc", "LibraryNotFoundError", "library_path", "LcField", "LcStreamOptions", "LIMITS",
+           "library_version", "library_version_number"]
 
 ENV_VAR = "LOADERCLIENT_LIB"
 _SONAME = "libloaderclient.so"
@@ -19,7 +22,7 @@ class LibraryNotFoundError(ImportError):
     """libloaderclient.so could not be found or loaded. The message lists every place tried."""
 
 
-def _candidates():
+def _candidates() -> List[Tuple[str, str]]:
     """(description, path) in search order; path None means "ask the dynamic loader"."""
     env = os.environ.get(ENV_VAR)
     if env:
@@ -34,10 +37,11 @@ def _candidates():
     return out
 
 
-def find_library():
+def find_library() -> Tuple[ctypes.CDLL, str]:
     """Loads the library: $LOADERCLIENT_LIB (a file path; when set, only it is tried), else a
-    copy inside this package, else the build tree (<repo>/build/lib/libloaderclient.so
-    relative to this file), else the system path. Returns (CDLL, path)."""
+    copy inside this package (``pip install`` puts one there), else the build tree
+    (<repo>/build/lib/libloaderclient.so relative to this file, for a source checkout), else
+    the system path (``make install`` and ldconfig). Returns (CDLL, path)."""
     tried = []
     for what, path in _candidates():
         is_file_path = os.sep in path
@@ -69,7 +73,10 @@ class LcField(ctypes.Structure):
 
 
 class LcStreamOptions(ctypes.Structure):
-    _fields_ = [("batch_size", ctypes.c_uint32),
+    # struct_size first: lc_stream_options_init sets it to the library's size, and the
+    # library reads only as many bytes as this struct has (see loaderclient.h).
+    _fields_ = [("struct_size", ctypes.c_size_t),
+                ("batch_size", ctypes.c_uint32),
                 ("shuffle", ctypes.c_int),
                 ("seed", ctypes.c_uint64),
                 ("epoch", ctypes.c_uint64),
@@ -86,7 +93,12 @@ def _bind(l):
     i, u32, u64, sz = ctypes.c_int, ctypes.c_uint32, ctypes.c_uint64, ctypes.c_size_t
     protos = {
         "lc_version": (ctypes.c_char_p, []),
+        "lc_version_number": (i, []),
         "lc_strerror": (ctypes.c_char_p, [i]),
+        "lc_error_name": (ctypes.c_char_p, [i]),
+        "lc_error_code": (i, [i]),
+        "lc_limit": (ctypes.c_int64, [ctypes.c_char_p]),
+        "lc_limit_name": (ctypes.c_char_p, [i]),
         "lc_default_socket": (ctypes.c_char_p, []),
         "lc_connect": (i, [ctypes.c_char_p, i, ctypes.c_char_p, ctypes.POINTER(P), ctypes.c_char_p, sz]),
         "lc_client_close": (None, [P]),
@@ -107,8 +119,8 @@ def _bind(l):
         "lc_batch_slot": (i, [P]),
         "lc_batch_generation": (u64, [P]),
         "lc_batch_field_count": (i, [P]),
-        "lc_batch_field": (i, [P, i, ctypes.POINTER(LcField)]),
-        "lc_batch_field_by_name": (i, [P, ctypes.c_char_p, ctypes.POINTER(LcField)]),
+        "lc_batch_field_sized": (i, [P, i, ctypes.POINTER(LcField), sz]),
+        "lc_batch_field_by_name_sized": (i, [P, ctypes.c_char_p, ctypes.POINTER(LcField), sz]),
         "lc_batch_valid": (i, [P]),
         "lc_batch_release": (i, [P]),
     }
@@ -134,6 +146,21 @@ def _bind_libc():
     return c
 
 
+def _read_limits(l) -> Dict[str, int]:
+    out = {}
+    i = 0
+    while True:
+        name = l.lc_limit_name(i)
+        if name is None:
+            return out
+        out[name.decode()] = int(l.lc_limit(name))
+        i += 1
+
+
 lib, library_path = find_library()
 _bind(lib)
 libc = _bind_libc()
+#: The protocol's limits by name ("batch_size_max", "prefetch_max", ...), from the library.
+LIMITS: Dict[str, int] = _read_limits(lib)
+library_version: str = lib.lc_version().decode()
+library_version_number: int = lib.lc_version_number()

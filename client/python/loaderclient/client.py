@@ -56,6 +56,7 @@ import warnings
 
 import numpy as np
 
+from . import _lib
 from ._lib import LcField, LcStreamOptions, lib, libc
 from . import errors
 from .errors import (ConnectError, EndOfStream, InvalidArgument, LoaderdError, ReleasedError, Timeout,
@@ -801,7 +802,7 @@ class Stream(_ContextManaged):
         f = LcField()
         layout = []
         for i in range(lib.lc_batch_field_count(bptr)):
-            if lib.lc_batch_field(bptr, i, ctypes.byref(f)) < 0:
+            if lib.lc_batch_field_sized(bptr, i, ctypes.byref(f), ctypes.sizeof(f)) < 0:
                 raise LoaderdError(-71, "field %d of stream %d cannot be read" % (i, self.id))
             if f.dtype not in _DTYPES:
                 raise LoaderdError(-71, "field %r has an unknown dtype %d" % (f.name, f.dtype))
@@ -1023,7 +1024,8 @@ class Client(_Closes):
         if prefetch is not None:
             o.prefetch = _uint("prefetch", prefetch, 32)
             if o.prefetch == 0:
-                raise InvalidArgument(errors.EFIELD, "field 'prefetch': expected an integer in [1, 64], got 0")
+                raise InvalidArgument(errors.EFIELD, "field 'prefetch': expected an integer in [1, %d], got 0"
+                                      % _lib.LIMITS["prefetch_max"])
         o.epochs = _uint("epochs", epochs, 64)
         h = ctypes.c_void_p()
         with self._lock:

@@ -1,72 +1,57 @@
-"""Exceptions of the loaderd client, and the error table they are built from.
+"""Exceptions of the loaderd client, and the error table they are chosen from.
 
 Every error that comes from the C library or the daemon carries ``.code`` (the negative
-number of proto/ld_error.h, the same in the C API and on the wire), ``.name`` (the wire
-name, e.g. ``"no_such_dataset"``) and ``.message`` (the daemon's or the library's own
-sentence). ``CODE_NAMES`` must list exactly the table of proto/ld_error.h; a test reads
-that header to keep them in sync.
+number of the C API's ``LC_E*`` codes, the same on the wire), ``.name`` (the wire name,
+e.g. ``"no_such_dataset"``) and ``.message`` (the daemon's or the library's own sentence).
+
+The table is not restated here: ``CODE_NAMES`` and ``MESSAGES`` are read from
+libloaderclient (``lc_error_code``, ``lc_error_name``, ``lc_strerror``), which generates
+them from the one list the daemon uses too (client/loaderclient_errors.h). Exception
+classes are chosen by wire name.
 """
+from typing import Dict, Optional, Type
 
-# code -> wire name: proto/ld_error.h's LD_ERROR_MAP, in the same order.
-CODE_NAMES = {
-    -1: "not_permitted",
-    -2: "not_found",
-    -5: "io_error",
-    -9: "bad_descriptor",
-    -11: "try_again",
-    -12: "out_of_memory",
-    -13: "access_denied",
-    -16: "busy",
-    -17: "exists",
-    -20: "not_a_directory",
-    -21: "is_a_directory",
-    -22: "invalid_argument",
-    -24: "too_many_files",
-    -27: "too_big",
-    -28: "no_space",
-    -32: "broken_pipe",
-    -34: "out_of_range",
-    -36: "name_too_long",
-    -38: "not_implemented",
-    -74: "bad_message",
-    -71: "protocol_error",
-    -90: "frame_too_large",
-    -95: "not_supported",
-    -98: "address_in_use",
-    -104: "connection_reset",
-    -107: "not_connected",
-    -110: "timed_out",
-    -111: "connection_refused",
-    -4001: "version_mismatch",
-    -4002: "unknown_op",
-    -4003: "bad_field",
-    -4004: "no_such_dataset",
-    -4005: "no_such_stream",
-    -4006: "not_leased",
-    -4007: "stale_generation",
-    -4008: "end_of_stream",
-    -4009: "over_budget",
-    -4010: "bad_sample",
-    -4011: "bad_config",
-    -4012: "limit_reached",
-    -4013: "shm_error",
-    -4014: "hello_required",
-    -4015: "closed",
-    -4016: "bad_dataset",
-    -4017: "cache_corrupt",
-    -4018: "cache_stale",
-    -4019: "cache_version",
-    -125: "canceled",
-}
-NAME_CODES = {v: k for k, v in CODE_NAMES.items()}
-
-# The codes the classes below are chosen by (also in loaderclient.h as LC_E*).
-EINVAL, ENOENT, EPIPE, ETIMEDOUT, ECONNREFUSED, ECONNRESET, ENOTCONN = -22, -2, -32, -110, -111, -104, -107
-EFIELD, ENODATASET, EEND, ESAMPLE, ECLOSED = -4003, -4004, -4008, -4010, -4015
-ERANGE, EBUDGET = -34, -4009
+from ._lib import lib
 
 
-def error_name(code):
+def _read_table():
+    names, messages = {}, {}
+    i = 0
+    while True:
+        code = lib.lc_error_code(i)
+        if code == 0:
+            return names, messages
+        names[code] = lib.lc_error_name(code).decode()
+        messages[code] = lib.lc_strerror(code).decode()
+        i += 1
+
+
+#: code -> wire name, for every code the daemon can send (from the library).
+CODE_NAMES: Dict[int, str]
+#: code -> the library's sentence for it.
+MESSAGES: Dict[int, str]
+CODE_NAMES, MESSAGES = _read_table()
+#: wire name -> code.
+NAME_CODES: Dict[str, int] = {v: k for k, v in CODE_NAMES.items()}
+
+# The codes this package tests for, by wire name (a missing name fails at import).
+EINVAL = NAME_CODES["invalid_argument"]
+ENOENT = NAME_CODES["not_found"]
+EPIPE = NAME_CODES["broken_pipe"]
+ETIMEDOUT = NAME_CODES["timed_out"]
+ECONNREFUSED = NAME_CODES["connection_refused"]
+ECONNRESET = NAME_CODES["connection_reset"]
+ENOTCONN = NAME_CODES["not_connected"]
+ERANGE = NAME_CODES["out_of_range"]
+EFIELD = NAME_CODES["bad_field"]
+ENODATASET = NAME_CODES["no_such_dataset"]
+EEND = NAME_CODES["end_of_stream"]
+EBUDGET = NAME_CODES["over_budget"]
+ESAMPLE = NAME_CODES["bad_sample"]
+ECLOSED = NAME_CODES["closed"]
+
+
+def error_name(code: int) -> str:
     """The wire name of a code ("unknown_error" when it is not in the table)."""
     return CODE_NAMES.get(code, "unknown_error")
 
@@ -74,7 +59,7 @@ def error_name(code):
 class LoaderdError(Exception):
     """Base of every error of this package: ``code`` (negative int), ``name``, ``message``."""
 
-    def __init__(self, code, message):
+    def __init__(self, code: Optional[int], message: str) -> None:
         self.code = code
         self.name = error_name(code) if code is not None else "error"
         self.message = message
@@ -125,26 +110,30 @@ class EndOfStream(LoaderdError):
 class ReleasedError(LoaderdError):
     """A Batch (or a Stream / Client) was used after it was released or closed."""
 
-    def __init__(self, message):
+    def __init__(self, message: str) -> None:
         super().__init__(ECLOSED, message)
 
 
-_BY_CODE = {
-    ENODATASET: DatasetNotFound,
-    EFIELD: InvalidArgument,
-    EINVAL: InvalidArgument,
-    ERANGE: OutOfRange,
-    EBUDGET: OverBudget,
-    EEND: EndOfStream,
-    ESAMPLE: SampleError,
-    ETIMEDOUT: Timeout,
-    ECONNRESET: ConnectionLost,
-    ECLOSED: ConnectionLost,
-    EPIPE: ConnectionLost,
-    ENOTCONN: ConnectionLost,
+# wire name -> class; every other code is a plain LoaderdError.
+_BY_NAME: Dict[str, Type[LoaderdError]] = {
+    "no_such_dataset": DatasetNotFound,
+    "bad_field": InvalidArgument,
+    "invalid_argument": InvalidArgument,
+    "out_of_range": OutOfRange,
+    "over_budget": OverBudget,
+    "end_of_stream": EndOfStream,
+    "bad_sample": SampleError,
+    "timed_out": Timeout,
+    "connection_reset": ConnectionLost,
+    "closed": ConnectionLost,
+    "broken_pipe": ConnectionLost,
+    "not_connected": ConnectionLost,
 }
+_unknown = set(_BY_NAME) - set(NAME_CODES)
+if _unknown:  # a renamed wire name must not silently turn an exception class off
+    raise ImportError("loaderclient: the library's error table lacks %s" % sorted(_unknown))
 
 
-def make_error(code, message):
+def make_error(code: int, message: str) -> LoaderdError:
     """The exception for a code returned by the C library (or the daemon)."""
-    return _BY_CODE.get(code, LoaderdError)(code, message)
+    return _BY_NAME.get(error_name(code), LoaderdError)(code, message)

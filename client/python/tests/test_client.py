@@ -40,7 +40,8 @@ def shm_position(addr):
 
 def library_pointer(batch, name):
     f = _lib.LcField()
-    assert _lib.lib.lc_batch_field_by_name(batch._state.bptr, name.encode(), ctypes.byref(f)) == 0
+    assert _lib.lib.lc_batch_field_by_name_sized(batch._state.bptr, name.encode(), ctypes.byref(f),
+                                                 ctypes.sizeof(f)) == 0
     return f.data
 
 

@@ -1,4 +1,5 @@
 """The library search, the error table, and the ctypes structures against the C header."""
+import ctypes
 import errno
 import os
 import re
@@ -46,31 +47,80 @@ def test_loaded_the_library_under_test():
     want = os.environ.get("LOADERCLIENT_LIB")
     if want:
         assert os.path.samefile(loaderclient.library_path, want)
-    assert loaderclient.library_version == "0.1.0"
 
 
-def test_error_table_matches_ld_error_h():
-    path = os.path.join(support.REPO, "proto", "ld_error.h")
-    text = open(path).read()
+def test_one_version():
+    """VERSION is the only statement of the version: the library (lc_version and
+    lc_version_number), its soname and the Python package all report it."""
+    with open(os.path.join(support.REPO, "VERSION")) as f:
+        version = f.read().strip()
+    major, minor, patch = (int(x) for x in version.split("."))
+    assert loaderclient.library_version == version
+    assert loaderclient.library_version_number == major * 10000 + minor * 100 + patch
+    assert loaderclient.__version__ == version
+    with open(os.path.join(support.REPO, "client", "python", "pyproject.toml")) as f:
+        pyproject = f.read()
+    assert re.search(r'^dynamic = \["version"\]', pyproject, re.M)
+    assert re.search(r'^version = \{file = "VERSION"\}', pyproject, re.M)
+    assert not re.search(r'^version = "', pyproject, re.M)
+    assert os.path.realpath(os.path.join(support.REPO, "client", "python", "VERSION")) == \
+        os.path.realpath(os.path.join(support.REPO, "VERSION"))
+    lib_dir = os.path.dirname(os.path.realpath(loaderclient.library_path))
+    soname = os.path.join(lib_dir, "libloaderclient.so.%d" % major)
+    if os.path.exists(soname):  # in a build tree: the soname link points at the versioned file
+        assert os.path.basename(os.path.realpath(soname)) == "libloaderclient.so." + version
+
+
+def _header_table():
+    path = os.path.join(support.REPO, "client", "loaderclient_errors.h")
     table = {}
-    for name, value, wire in re.findall(r'X\((\w+),\s*(-?\w+),\s*"(\w+)"', text):
+    for name, value, wire in re.findall(r'X\((\w+),\s*(-?\w+),\s*"(\w+)"', open(path).read()):
         code = -getattr(errno, value[1:]) if value.startswith("-E") else int(value)
-        table[code] = wire
+        table[code] = (name, wire)
+    return table
+
+
+def test_error_table_comes_from_the_library():
+    """CODE_NAMES and MESSAGES are the library's table, which is the header's list."""
+    table = _header_table()
     assert len(table) > 40
-    assert table == errors.CODE_NAMES
-    for code, wire in table.items():
+    assert {c: w for c, (_, w) in table.items()} == errors.CODE_NAMES
+    for code, (name, wire) in table.items():
         assert loaderclient.error_name(code) == wire
+        assert errors.MESSAGES[code] == _lib.lib.lc_strerror(code).decode()
+        assert errors.MESSAGES[code] != "unknown error"
+    assert errors.EFIELD == -4003 and errors.ENODATASET == -4004 and errors.ETIMEDOUT == -errno.ETIMEDOUT
+    # errors.py states no code of its own: every number in it comes from the library.
+    src = open(errors.__file__).read()
+    assert not re.search(r"-\d{2,}", src), "errors.py restates a code"
 
 
-def test_header_codes_and_dtypes_match():
+def test_limits_come_from_the_library():
+    text = open(os.path.join(support.REPO, "proto", "ld_wire.h")).read()
+    defines = dict(re.findall(r"^#define (LD_\w+) (\d+)\b", text, re.M))
+    mapped = re.findall(r'X\("(\w+)", (LD_\w+)\)', text)
+    assert len(mapped) >= 8
+    for name, macro in mapped:
+        if macro in defines:
+            assert loaderclient.LIMITS[name] == int(defines[macro]), name
+    assert loaderclient.LIMITS["batch_size_max"] == 65536
+    assert loaderclient.LIMITS["prefetch_max"] == 64
+    assert loaderclient.LIMITS["epoch_max"] == 2 ** 53 - 1
+    assert set(loaderclient.LIMITS) == {n for n, _ in mapped}
+    assert _lib.lib.lc_limit(b"no_such_limit") == errors.EINVAL
+
+
+def test_structs_match_the_library():
+    """lc_stream_options_init writes the library's sizeof into struct_size: the ctypes
+    struct must be the same size, or the library would read past it or ignore members."""
+    o = _lib.LcStreamOptions()
+    _lib.lib.lc_stream_options_init(ctypes.byref(o))
+    assert o.struct_size == ctypes.sizeof(_lib.LcStreamOptions)
+    assert (o.shuffle, o.world_size, o.batch_size) == (1, 1, 0)
+
+
+def test_header_dtypes_match():
     text = open(os.path.join(support.REPO, "client", "loaderclient.h")).read()
-    codes = {n: int(v) for n, v in re.findall(r"#define LC_(E\w+) \((-\d+)\)", text)}
-    assert codes["EINVAL"] == errors.EINVAL and codes["EEND"] == errors.EEND
-    assert codes["ENODATASET"] == errors.ENODATASET and codes["ESAMPLE"] == errors.ESAMPLE
-    assert codes["ECLOSED"] == errors.ECLOSED and codes["ETIMEDOUT"] == errors.ETIMEDOUT
-    assert codes["EFIELD"] == errors.EFIELD and codes["ECONNRESET"] == errors.ECONNRESET
-    for c in codes.values():
-        assert c in errors.CODE_NAMES
     from loaderclient.client import _DTYPES
     dtypes = {n.lower(): int(v) for n, v in re.findall(r"#define LC_DTYPE_(\w+) (\d+)", text)}
     assert {name: num for num, (_, name) in _DTYPES.items()} == dtypes

@@ -1,0 +1,140 @@
+/* ld_wire — the facts of loaderd's wire that need no JSON: protocol and frame
+ * constants, the limits every party checks, operation names, dtypes and the
+ * shared-memory ring layout (pinned with offsetof asserts). The daemon, libloaderclient
+ * and loaderctl include it; the JSON codec is proto.h, which includes this file.
+ *
+ * The limits are the single statement of each bound: the daemon validates requests and
+ * its config against them, the client library validates replies against them and hands
+ * them out by name (lc_limit), and the Python binding reads them from the library.
+ * Never change a constant here without a protocol version bump.
+ */
+#ifndef LD_WIRE_H
+#define LD_WIRE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ld_error.h"
+
+#define LD_PROTO_VERSION 1
+#define LD_FRAME_HEADER_SIZE 4u
+#define LD_FRAME_MIN_LIMIT 1024u               /* smallest max_frame a config may set */
+#define LD_FRAME_DEFAULT_LIMIT (1u << 20)      /* 1 MiB */
+#define LD_FRAME_MAX_LIMIT (64u << 20)         /* 64 MiB */
+#define LD_JSON_MAX_DEPTH 16                   /* deeper nesting is rejected before cJSON sees it */
+#define LD_NAME_MAX 64                         /* dataset, field and client names, including the NUL */
+#define LD_MAX_FIELDS 8                        /* fields per batch */
+#define LD_MAX_DIMS 4                          /* dims per field, after the batch dim */
+#define LD_ERRMSG_MAX 512                      /* error message buffers */
+#define LD_JSON_SAFE_INT 9007199254740991LL    /* 2^53 - 1: larger integers lose precision in JSON */
+
+/* ---- limits ---------------------------------------------------------------------- */
+#define LD_BATCH_SIZE_MAX 65536     /* open: batch_size in [1, this] */
+#define LD_WORLD_SIZE_MAX 65536     /* open: world_size in [1, this]; rank < world_size */
+#define LD_PREFETCH_MAX 64          /* open and server.prefetch: batches prepared ahead, >= 1 */
+#define LD_WORKERS_MAX 1024         /* server.workers (0: one per CPU, capped here) */
+#define LD_SLOT_COUNT_MAX 65536     /* slots of one ring a client accepts from an open reply */
+#define LD_SHM_NAME_MAX 96          /* a ring's shared-memory name, including the NUL */
+#define LD_OP_NAME_MAX 32           /* a request's "op", excluding the NUL */
+/* Epochs travel as JSON numbers (the open request, every next reply), so the largest
+ * one a stream may reach is the largest integer a double holds exactly. */
+#define LD_EPOCH_MAX LD_JSON_SAFE_INT
+
+/* X(public name, value): the limits by name, for lc_limit() and the Python binding. */
+#define LD_LIMIT_MAP(X)                           \
+    X("batch_size_max", LD_BATCH_SIZE_MAX)        \
+    X("world_size_max", LD_WORLD_SIZE_MAX)        \
+    X("prefetch_max", LD_PREFETCH_MAX)            \
+    X("workers_max", LD_WORKERS_MAX)              \
+    X("slot_count_max", LD_SLOT_COUNT_MAX)        \
+    X("shm_name_max", LD_SHM_NAME_MAX)            \
+    X("op_name_max", LD_OP_NAME_MAX)              \
+    X("epoch_max", LD_EPOCH_MAX)                  \
+    X("name_max", LD_NAME_MAX)                    \
+    X("fields_max", LD_MAX_FIELDS)                \
+    X("dims_max", LD_MAX_DIMS)                    \
+    X("frame_max", LD_FRAME_MAX_LIMIT)            \
+    X("errmsg_max", LD_ERRMSG_MAX)
+
+/* Operation names (the "op" field of a request). */
+#define LD_OP_HELLO "hello"
+#define LD_OP_DATASETS "datasets"
+#define LD_OP_OPEN "open"
+#define LD_OP_NEXT "next"
+#define LD_OP_RELEASE "release"
+#define LD_OP_CLOSE "close"
+#define LD_OP_STATUS "status"
+#define LD_OP_STREAMS "streams"
+#define LD_OP_CACHE_BUILD "cache_build"
+#define LD_OP_CACHE_INFO "cache_info"
+#define LD_OP_CACHE_VERIFY "cache_verify"
+#define LD_OP_METRICS "metrics"
+
+/* Element types of batch fields. Never renumber: the wire carries the names, the
+ * Python binding the numbers. */
+enum ld_dtype {
+    LD_DTYPE_UINT8 = 1,
+    LD_DTYPE_UINT16 = 2,
+    LD_DTYPE_UINT32 = 3,
+    LD_DTYPE_INT32 = 4,
+    LD_DTYPE_INT64 = 5,
+    LD_DTYPE_FLOAT16 = 6,
+    LD_DTYPE_FLOAT32 = 7,
+};
+const char *proto_dtype_name(int dtype);     /* "uint8"...; NULL for an unknown dtype */
+int proto_dtype_from_name(const char *name); /* LD_DTYPE_* or LD_EINVAL */
+size_t proto_dtype_size(int dtype);          /* bytes per element; 0 for an unknown dtype */
+
+/* ---- shared-memory ring layout (the client maps it read-only) -------------------
+ * One POSIX shm object per stream: a header page, then `slot_count` slots of
+ * `slot_size` bytes each, starting at `slot_offset`. Each slot begins with a
+ * struct ld_slot_header, then the fields at the offsets the open reply gives.
+ * Never change without a version bump. */
+#define LD_RING_MAGIC 0x474e524cu /* "LRNG" little-endian */
+#define LD_RING_VERSION 1u
+#define LD_RING_ALIGN 4096u       /* slot_offset and slot_size are multiples of this */
+#define LD_FIELD_ALIGN 64u        /* every field (and ragged part) starts on this */
+
+struct ld_ring_header {
+    uint32_t magic;
+    uint32_t version;
+    uint32_t slot_count;
+    uint32_t reserved0;
+    uint64_t slot_size;
+    uint64_t slot_offset;
+    uint64_t total_size;
+    uint64_t stream_id;
+    uint8_t reserved[16];
+};
+_Static_assert(sizeof(struct ld_ring_header) == 64, "ld_ring_header is wire layout");
+_Static_assert(offsetof(struct ld_ring_header, magic) == 0, "ld_ring_header.magic");
+_Static_assert(offsetof(struct ld_ring_header, version) == 4, "ld_ring_header.version");
+_Static_assert(offsetof(struct ld_ring_header, slot_count) == 8, "ld_ring_header.slot_count");
+_Static_assert(offsetof(struct ld_ring_header, slot_size) == 16, "ld_ring_header.slot_size");
+_Static_assert(offsetof(struct ld_ring_header, slot_offset) == 24, "ld_ring_header.slot_offset");
+_Static_assert(offsetof(struct ld_ring_header, total_size) == 32, "ld_ring_header.total_size");
+_Static_assert(offsetof(struct ld_ring_header, stream_id) == 40, "ld_ring_header.stream_id");
+_Static_assert(offsetof(struct ld_ring_header, reserved) == 48, "ld_ring_header.reserved");
+
+/* Written by the daemon before a slot becomes READY; a client checks `generation`
+ * against the one in its next reply, and again before each access in the Python
+ * binding, so a view of a recycled slot is detected. */
+struct ld_slot_header {
+    uint64_t generation;
+    uint64_t epoch;
+    uint64_t batch;
+    uint32_t rows;
+    uint32_t reserved0;
+    uint8_t reserved[32];
+};
+_Static_assert(sizeof(struct ld_slot_header) == 64, "ld_slot_header is wire layout");
+_Static_assert(offsetof(struct ld_slot_header, generation) == 0, "ld_slot_header.generation");
+_Static_assert(offsetof(struct ld_slot_header, epoch) == 8, "ld_slot_header.epoch");
+_Static_assert(offsetof(struct ld_slot_header, batch) == 16, "ld_slot_header.batch");
+_Static_assert(offsetof(struct ld_slot_header, rows) == 24, "ld_slot_header.rows");
+_Static_assert(offsetof(struct ld_slot_header, reserved) == 32, "ld_slot_header.reserved");
+
+/* Writes the 4-byte big-endian header for a payload of `len` bytes. */
+void proto_frame_header(uint32_t len, uint8_t out[LD_FRAME_HEADER_SIZE]);
+
+#endif
