@@ -48,6 +48,13 @@ if [ "$what" = bench ] || [ "$what" = test ]; then
   /usr/bin/python3 -c 'import torch' 2>/dev/null || pkgs+=(python3-torch)   # the torch integration tests
   /usr/bin/python3 -c 'import PIL' 2>/dev/null || pkgs+=(python3-pil)       # image pixels against PIL's
 fi
+if [ "$what" = test ]; then
+  # `pip install ./client/python` into a fresh venv, offline (client/python/tests/test_install.py)
+  /usr/bin/python3 -c 'import ensurepip, venv' 2>/dev/null || pkgs+=(python3-venv)
+  /usr/bin/python3 -c 'import setuptools' 2>/dev/null || pkgs+=(python3-setuptools)
+  /usr/bin/python3 -c 'import wheel' 2>/dev/null || pkgs+=(python3-wheel)
+  command -v readelf >/dev/null 2>&1 || pkgs+=(binutils)
+fi
 if [ "$what" = bench ]; then
   /usr/bin/python3 -c 'import torchvision' 2>/dev/null || pkgs+=(python3-torchvision)
 fi
