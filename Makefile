@@ -201,8 +201,9 @@ fuzzers: $(FUZZ_BIN)
 # ---- install ---------------------------------------------------------------------
 # `make install PREFIX=/usr DESTDIR=/tmp/stage`: the daemon and loaderctl, the client
 # library (libloaderclient.so.X.Y.Z with its soname and -l links, and the .a), its
-# headers and loaderclient.pc, the systemd units (ExecStart pointing at BINDIR) and the
-# example config. Nothing is written outside $(DESTDIR)$(PREFIX) unless a *DIR says so.
+# headers and loaderclient.pc, the example config and README, and (install-systemd,
+# below) the systemd units. Nothing is written outside $(DESTDIR)$(PREFIX) unless a
+# *DIR says so.
 PREFIX     ?= /usr/local
 BINDIR     ?= $(PREFIX)/bin
 LIBDIR     ?= $(PREFIX)/lib
@@ -210,15 +211,13 @@ INCLUDEDIR ?= $(PREFIX)/include
 PKGCONFIGDIR ?= $(LIBDIR)/pkgconfig
 DATADIR    ?= $(PREFIX)/share
 DOCDIR     ?= $(DATADIR)/doc/loaderd
-SYSTEMDUNITDIR ?= $(PREFIX)/lib/systemd/system
-SYSCONFDIR ?= /etc
 INSTALL    ?= install
 CLIENT_HEADERS := client/loaderclient.h client/loaderclient_errors.h
 
 .PHONY: install uninstall
-install: all
+install: all install-systemd
 	$(INSTALL) -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(LIBDIR) $(DESTDIR)$(INCLUDEDIR) $(DESTDIR)$(PKGCONFIGDIR) \
-	  $(DESTDIR)$(DOCDIR)/examples $(DESTDIR)$(SYSTEMDUNITDIR)
+	  $(DESTDIR)$(DOCDIR)/examples
 	$(INSTALL) -m 755 $(LOADERD) $(LOADERCTL) $(DESTDIR)$(BINDIR)/
 	$(INSTALL) -m 755 $(CLIENT_SO_REAL) $(DESTDIR)$(LIBDIR)/
 	ln -sf libloaderclient.so.$(VERSION_STR) $(DESTDIR)$(LIBDIR)/$(CLIENT_SONAME)
@@ -228,10 +227,6 @@ install: all
 	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@LIBDIR@|$(LIBDIR)|g' -e 's|@INCLUDEDIR@|$(INCLUDEDIR)|g' \
 	  -e 's|@VERSION@|$(VERSION_STR)|g' client/loaderclient.pc.in > $(DESTDIR)$(PKGCONFIGDIR)/loaderclient.pc
 	chmod 644 $(DESTDIR)$(PKGCONFIGDIR)/loaderclient.pc
-	for u in systemd/loaderd.service systemd/loaderd.socket; do \
-	  sed -e 's|/usr/local/bin/|$(BINDIR)/|g' -e 's|/usr/local/share/doc/loaderd/|$(DOCDIR)/|g' \
-	    -e 's|/etc/loaderd/|$(SYSCONFDIR)/loaderd/|g' $$u > $(DESTDIR)$(SYSTEMDUNITDIR)/$$(basename $$u) && \
-	  chmod 644 $(DESTDIR)$(SYSTEMDUNITDIR)/$$(basename $$u) || exit 1; done
 	$(INSTALL) -m 644 config/loaderd.yaml $(DESTDIR)$(DOCDIR)/examples/loaderd.yaml
 	$(INSTALL) -m 644 README.md $(DESTDIR)$(DOCDIR)/README.md
 
@@ -240,7 +235,8 @@ uninstall:
 	  $(DESTDIR)$(LIBDIR)/libloaderclient.so.$(VERSION_STR) $(DESTDIR)$(LIBDIR)/$(CLIENT_SONAME) \
 	  $(DESTDIR)$(LIBDIR)/libloaderclient.so $(DESTDIR)$(LIBDIR)/libloaderclient.a \
 	  $(addprefix $(DESTDIR)$(INCLUDEDIR)/,$(notdir $(CLIENT_HEADERS))) $(DESTDIR)$(PKGCONFIGDIR)/loaderclient.pc \
-	  $(DESTDIR)$(SYSTEMDUNITDIR)/loaderd.service $(DESTDIR)$(SYSTEMDUNITDIR)/loaderd.socket
+	  $(DESTDIR)$(SYSTEMD_UNIT_DIR)/loaderd.service $(DESTDIR)$(SYSTEMD_UNIT_DIR)/loaderd.socket \
+	  $(DESTDIR)$(SYSUSERS_DIR)/loaderd.conf $(DESTDIR)$(TMPFILES_DIR)/loaderd.conf
 	rm -rf $(DESTDIR)$(DOCDIR)
 
 deps:

@@ -651,14 +651,16 @@ static int ctl_cmd_read(lc_client **pc, struct ctl_opts *o, int argc, char **arg
         i++;                                                                                         \
         continue;                                                                                    \
     }
+        /* The protocol's limits, from the library; epoch_max is also the largest integer JSON
+         * carries exactly, the bound of seeds and batch numbers. */
         CTL_NUM("--epochs", 1, 1000000, so.epochs)
-        CTL_NUM("--batch-size", 1, 65536, so.batch_size)
-        CTL_NUM("--seed", 0, 9007199254740991ull, so.seed)
-        CTL_NUM("--epoch", 0, 9007199254740991ull, so.epoch)
-        CTL_NUM("--rank", 0, 65535, so.rank)
-        CTL_NUM("--world-size", 1, 65536, so.world_size)
-        CTL_NUM("--start-batch", 0, 9007199254740991ull, so.start_batch)
-        CTL_NUM("--prefetch", 1, 64, so.prefetch)
+        CTL_NUM("--batch-size", 1, (uint64_t)lc_limit("batch_size_max"), so.batch_size)
+        CTL_NUM("--seed", 0, (uint64_t)lc_limit("epoch_max"), so.seed)
+        CTL_NUM("--epoch", 0, (uint64_t)lc_limit("epoch_max"), so.epoch)
+        CTL_NUM("--rank", 0, (uint64_t)lc_limit("world_size_max") - 1, so.rank)
+        CTL_NUM("--world-size", 1, (uint64_t)lc_limit("world_size_max"), so.world_size)
+        CTL_NUM("--start-batch", 0, (uint64_t)lc_limit("epoch_max"), so.start_batch)
+        CTL_NUM("--prefetch", 1, (uint64_t)lc_limit("prefetch_max"), so.prefetch)
 #undef CTL_NUM
         if (strcmp(a, "--no-shuffle") == 0)
             so.shuffle = 0;

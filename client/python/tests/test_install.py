@@ -65,6 +65,7 @@ def test_installed_files(staged):
         PREFIX + "/include/loaderclient.h", PREFIX + "/include/loaderclient_errors.h",
         PREFIX + "/lib/pkgconfig/loaderclient.pc",
         PREFIX + "/lib/systemd/system/loaderd.service", PREFIX + "/lib/systemd/system/loaderd.socket",
+        PREFIX + "/lib/sysusers.d/loaderd.conf", PREFIX + "/lib/tmpfiles.d/loaderd.conf",
         PREFIX + "/share/doc/loaderd/examples/loaderd.yaml", PREFIX + "/share/doc/loaderd/README.md"]}
     assert found == want
     lib = os.path.join(root, "lib")
