@@ -30,6 +30,16 @@ def test_error_table_names_and_numbers():
             "busy", "canceled"} <= listed
 
 
+def test_open_bounds_are_the_librarys_limits():
+    """The open request's table states the bounds the daemon enforces: the library's limits."""
+    text = doc_text()
+    lim = loaderclient.LIMITS
+    assert "| `batch_size` | int [1, %d] |" % lim["batch_size_max"] in text
+    assert "rank < world_size ≤ %d |" % lim["world_size_max"] in text
+    assert "| `prefetch` | int [1, %d] |" % lim["prefetch_max"] in text
+    assert lim["epoch_max"] == 2 ** 53 - 1 and "| `epoch` | int [0, 2^53) |" in text
+
+
 def test_every_op_has_a_section():
     with open(os.path.join(support.REPO, "proto", "ld_wire.h")) as f:
         ops = re.findall(r'#define LD_OP_\w+ "(\w+)"', f.read())
