@@ -45,6 +45,8 @@ is one pagemap read per batch beyond creating the views (mappings are reused).
 ``keep_views_safe=False`` skips the deferral: the slot is released at once, and a kept view
 may show later batches (and a write through it, the slot's current batch in this process).
 """
+from __future__ import annotations
+
 import collections
 import ctypes
 import json
@@ -53,6 +55,7 @@ import os
 import struct
 import threading
 import warnings
+from typing import Any, Dict, Iterator, List, Optional, Tuple, TypeVar, Union
 
 import numpy as np
 
@@ -129,7 +132,7 @@ def _import_torch():
     return _torch
 
 
-def default_socket():
+def default_socket() -> str:
     """The socket the C library (and the daemon) uses when none is given: $LOADERD_SOCKET,
     else $XDG_RUNTIME_DIR/loaderd.sock when that directory is ours with mode 0700, else
     /tmp/loaderd-<uid>/loaderd.sock."""
@@ -327,15 +330,20 @@ def _lease_del(self):
         pass
 
 
+_Self = TypeVar("_Self", bound="_ContextManaged")
+#: What a field reads as: a numpy array, or for a ragged field a RaggedField.
+FieldValue = Union[np.ndarray, "RaggedField"]
+
+
 class _ContextManaged:
     """`with x:` closes x at the end of the block."""
 
     __slots__ = ()
 
-    def __enter__(self):
+    def __enter__(self: _Self) -> _Self:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: Any) -> None:
         self.close()
 
 
@@ -357,15 +365,15 @@ class RaggedField:
     from ``Batch.torch``; they are views of the slot with the same lifetime as other views."""
     __slots__ = ("offsets", "data", "name")
 
-    def __init__(self, offsets, data, name="data"):
+    def __init__(self, offsets: Any, data: Any, name: str = "data") -> None:
         self.offsets = offsets
         self.data = data
         self.name = name
 
-    def __len__(self):
+    def __len__(self) -> int:
         return len(self.offsets) - 1
 
-    def __getitem__(self, i):
+    def __getitem__(self, i: int) -> Any:
         n = len(self.offsets) - 1
         if not isinstance(i, (int, np.integer)):
             raise TypeError("RaggedField indices must be integers, got %s" % type(i).__name__)
@@ -375,26 +383,26 @@ class RaggedField:
             raise IndexError("sample %d out of range for a batch of %d" % (i, n))
         return self.data[int(self.offsets[i]):int(self.offsets[i + 1])]
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Any]:
         for i in range(len(self)):
             yield self[i]
 
-    def lengths(self):
+    def lengths(self) -> Any:
         """Bytes of each sample."""
         return self.offsets[1:] - self.offsets[:-1]
 
-    def tolist(self):
+    def tolist(self) -> List[bytes]:
         """Every sample as ``bytes`` (a copy)."""
         data = self.data if isinstance(self.data, np.ndarray) else self.data.numpy()
         off = self.offsets.tolist()
         return [data[off[i]:off[i + 1]].tobytes() for i in range(len(off) - 1)]
 
-    def copy(self):
+    def copy(self) -> RaggedField:
         """A RaggedField that owns its memory (safe to keep)."""
         return RaggedField(self.offsets.copy() if isinstance(self.offsets, np.ndarray) else self.offsets.clone(),
                            self.data.copy() if isinstance(self.data, np.ndarray) else self.data.clone(), self.name)
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return "RaggedField(%r, %d samples, %d bytes)" % (self.name, len(self), len(self.data))
 
 
@@ -412,7 +420,8 @@ class Batch(_Closes):
     __slots__ = ("_stream", "_state", "_lease", "_ro", "_views", "_tensors", "epoch", "index", "rows", "slot",
                  "generation", "__weakref__")
 
-    def __init__(self, stream, state, lease, epoch, index, rows, slot, generation):
+    def __init__(self, stream: Stream, state: Any, lease: Any, epoch: int, index: int, rows: int, slot: int,
+                 generation: int) -> None:
         self._stream = stream
         self._state = state
         self._lease = lease
@@ -428,10 +437,10 @@ class Batch(_Closes):
     # -- lifetime ---------------------------------------------------------------------
 
     @property
-    def released(self):
+    def released(self) -> bool:
         return self._lease is None or self._state.given_back
 
-    def release(self):
+    def release(self) -> None:
         """Ends this batch: the Batch refuses access from now on, and the slot goes back to
         the daemon as soon as no array or tensor of it is alive. Idempotent."""
         if self._lease is None:
@@ -452,7 +461,7 @@ class Batch(_Closes):
                                 % (self.index, self.epoch, self.slot))
 
     @property
-    def valid(self):
+    def valid(self) -> bool:
         """True while the slot still holds this batch (its generation matches)."""
         if self.released:
             return False
@@ -464,17 +473,17 @@ class Batch(_Closes):
     # -- fields -------------------------------------------------------------------------
 
     @property
-    def fields(self):
+    def fields(self) -> List[str]:
         """Field names, in the dataset's order."""
         return [f.name for f in self._stream._layout]
 
-    def keys(self):
+    def keys(self) -> List[str]:
         return self.fields
 
-    def __contains__(self, name):
+    def __contains__(self, name: object) -> bool:
         return name in self._stream._by_name
 
-    def __getitem__(self, name):
+    def __getitem__(self, name: str) -> FieldValue:
         return self.numpy(name)
 
     def _field(self, name):
@@ -495,7 +504,7 @@ class Batch(_Closes):
         data = np.ndarray((int(offsets[self.rows]),), _UINT8, buffer=buf, offset=off + f.offset)
         return RaggedField(offsets, data, f.name)
 
-    def numpy(self, name):
+    def numpy(self, name: str) -> FieldValue:
         """A numpy view of field `name` (shape (rows, *sample shape)); for a ragged field, a
         RaggedField of views. No copy. Writable copy-on-write: writes change this process's
         view of this batch only (read-only where the ring's file cannot be mapped privately)."""
@@ -511,7 +520,7 @@ class Batch(_Closes):
         self._views[name] = v
         return v
 
-    def torch(self, name, copy=False):
+    def torch(self, name: str, copy: bool = False) -> Any:
         """Field `name` as a torch tensor sharing the slot's memory (no copy), or with
         copy=True a tensor of its own. In-place operations on a shared tensor work: the
         pages they write are private copies of this process, dropped before the slot holds
@@ -573,11 +582,11 @@ class Batch(_Closes):
             out.append(t.from_numpy(a))
         return out
 
-    def as_dict(self):
+    def as_dict(self) -> Dict[str, FieldValue]:
         """{name: numpy view} for every field."""
         return {n: self.numpy(n) for n in self.fields}
 
-    def copy(self):
+    def copy(self) -> Dict[str, FieldValue]:
         """{name: numpy array (or RaggedField) owning its memory}: safe to keep after release."""
         out = {}
         for n in self.fields:
@@ -585,7 +594,7 @@ class Batch(_Closes):
             out[n] = v.copy() if isinstance(v, RaggedField) else np.array(v)
         return out
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         state = "released" if self.released else "leased"
         return "<Batch epoch=%d index=%d rows=%d slot=%d %s>" % (self.epoch, self.index, self.rows, self.slot, state)
 
@@ -595,7 +604,8 @@ class Stream(_ContextManaged):
     Batch objects until the stream ends (``epochs`` > 0); by default each ``next()``
     releases the batch the previous one returned."""
 
-    def __init__(self, client, handle, dataset, batch_size, epoch, start_batch, keep_views_safe, auto_release):
+    def __init__(self, client: Client, handle: int, dataset: str, batch_size: int, epoch: int, start_batch: int,
+                 keep_views_safe: bool, auto_release: bool) -> None:
         self._client = client
         self._h = handle
         self.dataset = dataset
@@ -639,23 +649,23 @@ class Stream(_ContextManaged):
     # -- info -------------------------------------------------------------------------------
 
     @property
-    def closed(self):
+    def closed(self) -> bool:
         return self._closed
 
     @property
-    def ring(self):
+    def ring(self) -> Tuple[int, int]:
         """(base address, size) of the C library's read-only mapping of the ring."""
         return self._ring_base, self._ring_size
 
     @property
-    def writable_views(self):
+    def writable_views(self) -> bool:
         """True when views are private copy-on-write mappings (writes work, stay in this
         process); False where the ring's file could not be opened (``private_reason``
         says why): numpy views are then read-only and torch tensors copies."""
         return self._private
 
     @property
-    def fields(self):
+    def fields(self) -> List[Dict[str, Any]]:
         """[{name, dtype, shape, ragged}] of the dataset, in its order."""
         if self._layout is not None:
             return [f.describe() for f in self._layout]
@@ -665,27 +675,27 @@ class Stream(_ContextManaged):
                          "ragged": bool(f.get("ragged"))} for f in d.get("fields", [])]
         return []
 
-    def held_batches(self):
+    def held_batches(self) -> int:
         """Batches of this stream whose slot is still leased (including released batches
         whose views are alive)."""
         return len(self._held)
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return "<Stream %d of %r batch_size=%d%s>" % (self.id, self.dataset, self.batch_size,
                                                      " closed" if self._closed else "")
 
     # -- batches ----------------------------------------------------------------------------
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Batch]:
         return self
 
-    def __next__(self):
+    def __next__(self) -> Batch:
         try:
             return self.next()
         except EndOfStream:
             raise StopIteration from None
 
-    def next(self, timeout=None):
+    def next(self, timeout: Optional[float] = None) -> Batch:
         """The next batch (a Batch). `timeout` in seconds (default: the client's timeout);
         raises Timeout when it did not come in time (the request stays outstanding: call
         again to keep waiting), EndOfStream after the last epoch, SampleError when a sample
@@ -872,7 +882,7 @@ class Stream(_ContextManaged):
                     libc.munmap(self._alias[st.slot], self._alias_len)
                 self._alias[st.slot] = st.addr   # warm for the slot's next batch
 
-    def close(self):
+    def close(self) -> None:
         """Closes the stream (its batches are released). Arrays of its batches that are still
         alive stay readable (the daemon does not write to a closed stream's leased slots).
         Idempotent."""
@@ -914,7 +924,7 @@ class Client(_Closes):
     Usable from several threads (calls are serialized); for parallel streams use one
     Client per thread."""
 
-    def __init__(self, socket=None, timeout=30.0, name="python"):
+    def __init__(self, socket: Optional[str] = None, timeout: Optional[float] = 30.0, name: str = "python") -> None:
         self._h = None
         self._lock = threading.Lock()
         self._deferred = collections.deque()
@@ -971,7 +981,7 @@ class Client(_Closes):
 
     # -- requests -------------------------------------------------------------------------------
 
-    def request(self, obj):
+    def request(self, obj: Dict[str, Any]) -> Dict[str, Any]:
         """Sends one request (a dict without "id") and returns the reply as a dict. Daemon
         errors raise. For the read-only ops: status, datasets, streams."""
         self._check()
@@ -986,23 +996,25 @@ class Client(_Closes):
         finally:
             lib.lc_free(out)
 
-    def datasets(self):
+    def datasets(self) -> List[Dict[str, Any]]:
         """The daemon's datasets: [{name, kind, source, samples, fields: [{name, dtype, shape, ragged}]}]."""
         return self.request({"op": "datasets"})["datasets"]
 
-    def status(self):
+    def status(self) -> Dict[str, Any]:
         """The daemon's status (server, pid, uptime_s, clients, streams, samples_per_s, slots, ...)."""
         r = self.request({"op": "status"})
         r.pop("id", None)
         r.pop("ok", None)
         return r
 
-    def streams(self):
+    def streams(self) -> List[Dict[str, Any]]:
         """Every stream of the daemon, with its slot states."""
         return self.request({"op": "streams"})["streams"]
 
-    def open(self, dataset, batch_size, shuffle=True, seed=0, epoch=0, rank=None, world_size=None,
-             drop_last=False, start_batch=0, prefetch=None, epochs=0, keep_views_safe=True, auto_release=True):
+    def open(self, dataset: str, batch_size: int, shuffle: bool = True, seed: int = 0, epoch: int = 0,
+             rank: Optional[int] = None, world_size: Optional[int] = None, drop_last: bool = False,
+             start_batch: int = 0, prefetch: Optional[int] = None, epochs: int = 0, keep_views_safe: bool = True,
+             auto_release: bool = True) -> Stream:
         """Opens a stream of `dataset`: batches of `batch_size`, shuffled with (seed, epoch)
         unless shuffle=False, this rank's share (rank, world_size; default 0, 1), starting at
         batch `start_batch` of `epoch`, `prefetch` batches prepared ahead (default: the
@@ -1045,10 +1057,10 @@ class Client(_Closes):
     # -- lifetime -------------------------------------------------------------------------------
 
     @property
-    def closed(self):
+    def closed(self) -> bool:
         return self._h is None
 
-    def close(self):
+    def close(self) -> None:
         """Closes every stream and the connection. Idempotent."""
         if self._h is None:
             return
@@ -1059,5 +1071,5 @@ class Client(_Closes):
             lib.lc_client_close(self._h)
             self._h = None
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return "<loaderclient.Client %s%s>" % (self.socket, " closed" if self._h is None else "")

@@ -20,12 +20,15 @@ value per sample (labels) are
 small and always copied, so keeping them (e.g. for metrics) is safe; fields of a dtype
 torch lacks (uint16, uint32 tokens) are converted to int64 copies.
 """
+from __future__ import annotations
+
 import time
 import warnings
+from typing import Any, Callable, Dict, Iterator, Optional, Sequence, Union
 
 import torch
 
-from .client import Client, RaggedField, _Closes, _TORCH_DTYPES
+from .client import Client, RaggedField, Stream, _Closes, _TORCH_DTYPES
 from .errors import InvalidArgument, LoaderdError
 
 __all__ = ["LoaderdDataLoader", "ShareChanged"]
@@ -91,12 +94,16 @@ class LoaderdDataLoader(_Closes):
     world_size).
     """
 
-    def __init__(self, dataset, batch_size=1, shuffle=True, seed=None, socket=None, drop_last=False, prefetch=None,
-                 rank=None, world_size=None, fields=None, device=None, pin_memory=False, copy=False,
-                 as_dict=False, timeout=30.0, keep_views_safe=True, name="loaderd-torch", check=True,
-                 sampler=None, batch_sampler=None, num_workers=0, collate_fn=None, worker_init_fn=None,
-                 multiprocessing_context=None, generator=None, prefetch_factor=None, persistent_workers=False,
-                 pin_memory_device=""):
+    def __init__(self, dataset: str, batch_size: int = 1, shuffle: bool = True, seed: Optional[int] = None,
+                 socket: Optional[str] = None, drop_last: bool = False, prefetch: Optional[int] = None,
+                 rank: Optional[int] = None, world_size: Optional[int] = None, fields: Optional[Sequence[str]] = None,
+                 device: Union[str, torch.device, None] = None, pin_memory: bool = False, copy: bool = False,
+                 as_dict: bool = False, timeout: Optional[float] = 30.0, keep_views_safe: bool = True,
+                 name: str = "loaderd-torch", check: bool = True, sampler: Any = None, batch_sampler: Any = None,
+                 num_workers: int = 0, collate_fn: Optional[Callable[..., Any]] = None,
+                 worker_init_fn: Optional[Callable[..., Any]] = None, multiprocessing_context: Any = None,
+                 generator: Optional[torch.Generator] = None, prefetch_factor: Optional[int] = None,
+                 persistent_workers: bool = False, pin_memory_device: str = "") -> None:
         if not isinstance(dataset, str):
             raise InvalidArgument(-4003, "dataset must be the name of a dataset configured in loaderd (a str), "
                                   "got %s: loaderd reads and samples the data itself" % type(dataset).__name__)
@@ -175,15 +182,15 @@ class LoaderdDataLoader(_Closes):
         return rank, world
 
     @property
-    def rank(self):
+    def rank(self) -> int:
         """This process's rank: the one batches were delivered for, else as things stand."""
         return (self._delivered or self._current_share())[0]
 
     @property
-    def world_size(self):
+    def world_size(self) -> int:
         return (self._delivered or self._current_share())[1]
 
-    def check(self):
+    def check(self) -> Dict[str, Any]:
         """Connects and opens the stream for the share known now (the daemon checks the
         dataset name, the batch size against the data and the memory budget); raises what
         the first ``iter()`` would. Returns {dataset, rank, world_size, batches_per_epoch,
@@ -217,11 +224,11 @@ class LoaderdDataLoader(_Closes):
         return s
 
     @property
-    def stream(self):
+    def stream(self) -> Optional[Stream]:
         """The daemon stream in use (None before the first use)."""
         return self._stream
 
-    def __len__(self):
+    def __len__(self) -> int:
         share = self._pinned_share()
         s = self._stream
         if s is None or s.closed or self._share != share:
@@ -240,14 +247,14 @@ class LoaderdDataLoader(_Closes):
                 % ((self.dataset,) + self._delivered + share))
         return share
 
-    def set_epoch(self, epoch):
+    def set_epoch(self, epoch: int) -> None:
         """The epoch the next iter() delivers (like DistributedSampler.set_epoch). Without it,
         each iter() delivers the epoch after the previous one's."""
         if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
             raise InvalidArgument(-4003, "epoch must be a non-negative integer, got %r" % (epoch,))
         self._epoch = epoch
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Any]:
         e = self._epoch
         share = self._pinned_share()
         it = _EpochIterator(self, e, self._stream_at(e, share))
@@ -291,7 +298,7 @@ class LoaderdDataLoader(_Closes):
 
     # -- lifetime ----------------------------------------------------------------------------------
 
-    def close(self):
+    def close(self) -> None:
         """Closes the stream and the connection; tensors still shared become invalid for
         the loader (they keep their bytes, see the README). Idempotent."""
         self._active = None
@@ -302,7 +309,7 @@ class LoaderdDataLoader(_Closes):
             self._client.close()
             self._client = None
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         rank, world = self._delivered or self._share or (self._rank_arg, self._world_arg)
         return "<LoaderdDataLoader %r batch_size=%d rank=%s/%s epoch=%d>" % (
             self.dataset, self.batch_size, rank, world, self._epoch)
