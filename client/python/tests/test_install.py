@@ -167,3 +167,28 @@ def test_pip_install_in_fresh_venv(daemon, scratch):
     r = _run([py, "-c", code, daemon.socket], env=env, cwd=str(scratch), timeout=120)
     v = _version()
     assert r.stdout.split() == [v, v, "1000"]
+
+
+def test_library_exports_exactly_the_public_api(staged):
+    """The shared library's dynamic symbols are the LC_EXPORT functions of loaderclient.h,
+    no more (the wire codec and the daemon's helpers stay internal, so they can change
+    without a soname bump) and no fewer."""
+    import re
+    header = open(os.path.join(support.REPO, "client", "loaderclient.h")).read()
+    declared = set(re.findall(r"LC_EXPORT [^;(]*?\b(lc_\w+)\(", header))
+    assert len(declared) > 25
+    so = os.path.join(staged + PREFIX, "lib", "libloaderclient.so." + _version())
+    out = _run(["nm", "-D", "--defined-only", so]).stdout
+    exported = {line.split()[-1] for line in out.splitlines() if line.strip() and line.split()[1] in "TtWwDdBbRr"}
+    exported = {s for s in exported if not s.startswith("_")}
+    assert exported == declared
+
+
+def test_uninstall_removes_what_install_wrote(scratch):
+    d = str(scratch / "stage")
+    _run(["make", "--no-print-directory", "-C", support.REPO, "install", "DESTDIR=" + d, "PREFIX=" + PREFIX],
+         env=_env())
+    _run(["make", "--no-print-directory", "-C", support.REPO, "uninstall", "DESTDIR=" + d, "PREFIX=" + PREFIX],
+         env=_env())
+    left = [os.path.join(dp, n) for dp, dn, fn in os.walk(d) for n in fn]
+    assert left == []
