@@ -40,6 +40,7 @@
 #include <unistd.h>
 
 #include "cache.h"
+#include "dataset_watch.h"
 #include "log.h"
 
 enum keeper_state { K_CHECKING, K_ABSENT, K_BUILDING, K_READY, K_STALE, K_FAILED, K_OFF };
@@ -54,6 +55,7 @@ enum job_kind { JOB_NONE, JOB_CHECK, JOB_BUILD, JOB_VERIFY };
 /* A cache this keeper opened, with the number of readers holding it. */
 struct held {
     cache *c;
+    const dataset *d;               /* the scan of the source it was checked against */
     uint32_t refs;                  /* batches reading it + the job using it */
     bool advise;                    /* much larger than memory: advise the next pages */
     struct held *next;
@@ -84,6 +86,7 @@ struct cache_keeper {
         enum job_kind kind;
         bool force;
         uint64_t ticket;            /* the last ticket issued when the job started */
+        dataset *d;                 /* the dataset it reads (held until the job is done) */
         struct held *uses;          /* check/verify: the cache it looks at (a reference) */
         int rc;
         cache *opened;              /* check/build: the cache to attach */
@@ -113,7 +116,8 @@ static void job_check(cache_keeper *k)
 {
     uint64_t fp;
     char err[LD_ERRMSG_MAX];
-    int rc = k->d->ops->fingerprint(k->d, k->fp_mode, &fp, k->job.msg);
+    const dataset *d = k->job.d;
+    int rc = d->ops->fingerprint(d, k->fp_mode, &fp, k->job.msg);
     if (rc < 0) {
         k->job.rc = rc;
         return;
@@ -128,7 +132,7 @@ static void job_check(cache_keeper *k)
         k->job.set_aside = true;
         char aside[LD_ERRMSG_MAX];
         if (cache_set_aside(k->path, err, aside) < 0)
-            ld_log(LD_LOG_WARN, "dataset '%s': %s", k->d->name, aside);
+            ld_log(LD_LOG_WARN, "dataset '%s': %s", d->name, aside);
     } else if (rc == LD_ECACHESTALE || rc == LD_ECACHEVERSION) {
         k->job.stale = true;
     }
@@ -140,9 +144,10 @@ static void job_build(cache_keeper *k)
     uint64_t fp;
     /* The fingerprint is taken before the build: a file changed during the build
      * makes the new cache stale at the next check, never silently wrong. */
-    int rc = k->d->ops->fingerprint(k->d, k->fp_mode, &fp, k->job.msg);
+    const dataset *d = k->job.d;
+    int rc = d->ops->fingerprint(d, k->fp_mode, &fp, k->job.msg);
     if (rc == 0)
-        rc = cache_build(k->d, k->path, fp, progress_cb, k, &k->cancel, k->job.msg);
+        rc = cache_build(d, k->path, fp, progress_cb, k, &k->cancel, k->job.msg);
     if (rc == 0)
         rc = cache_open(k->path, fp, &k->job.opened, k->job.msg);
     k->job.rc = rc;
@@ -207,6 +212,7 @@ static int start_job(cache_keeper *k, enum job_kind kind, bool force)
     k->job.kind = kind;
     k->job.force = force;
     k->job.ticket = k->tickets;
+    k->job.d = k->d;
     if (kind != JOB_BUILD && k->current) {
         k->job.uses = k->current;
         k->current->refs++;
@@ -217,10 +223,12 @@ static int start_job(cache_keeper *k, enum job_kind kind, bool force)
     if (e != 0) {
         held_unref(k, k->job.uses);
         k->job.uses = NULL;
+        k->job.d = NULL;
         snprintf(k->error, sizeof k->error, "cannot start the cache thread: %s", strerror(e));
         return ld_from_errno(e);
     }
     k->thread_live = true;
+    dataset_hold(k->job.d);
     if (kind == JOB_BUILD) {
         k->state = K_BUILDING;
         if (force)
@@ -232,8 +240,9 @@ static int start_job(cache_keeper *k, enum job_kind kind, bool force)
     return 0;
 }
 
-/* Makes c the cache batches read, proven for tickets up to `ticket`. */
-static void attach(cache_keeper *k, cache *c, uint64_t ticket)
+/* Makes c the cache batches read, proven for tickets up to `ticket`, for the streams
+ * of dataset d. */
+static void attach(cache_keeper *k, cache *c, uint64_t ticket, const dataset *d)
 {
     struct held *h = calloc(1, sizeof *h);
     if (!h) {
@@ -246,6 +255,7 @@ static void attach(cache_keeper *k, cache *c, uint64_t ticket)
     long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
     uint64_t ram = pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page : 0;
     h->c = c;
+    h->d = d;
     h->advise = ram && cache_meta(c)->file_size > ram / 2;
     h->next = k->held;
     k->held = h;
@@ -323,14 +333,16 @@ static void on_done(uv_async_t *a)
     pthread_join(k->thread, NULL);
     k->thread_live = false;
     struct held *used = k->job.uses;
+    dataset *job_d = k->job.d;
     k->job.uses = NULL;
+    k->job.d = NULL;
     const char *name = k->d->name;
     switch (k->job.kind) {
     case JOB_CHECK:
         if (k->job.rc == 0 && k->job.opened) {
             if (k->current)
                 detach(k); /* the source moved on and a matching cache was found */
-            attach(k, k->job.opened, k->job.ticket);
+            attach(k, k->job.opened, k->job.ticket, job_d);
             ld_log(LD_LOG_INFO, "dataset '%s': serving from the cache %s", name, k->path);
         } else if (k->job.rc == 0) {
             /* Fingerprint unchanged: proven for every stream opened before the check. */
@@ -367,7 +379,7 @@ static void on_done(uv_async_t *a)
         if (k->job.rc == 0) {
             if (k->current)
                 detach(k);
-            attach(k, k->job.opened, k->job.ticket);
+            attach(k, k->job.opened, k->job.ticket, job_d);
             if (k->current)
                 ld_log(LD_LOG_INFO, "dataset '%s': cache built (%" PRIu64 " samples, %.1f MiB); serving from it",
                        name, cache_meta(k->current->c)->count,
@@ -402,6 +414,7 @@ static void on_done(uv_async_t *a)
         break;
     }
     held_unref(k, used);
+    dataset_release(job_d);
     maybe_pending(k);
 }
 
@@ -466,6 +479,8 @@ void cache_keeper_close(cache_keeper *k, void (*on_closed)(void *ctx), void *ctx
         k->job.opened = NULL;
         held_unref(k, k->job.uses);
         k->job.uses = NULL;
+        dataset_release(k->job.d);
+        k->job.d = NULL;
         if (k->job.kind == JOB_VERIFY && k->job.verify_done)
             k->job.verify_done(k->job.verify_ctx, LD_ECLOSED, "the daemon is stopping");
     }
@@ -525,7 +540,7 @@ uint64_t cache_keeper_stream_opened(cache_keeper *k)
     return ticket;
 }
 
-cache *cache_keeper_acquire(cache_keeper *k, uint64_t ticket, bool *ret_advise)
+cache *cache_keeper_acquire(cache_keeper *k, const dataset *d, uint64_t ticket, bool *ret_advise)
 {
     struct held *h = k->current;
     if (!h)
@@ -538,6 +553,8 @@ cache *cache_keeper_acquire(cache_keeper *k, uint64_t ticket, bool *ret_advise)
     }
     if (ticket > k->valid_for)
         return NULL; /* opened after the last proof: the source until a check passes */
+    if (h->d != d)
+        return NULL; /* made for another scan of the folder: other sample indices */
     h->refs++;
     if (ret_advise)
         *ret_advise = h->advise;
@@ -552,6 +569,12 @@ void cache_keeper_release(cache_keeper *k, cache *c)
     if (!h)
         abort(); /* a cache we never handed out: the reference count is broken */
     held_unref(k, h);
+}
+
+void cache_keeper_set_dataset(cache_keeper *k, dataset *d)
+{
+    k->d = d;
+    d->keeper = k;
 }
 
 int cache_keeper_build(cache_keeper *k, bool force, char *errbuf)

@@ -37,16 +37,21 @@ void cache_keeper_free(cache_keeper *k);
  * source has not changed since (and detach it, then rebuild, when it has); a failed
  * cache is checked (and built) again. Returns the stream's ticket for acquire. */
 uint64_t cache_keeper_stream_opened(cache_keeper *k);
-/* The cache one batch of the stream holding `ticket` may read, with a reference the
+/* The cache one batch of the stream holding `ticket`, opened on dataset d, may read
+ * (none when the cache was made for another scan of the folder), with a reference the
  * caller gives back with cache_keeper_release() when the batch's reads are done; NULL
  * (read the source) when none is attached or when no check has passed since that
  * stream opened. *ret_advise: the cache is much larger than memory (advise the batch's
  * pages). A cache a batch found corrupt or truncated (cache_bad) is set aside here,
  * detached and rebuilt. */
-struct cache *cache_keeper_acquire(cache_keeper *k, uint64_t ticket, bool *ret_advise);
+struct cache *cache_keeper_acquire(cache_keeper *k, const dataset *d, uint64_t ticket, bool *ret_advise);
 /* Drops a reference from cache_keeper_acquire (c may be NULL); a replaced cache is
  * unmapped when its last reader is gone. */
 void cache_keeper_release(cache_keeper *k, struct cache *c);
+/* A rescan replaced the keeper's dataset (dataset_watch.h): jobs from now on fingerprint
+ * and build d; caches made for the old one are given only to its streams, and the next
+ * check finds the cache stale. Sets d->keeper. */
+void cache_keeper_set_dataset(cache_keeper *k, dataset *d);
 /* `loaderctl cache build [--force]`: starts a build (force: even over a valid cache, at
  * most once a minute: LD_EAGAIN with the time to wait). 0 when a build was started or
  * is already running; errbuf says why not otherwise (LD_ENOTSUP in mode off). */

@@ -110,6 +110,10 @@ struct dataset {
      * cache_keeper_new(); used on the loop thread only (streams ask it which cache a
      * batch may read). */
     struct cache_keeper *keeper;
+    /* Loop thread only (dataset_watch.h): holders (streams, cache jobs) and whether a
+     * rescan replaced it; a retired dataset is freed by its last holder. */
+    uint32_t holders;
+    bool retired;
     /* Bad samples (dataset_read): the policy, how many failed and how many were
      * replaced, and one bit per sample so each bad file is logged once. */
     /* Class names by label (files, image_folder: the first-level sub-folders, sorted);

@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "cache_keeper.h"
+#include "dataset_watch.h"
 #include "log.h"
 #include "metrics.h"
 #include "notify.h"
@@ -98,6 +99,7 @@ struct server {
     dataset **datasets;
     size_t n_datasets;
     cache_keeper **keepers;         /* per dataset; NULL where the dataset has no cache */
+    dataset_watch **watches;        /* per dataset: rescans a folder that changed */
     pool *workers;
     stream_hub *hub;
     uv_pipe_t listener;
@@ -320,6 +322,22 @@ static dataset *find_dataset(server *srv, const char *name)
     return NULL;
 }
 
+/* A folder dataset follows files added or removed since its scan: *pd becomes the
+ * fresh scan when its folder changed (dataset_watch.h). */
+static int refresh_dataset(server *srv, dataset **pd, char *err)
+{
+    for (size_t i = 0; i < srv->n_datasets; i++) {
+        if (srv->datasets[i] != *pd || !srv->watches[i])
+            continue;
+        int rc = dataset_watch_refresh(srv->watches[i], &srv->datasets[i], err);
+        if (rc == 1 && srv->keepers[i])
+            cache_keeper_set_dataset(srv->keepers[i], srv->datasets[i]);
+        *pd = srv->datasets[i];
+        return rc < 0 ? rc : 0;
+    }
+    return 0;
+}
+
 static cache_keeper *keeper_of(server *srv, const dataset *d)
 {
     for (size_t i = 0; i < srv->n_datasets; i++)
@@ -449,6 +467,11 @@ static void op_open(conn *c, const cJSON *req, int64_t id)
     if (srv->n_streams >= srv->cfg->max_streams) {
         snprintf(err, sizeof err, "the daemon already serves %u streams (server.max_streams)", srv->n_streams);
         reply_error(c, id, LD_ELIMIT, err);
+        return;
+    }
+    if ((rc = refresh_dataset(srv, &d, err)) < 0) {
+        ld_log(LD_LOG_WARN, "client %" PRIu64 " (%s): open '%s' failed: %s", c->id, c->name, name, err);
+        reply_error(c, id, rc, err);
         return;
     }
     struct conn_stream *cs = calloc(1, sizeof *cs);
@@ -1322,7 +1345,10 @@ int server_new(uv_loop_t *loop, const struct config *cfg, dataset **datasets, si
     srv->workers = workers;
     srv->started_ns = uv_hrtime();
     srv->keepers = calloc(n_datasets ? n_datasets : 1, sizeof *srv->keepers);
-    if (!srv->keepers) {
+    srv->watches = calloc(n_datasets ? n_datasets : 1, sizeof *srv->watches);
+    if (!srv->keepers || !srv->watches) {
+        free(srv->keepers);
+        free(srv->watches);
         free(srv);
         snprintf(errbuf, LD_ERRMSG_MAX, "out of memory");
         return LD_ENOMEM;
@@ -1356,13 +1382,16 @@ int server_new(uv_loop_t *loop, const struct config *cfg, dataset **datasets, si
         stream_hub_close(srv->hub);
         uv_run(loop, UV_RUN_NOWAIT); /* let the handles close before srv goes */
         free(srv->keepers);
+        free(srv->watches);
         free(srv);
         return rc;
     }
     for (size_t i = 0; i < n_datasets; i++) {
+        char err[LD_ERRMSG_MAX];
+        if (dataset_watch_new(&cfg->datasets[i], datasets[i], &srv->watches[i], err) < 0)
+            ld_log(LD_LOG_WARN, "%s; files added later are served after a restart", err);
         if (!cfg->datasets[i].cache_path)
             continue; /* no `cache:` section (mode off with a path still answers cache requests) */
-        char err[LD_ERRMSG_MAX];
         if (cache_keeper_new(loop, datasets[i], &cfg->datasets[i], &srv->keepers[i], err) < 0)
             ld_log(LD_LOG_WARN, "%s; serving from the source", err); /* a cache is an optimisation */
     }
@@ -1432,9 +1461,12 @@ void server_free(server *srv)
 {
     if (!srv)
         return;
-    for (size_t i = 0; i < srv->n_datasets; i++)
+    for (size_t i = 0; i < srv->n_datasets; i++) {
         cache_keeper_free(srv->keepers[i]);
+        dataset_watch_free(srv->watches[i]);
+    }
     free(srv->keepers);
+    free(srv->watches);
     free(srv);
 }
 

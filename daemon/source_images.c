@@ -179,6 +179,12 @@ static int images_read_ctx(const dataset *d, uint64_t index, const struct datase
     return 0;
 }
 
+static const char *images_sample_name(const dataset *d, uint64_t index)
+{
+    const struct images *im = (const struct images *)d;
+    return dataset_sample_name(im->files, index);
+}
+
 static int images_fingerprint(const dataset *d, int mode, uint64_t *ret, char *errbuf)
 {
     const struct images *im = (const struct images *)d;
@@ -203,6 +209,7 @@ const struct dataset_ops source_images_ops = {
     .open = images_open,
     .free = images_free,
     .read_ctx = images_read_ctx,
+    .sample_name = images_sample_name,
     .fingerprint = images_fingerprint,
     .raw_bytes = images_raw_bytes,
     .read_raw = images_read_raw,

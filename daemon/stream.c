@@ -34,6 +34,7 @@
 
 #include "cache.h"
 #include "cache_keeper.h"
+#include "dataset_watch.h"
 #include "log.h"
 #include "sampler.h"
 
@@ -258,8 +259,10 @@ static void stream_free(stream *s)
         free(s->slots);
     }
     ring_free(s->ring);
-    if (s->hub)
+    if (s->hub) {
         s->hub->live--;
+        dataset_release(s->ds); /* a dataset replaced by a rescan goes with its last stream */
+    }
     free(s);
 }
 
@@ -295,7 +298,7 @@ static void start_fill(stream *s, uint32_t slot, uint64_t seq)
     hdr->rows = sl->rows;
 
     bool advise = false;
-    sl->cache = s->ds->keeper ? cache_keeper_acquire(s->ds->keeper, s->cache_ticket, &advise) : NULL;
+    sl->cache = s->ds->keeper ? cache_keeper_acquire(s->ds->keeper, s->ds, s->cache_ticket, &advise) : NULL;
     /* A cache much larger than memory: tell the kernel which samples this batch will
      * read, a prefetch depth before the workers get to them. */
     struct cache *cached = sl->cache;
@@ -558,6 +561,7 @@ int stream_open(stream_hub *h, dataset *d, uint64_t id, const struct stream_para
     }
     s->hub = h;
     h->live++;
+    dataset_hold(d);
     if (d->keeper)
         s->cache_ticket = cache_keeper_stream_opened(d->keeper);
     schedule(s);

@@ -660,6 +660,114 @@ static void test_many_rebuilds_reclaimed(void **state)
     harness_stop_clean(h);
 }
 
+/* Reads `epochs` epochs of one stream; every sample must be file i for some present[i]
+ * (i < max), each exactly once per epoch. Returns the samples per epoch. */
+static uint64_t read_present(lc_client *c, uint64_t seed, uint64_t epochs, const bool *present, uint64_t max)
+{
+    lc_stream_options o;
+    lc_stream_options_init(&o);
+    o.batch_size = 32;
+    o.seed = seed;
+    o.epochs = epochs;
+    lc_stream *s = NULL;
+    if (lc_stream_open(c, "records", &o, &s) < 0)
+        fail_msg("open: %s", lc_client_error(c));
+    uint64_t *seen = calloc(max, sizeof *seen), n = 0;
+    lc_batch *b;
+    int r;
+    while ((r = lc_stream_next(s, 10000, &b)) == 0) {
+        lc_field data, label;
+        assert_int_equal(lc_batch_field_by_name(b, "data", &data), 0);
+        assert_int_equal(lc_batch_field_by_name(b, "label", &label), 0);
+        for (uint32_t row = 0; row < lc_batch_rows(b); row++, n++) {
+            const uint8_t *buf = (const uint8_t *)data.data + (size_t)row * FILE_SIZE;
+            int64_t lab = ((const int64_t *)label.data)[row];
+            uint64_t i = (uint64_t)lab;
+            while (i < max && !harness_file_matches(i, buf, FILE_SIZE, FILE_SIZE, false))
+                i += N_CLASSES;
+            if (i >= max || !present[i])
+                fail_msg("a sample with label %lld is no present file", (long long)lab);
+            seen[i]++;
+        }
+        lc_batch_release(b);
+    }
+    assert_int_equal(r, LC_EEND);
+    for (uint64_t i = 0; i < max; i++)
+        if (seen[i] != (present[i] ? epochs : 0))
+            fail_msg("file %llu served %llu times in %llu epochs", (unsigned long long)i,
+                     (unsigned long long)seen[i], (unsigned long long)epochs);
+    free(seen);
+    lc_stream_close(s);
+    return n / epochs;
+}
+
+/* A file added to the folder while the daemon runs is served by the next stream (and
+ * one removed is not), from the files and then from the rebuilt cache; a stream opened
+ * before the change reads its whole epoch of the old list. */
+static void test_files_added_and_removed(void **state)
+{
+    struct harness *h = *state;
+    enum { MAX = N_FILES + 2 };
+    bool present[MAX];
+    for (int i = 0; i < MAX; i++)
+        present[i] = i < N_FILES;
+    start_with_cache(h, "auto");
+    build_now(h);
+    lc_client *c = harness_connect(h, 10000, "itest_cache");
+    lc_client *c_old = harness_connect(h, 10000, "itest_cache-old");
+    lc_stream_options o;
+    lc_stream_options_init(&o);
+    o.batch_size = 16;
+    o.epochs = 1;
+    lc_stream *old = NULL;
+    assert_int_equal(lc_stream_open(c_old, "records", &o, &old), 0);
+    lc_batch *b;
+    assert_int_equal(lc_stream_next(old, 10000, &b), 0);
+    uint64_t old_n = lc_batch_rows(b);
+    lc_batch_release(b);
+
+    uint8_t buf[FILE_SIZE];
+    for (int k = 0; k < FILE_SIZE; k++)
+        buf[k] = harness_file_byte(N_FILES + 1, (uint64_t)k);
+    char rel[64];
+    snprintf(rel, sizeof rel, "rec/class_%03d/%07d.bin", (N_FILES + 1) % N_CLASSES, N_FILES + 1);
+    harness_write_file(h, rel, buf, sizeof buf);
+    present[N_FILES + 1] = true;
+    assert_int_equal(read_present(c, 1, 1, present, MAX), N_FILES + 1);
+
+    char path[4300];
+    snprintf(path, sizeof path, "%s/rec/class_003/0000007.bin", h->dir);
+    assert_int_equal(unlink(path), 0);
+    present[7] = false;
+    assert_int_equal(read_present(c, 2, 1, present, MAX), N_FILES);
+
+    /* The stream opened before both changes reads its old list to the end. */
+    int r;
+    while ((r = lc_stream_next(old, 10000, &b)) == 0) {
+        old_n += lc_batch_rows(b);
+        lc_batch_release(b);
+    }
+    assert_int_equal(r, LC_EEND);
+    assert_int_equal(old_n, N_FILES);
+    lc_stream_close(old);
+    lc_client_close(c_old);
+
+    /* The cache is rebuilt for the new list and serves it. */
+    cJSON *j = wait_state(c, "ready");
+    assert_int_equal((int)num(j, "file", "count"), N_FILES);
+    double hits = num(j, "hits", NULL);
+    cJSON_Delete(j);
+    assert_int_equal(read_present(c, 3, 3, present, MAX), N_FILES);
+    j = cache_call(c, "cache_info", NULL);
+    assert_true(num(j, "hits", NULL) > hits);
+    cJSON_Delete(j);
+    lc_client_close(c);
+    harness_stop_clean(h);
+    char *log = harness_log(h);
+    assert_non_null(strstr(log, "the folder changed: 401 samples now (were 400)"));
+    free(log);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -671,6 +779,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_corrupt_sample_checked_when_served, setup, teardown),
         cmocka_unit_test_setup_teardown(test_mode_off_and_sweep_at_start, setup, teardown),
         cmocka_unit_test_setup_teardown(test_many_rebuilds_reclaimed, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_files_added_and_removed, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

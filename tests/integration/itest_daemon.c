@@ -709,7 +709,9 @@ static void test_missing_sample_is_reported(void **state)
     struct harness *h = *state;
     char path[4200];
     snprintf(path, sizeof path, "%s/rec/class_002/0000008.bin", h->dir);
-    assert_int_equal(unlink(path), 0);
+    /* Emptied, not removed: a file removed from the folder leaves the list at the next
+     * open (the folder is scanned again); one emptied is still listed and fails its read. */
+    assert_int_equal(truncate(path, 0), 0);
     lc_client *c = harness_connect(h, 10000, "itest_daemon");
     lc_stream_options o;
     lc_stream_options_init(&o);
@@ -760,7 +762,7 @@ static void test_missing_sample_is_reported(void **state)
     harness_stop_clean(h);
     char *log = harness_log(h), *p = log;
     int logged = 0;
-    while ((p = strstr(p, "0000008.bin): No such file or directory (replaced")) != NULL) {
+    while ((p = strstr(p, "0000008.bin): expected 128 bytes, file has 0 (replaced")) != NULL) {
         logged++;
         p++;
     }

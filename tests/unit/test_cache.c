@@ -1411,7 +1411,7 @@ static void keeper_wait(struct keeper_fixture *f, const char *state)
 static cache *keeper_acquire_wait(struct keeper_fixture *f, uint64_t ticket)
 {
     for (int i = 0; i < 2000; i++) {
-        cache *c = cache_keeper_acquire(f->k, ticket, NULL);
+        cache *c = cache_keeper_acquire(f->k, f->d, ticket, NULL);
         if (c)
             return c;
         uv_run(&f->loop, UV_RUN_NOWAIT);
@@ -1472,14 +1472,14 @@ static void test_keeper_tickets_and_reclaim(void **state)
     keeper_start(&f, t, CONFIG_CACHE_AUTO, t->cache);
     keeper_wait(&f, "absent");
     uint64_t t1 = cache_keeper_stream_opened(f.k);
-    assert_null(cache_keeper_acquire(f.k, t1, NULL));    /* building: the source */
+    assert_null(cache_keeper_acquire(f.k, f.d, t1, NULL));    /* building: the source */
     keeper_wait(&f, "ready");
-    cache *c1 = cache_keeper_acquire(f.k, t1, NULL);     /* built after t1 opened */
+    cache *c1 = cache_keeper_acquire(f.k, f.d, t1, NULL);     /* built after t1 opened */
     assert_non_null(c1);
 
     /* A new stream waits for its own check, even with nothing changed. */
     uint64_t t2 = cache_keeper_stream_opened(f.k);
-    assert_null(cache_keeper_acquire(f.k, t2, NULL));
+    assert_null(cache_keeper_acquire(f.k, f.d, t2, NULL));
     cache *c2 = keeper_acquire_wait(&f, t2);
     assert_ptr_equal(c2, c1);
     cache_keeper_release(f.k, c2);
@@ -1488,7 +1488,7 @@ static void test_keeper_tickets_and_reclaim(void **state)
      * rebuild is attached, the new bytes. */
     rewrite_file(t->src, 4, 777, 1500000000);
     uint64_t t3 = cache_keeper_stream_opened(f.k);
-    assert_null(cache_keeper_acquire(f.k, t3, NULL));
+    assert_null(cache_keeper_acquire(f.k, f.d, t3, NULL));
     cache *c3 = keeper_acquire_wait(&f, t3);
     assert_ptr_not_equal(c3, c1);
     uint8_t buf[1000];
@@ -1585,7 +1585,7 @@ static void test_keeper_failed_retried_and_off(void **state)
     keeper_wait(&f, "absent");
     uint64_t t1 = cache_keeper_stream_opened(f.k);
     keeper_wait(&f, "failed");
-    assert_null(cache_keeper_acquire(f.k, t1, NULL));
+    assert_null(cache_keeper_acquire(f.k, f.d, t1, NULL));
     assert_int_equal(mkdir(dir, 0755), 0);
     uint64_t t2 = cache_keeper_stream_opened(f.k);
     cache *c = keeper_acquire_wait(&f, t2);
@@ -1597,7 +1597,7 @@ static void test_keeper_failed_retried_and_off(void **state)
     assert_true(keeper_in(f.k, "off"));
     uint64_t t3 = cache_keeper_stream_opened(f.k);
     uv_run(&f.loop, UV_RUN_NOWAIT);
-    assert_null(cache_keeper_acquire(f.k, t3, NULL));
+    assert_null(cache_keeper_acquire(f.k, f.d, t3, NULL));
     assert_int_equal(cache_keeper_build(f.k, true, err), LD_ENOTSUP);
     assert_non_null(strstr(err, "cache.mode: off"));
     struct verify_result v = {0};
@@ -1632,7 +1632,7 @@ static void test_keeper_drops_bad_cache(void **state)
         file5++;
     assert_int_equal(buf[3], testfs_byte(file5, 3));
     cache_keeper_release(f.k, c);
-    assert_null(cache_keeper_acquire(f.k, t1, NULL)); /* found bad: set aside, rebuilding */
+    assert_null(cache_keeper_acquire(f.k, f.d, t1, NULL)); /* found bad: set aside, rebuilding */
     assert_true(exists(bad));
     c = keeper_acquire_wait(&f, t1);
     assert_int_equal(cache_verify(c, NULL, NULL, NULL, err), 0);
