@@ -69,6 +69,7 @@ struct cache_keeper {
     enum keeper_state state;
     bool rebuilt_once;              /* mode rebuild: the forced build of this run is done */
     bool pending_build, pending_force;
+    bool pending_check;             /* a job ran on a dataset a rescan has replaced */
     void (*pending_verify)(void *ctx, int rc, const char *message); /* a verify waiting for the job */
     void *pending_verify_ctx;
     char error[LD_ERRMSG_MAX];
@@ -303,8 +304,10 @@ static void maybe_pending(cache_keeper *k)
             return;
         }
     }
-    if (k->current && k->valid_for < k->tickets)
+    if (k->pending_check || (k->current && k->valid_for < k->tickets)) {
+        k->pending_check = false;
         start_job(k, JOB_CHECK, false);
+    }
 }
 
 /* A batch found the attached cache corrupt or cut short: never serve it again. */
@@ -412,6 +415,14 @@ static void on_done(uv_async_t *a)
         break;
     case JOB_NONE:
         break;
+    }
+    if (job_d != k->d && k->state != K_OFF) {
+        /* The folder was scanned again while the job ran: what it found or built
+         * concerns the old list (kept for that list's streams). The new list needs its
+         * own check, and in mode auto its own cache. */
+        k->pending_check = true;
+        if (k->mode == CONFIG_CACHE_AUTO)
+            k->pending_build = true;
     }
     held_unref(k, used);
     dataset_release(job_d);
