@@ -43,7 +43,18 @@ static void usage(FILE *f)
                "  --config FILE      YAML configuration (see config/loaderd.yaml)\n"
                "  --check            validate the configuration and the datasets, then exit\n"
                "  --log-level LEVEL  error, warn, info or debug (overrides server.log_level)\n"
-               "  --version          print the version\n");
+               "  --version          print the version\n"
+               "  --help             print this\n"
+               "\nenvironment:\n"
+               "  LOADERD_SOCKET     the socket when the config names none (else\n"
+               "                     $XDG_RUNTIME_DIR/loaderd.sock when that is a private directory,\n"
+               "                     else /tmp/loaderd-UID/loaderd.sock)\n"
+               "  NOTIFY_SOCKET, LISTEN_FDS, WATCHDOG_USEC   set by systemd (Type=notify, socket\n"
+               "                     activation, watchdog)\n"
+               "\nsignals: SIGTERM, SIGINT, SIGQUIT stop cleanly (exit 0); SIGHUP, SIGUSR1, SIGUSR2 are\n"
+               "logged and ignored.\n"
+               "exit status: 0 after a clean stop or a passed --check, 1 for a startup error, 2 for a\n"
+               "bad command line\n");
 }
 
 static void signal_closed(uv_handle_t *h)

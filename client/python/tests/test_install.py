@@ -192,3 +192,41 @@ def test_uninstall_removes_what_install_wrote(scratch):
          env=_env())
     left = [os.path.join(dp, n) for dp, dn, fn in os.walk(d) for n in fn]
     assert left == []
+
+
+def test_help_is_complete(staged):
+    """--help is the manual: every option the programs parse and every environment
+    variable the daemon, the library and loaderctl read appear in it."""
+    import re
+    root = staged + PREFIX
+
+    def src(*parts):
+        return open(os.path.join(support.REPO, *parts)).read()
+
+    env_vars = set()
+    for d in ("daemon", "proto", "client", "tools"):
+        for n in os.listdir(os.path.join(support.REPO, d)):
+            if n.endswith(".c"):
+                env_vars |= set(re.findall(r'getenv\("([A-Z_]+)"\)', src(d, n)))
+    assert {"LOADERD_SOCKET", "LOADERD_UID"} <= env_vars
+
+    daemon_opts = set(re.findall(r'\{"([a-z-]+)", (?:no|required|optional)_argument', src("daemon", "main.c")))
+    assert {"config", "check", "help", "version"} <= daemon_opts
+    out = _run([os.path.join(root, "bin", "loaderd"), "--help"]).stdout
+    for o in daemon_opts:
+        assert "--" + o in out, "loaderd --help lacks --" + o
+    assert "LOADERD_SOCKET" in out and "exit status" in out
+
+    ctl_opts = set(re.findall(r'"(--[a-z][a-z-]*)', src("tools", "loaderctl.c")))
+    assert {"--batch-size", "--socket", "--daemon-uid"} <= ctl_opts
+    ctl = os.path.join(root, "bin", "loaderctl")
+    out = _run([ctl, "--help"]).stdout
+    for cmd in ("read", "cache", "status", "datasets", "streams"):
+        assert "\n  " + cmd in out, cmd
+        r = subprocess.run([ctl, cmd, "--help"], capture_output=True, text=True, timeout=30)
+        out += r.stdout
+    for o in ctl_opts:
+        assert o in out, "loaderctl --help lacks " + o
+    for v in env_vars - {"XDG_RUNTIME_DIR"}:   # XDG_RUNTIME_DIR is named in LOADERD_SOCKET's line
+        assert v in out, "loaderctl --help lacks " + v
+    assert "XDG_RUNTIME_DIR" in out
