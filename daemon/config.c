@@ -29,6 +29,7 @@
 
 #include "ld_error.h"
 #include "log.h"
+#include "metrics_http.h"
 #include "proto.h"
 
 /* Our schema is three levels deep; anything much deeper is a mistake, and a cap keeps
@@ -53,6 +54,7 @@ enum key_type {
     KEY_TABLE,  /* a nested mapping, walked against `sub` into the same struct */
     KEY_TRANSFORMS, /* image_folder's list of transforms (load_transforms) */
     KEY_FRACTION,   /* a number in [0, 1], into a double; default def_frac */
+    KEY_LISTEN,     /* a metrics listen address (metrics_http_parse_listen), copied into a char * */
 };
 
 #define KEY_REQUIRED 1u
@@ -97,6 +99,11 @@ static const struct key cache_keys[] = {
      .from_name = fingerprint_from_name, .choices = "stat, content"},
 };
 
+/* server.metrics: the optional HTTP scrape endpoint. */
+static const struct key metrics_keys[] = {
+    {.name = "listen", .type = KEY_LISTEN, SERVER_AT(metrics_listen), .flags = KEY_REQUIRED},
+};
+
 /* workers = 0 and the socket's NULL default are resolved after the walk (one thread
  * per online core; config_default_socket). */
 static const struct key server_keys[] = {
@@ -120,6 +127,7 @@ static const struct key server_keys[] = {
      SERVER_AT(max_reply_bytes)},
     {.name = "max_total_reply_bytes", .type = KEY_SIZE, .min = 64 * 1024, .max = 16 * (int64_t)GIB,
      .def = 64 * (int64_t)MIB, SERVER_AT(max_total_reply_bytes)},
+    {.name = "metrics", .type = KEY_TABLE, .sub = metrics_keys, .n_sub = sizeof metrics_keys / sizeof metrics_keys[0]},
 };
 
 /* stride's default 0 means "same as context" (min is 1, so YAML cannot say 0). */
@@ -602,6 +610,7 @@ static int load_value(const struct loader *l, const struct key *k, const yaml_no
     case KEY_STRING:
     case KEY_PATH:
     case KEY_SOCKET:
+    case KEY_LISTEN:
         break;
     }
 
@@ -616,6 +625,12 @@ static int load_value(const struct loader *l, const struct key *k, const yaml_no
         return fail_at(l, v->start_mark,
                        "%s.%s: the path is %zu bytes long; a Unix socket path holds at most %zu",
                        where, k->name, strlen(text), SOCKET_PATH_MAX);
+    if (k->type == KEY_LISTEN) {
+        struct metrics_listen ml;
+        char why[LD_ERRMSG_MAX];
+        if (metrics_http_parse_listen(text, &ml, why) < 0)
+            return fail_at(l, v->start_mark, "%s.%s: %s", where, k->name, why);
+    }
     if (k->type == KEY_PATH)
         return store_path(l, base, k, text);
     char *s = strdup(text);
@@ -1458,6 +1473,7 @@ void config_free(struct config *c)
     free(c->datasets);
     free(c->socket_path);
     free(c->socket_group);
+    free(c->metrics_listen);
     free(c->file);
     free(c);
 }

@@ -77,6 +77,7 @@ struct config {
     uint32_t max_frame;             /* bytes, LD_FRAME_MIN_LIMIT..LD_FRAME_MAX_LIMIT */
     uint32_t prefetch;              /* default prefetch for streams that do not say */
     char *socket_group;             /* group given the socket and the rings (0640); NULL: none */
+    char *metrics_listen;           /* server.metrics.listen (metrics_http.h); NULL: no listener */
     uint32_t hello_timeout_s;       /* a connection must say hello within this */
     uint32_t idle_timeout_s;        /* a connection without streams is closed after this; 0: never */
     uint64_t max_reply_bytes;       /* replies queued unread per connection */

@@ -27,6 +27,7 @@
 #include "dataset_watch.h"
 #include "log.h"
 #include "metrics.h"
+#include "metrics_http.h"
 #include "notify.h"
 #include "proto.h"
 #include "proto_socket.h"
@@ -104,6 +105,7 @@ struct server {
     stream_hub *hub;
     uv_pipe_t listener;
     bool listening, owns_socket_file;
+    metrics_http *metrics;          /* server.metrics.listen, or NULL */
     uv_timer_t tick;
     uv_timer_t reaper;              /* closes doomed connections on the next loop turn */
     conn *doomed;
@@ -776,6 +778,11 @@ out:
     return rc;
 }
 
+static int server_metrics_render(void *ctx, char **ret_text, size_t *ret_len)
+{
+    return server_metrics_text(ctx, ret_text, ret_len);
+}
+
 static void op_metrics(conn *c, const cJSON *req, int64_t id)
 {
     char *text = NULL;
@@ -1372,6 +1379,8 @@ int server_new(uv_loop_t *loop, const struct config *cfg, dataset **datasets, si
         if (rc < 0)
             snprintf(errbuf, LD_ERRMSG_MAX, "cannot listen on '%s': %s", srv->socket_path, uv_strerror(rc));
     }
+    if (rc == 0 && cfg->metrics_listen)
+        rc = metrics_http_new(loop, cfg->metrics_listen, server_metrics_render, srv, &srv->metrics, errbuf);
     if (rc < 0) {
         if (srv->owns_socket_file)
             unlink(srv->socket_path);
@@ -1442,6 +1451,11 @@ void server_stop(server *srv, void (*done)(void *ctx), void *ctx)
     if (srv->owns_socket_file) {
         unlink(srv->socket_path);
         srv->owns_socket_file = false;
+    }
+    if (srv->metrics) {
+        srv->pending_closes++;
+        metrics_http_close(srv->metrics, keeper_closed, srv);
+        srv->metrics = NULL;
     }
     while (srv->conns)
         conn_close(srv->conns);

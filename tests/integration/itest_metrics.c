@@ -1,19 +1,30 @@
 /* itest_metrics — the Prometheus exposition of a real loaderd, as `loaderctl metrics`
  * prints it: every line parses (our own small parser of the text format 0.0.4), and the
  * values agree with `status` and `streams` taken at the same moment, daemon-wide, per
- * stream and per client. When promtool is installed it checks the text too. */
+ * stream and per client. When promtool is installed it checks the text too. Then the
+ * HTTP listener (server.metrics.listen) on a Unix socket and on a loopback port: the
+ * same text, the error statuses, bounded requests and timeouts, and a non-loopback
+ * address refused at start. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include <arpa/inet.h>
 #include <cJSON.h>
 #include <ctype.h>
+#include <errno.h>
 #include <math.h>
+#include <netinet/in.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "harness.h"
@@ -365,10 +376,233 @@ static void test_metrics_agree_with_status(void **state)
     harness_stop_clean(h);
 }
 
+/* ---- the HTTP listener ------------------------------------------------------------ */
+
+static int connect_unix(const char *path)
+{
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    assert_true(fd >= 0);
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    snprintf(sa.sun_path, sizeof sa.sun_path, "%s", path);
+    if (connect(fd, (struct sockaddr *)&sa, sizeof sa) < 0)
+        fail_msg("connect %s: %s", path, strerror(errno));
+    return fd;
+}
+
+static int connect_tcp(uint16_t port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    assert_true(fd >= 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(port)};
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (connect(fd, (struct sockaddr *)&sa, sizeof sa) < 0)
+        fail_msg("connect 127.0.0.1:%u: %s", port, strerror(errno));
+    return fd;
+}
+
+/* A port nothing listens on now (the kernel's choice for port 0). */
+static uint16_t free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET};
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof sa;
+    assert_int_equal(bind(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+    assert_int_equal(getsockname(fd, (struct sockaddr *)&sa, &len), 0);
+    close(fd);
+    return ntohs(sa.sin_port);
+}
+
+/* Sends `req` (may be empty), then reads until the daemon closes, at most 10 s. Returns
+ * what came (malloc'ed, NUL-terminated); *ret_secs: how long until the close. */
+static char *http_exchange(int fd, const char *req, double *ret_secs)
+{
+    size_t n = strlen(req), off = 0;
+    while (off < n) {
+        ssize_t w = send(fd, req + off, n - off, MSG_NOSIGNAL); /* the daemon may have closed */
+        if (w <= 0)
+            break; /* the daemon may already have answered and closed */
+        off += (size_t)w;
+    }
+    size_t cap = 1 << 16, len = 0;
+    char *buf = malloc(cap + 1);
+    assert_non_null(buf);
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (;;) {
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        double spent = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
+        if (spent > 10)
+            fail_msg("the metrics listener did not close the connection within 10 s");
+        if (poll(&p, 1, 200) <= 0)
+            continue;
+        if (len == cap)
+            assert_non_null(buf = realloc(buf, (cap *= 2) + 1));
+        ssize_t r = read(fd, buf + len, cap - len);
+        if (r <= 0)
+            break;
+        len += (size_t)r;
+    }
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    if (ret_secs)
+        *ret_secs = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
+    buf[len] = '\0';
+    close(fd);
+    return buf;
+}
+
+/* The body of a 200 reply, after checking its status line and headers. */
+static const char *http_body(const char *reply, bool head)
+{
+    if (strncmp(reply, "HTTP/1.0 200 OK\r\n", 17) != 0)
+        fail_msg("not a 200 reply: %.200s", reply);
+    if (!strstr(reply, "\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\n"))
+        fail_msg("no Prometheus content type: %.300s", reply);
+    const char *body = strstr(reply, "\r\n\r\n");
+    assert_non_null(body);
+    body += 4;
+    const char *cl = strstr(reply, "\r\nContent-Length: ");
+    assert_non_null(cl);
+    size_t n = strtoul(cl + 18, NULL, 10);
+    assert_true(n > 100);
+    assert_int_equal(strlen(body), head ? 0 : n);
+    return body;
+}
+
+static void assert_status(const char *reply, const char *status)
+{
+    if (strncmp(reply, status, strlen(status)) != 0)
+        fail_msg("expected %s, got: %.200s", status, reply);
+}
+
+static void test_http_unix(void **state)
+{
+    struct harness *h = *state;
+    char path[100], extra[256];
+    assert_true((size_t)snprintf(path, sizeof path, "%s/m.sock", h->dir) < sizeof path);
+    snprintf(extra, sizeof extra, "  workers: 2\n  metrics: {listen: 'unix:%s'}\n", path);
+    harness_write_config(h, extra, "  rec:\n    kind: files\n    path: rec\n");
+    /* A socket file left by a process that is gone is replaced. */
+    int stale = socket(AF_UNIX, SOCK_STREAM, 0);
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    snprintf(sa.sun_path, sizeof sa.sun_path, "%s", path);
+    assert_int_equal(bind(stale, (struct sockaddr *)&sa, sizeof sa), 0);
+    close(stale);
+    harness_start(h);
+    struct stat st;
+    assert_int_equal(stat(path, &st), 0);
+    assert_int_equal(st.st_mode & 0777, 0660);
+
+    lc_client *a = harness_connect(h, 5000, "trainer-a");
+    lc_batch *held;
+    lc_stream *s = open_and_read(a, 16, 3, &held);
+    char *reply = http_exchange(connect_unix(path), "GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n", NULL);
+    const char *body = http_body(reply, false);
+    check_grammar(body);
+    assert_true(sample(body, "loaderd_clients") == 1); /* a scrape is not a client */
+    assert_true(sample(body, "loaderd_streams") == 1);
+    assert_true(sample(body, "loaderd_samples_served_total") >= 48);
+    free(reply);
+    reply = http_exchange(connect_unix(path), "HEAD /metrics?x=1 HTTP/1.1\n\n", NULL);
+    http_body(reply, true);
+    free(reply);
+
+    /* Wrong requests get their status and a closed connection. */
+    reply = http_exchange(connect_unix(path), "GET / HTTP/1.0\r\n\r\n", NULL);
+    assert_status(reply, "HTTP/1.0 404 Not Found\r\n");
+    free(reply);
+    reply = http_exchange(connect_unix(path), "POST /metrics HTTP/1.0\r\nContent-Length: 0\r\n\r\n", NULL);
+    assert_status(reply, "HTTP/1.0 405 Method Not Allowed\r\n");
+    free(reply);
+    reply = http_exchange(connect_unix(path), "hello\r\n\r\n", NULL);
+    assert_status(reply, "HTTP/1.0 400 Bad Request\r\n");
+    free(reply);
+    char big[6000];
+    memcpy(big, "GET /metrics HTTP/1.0\r\nX-Pad: ", 30);
+    memset(big + 30, 'a', sizeof big - 31);
+    big[sizeof big - 1] = '\0';
+    reply = http_exchange(connect_unix(path), big, NULL);
+    assert_status(reply, "HTTP/1.0 431 Request Header Fields Too Large\r\n");
+    free(reply);
+
+    /* A request that never completes, and a connection that says nothing, are closed
+     * after the timeout (3 s) while other scrapes are served. */
+    int slow = connect_unix(path), silent = connect_unix(path);
+    assert_int_equal(write(slow, "GET /met", 8), 8);
+    reply = http_exchange(connect_unix(path), "GET /metrics HTTP/1.0\r\n\r\n", NULL);
+    http_body(reply, false);
+    free(reply);
+    /* Past 16 connections at once, a new one is closed at once, unanswered. */
+    int extra_fds[14];
+    for (int i = 0; i < 14; i++)
+        extra_fds[i] = connect_unix(path);
+    double secs;
+    bool refused = false;
+    for (int tries = 0; tries < 20 && !refused; tries++) { /* until the daemon has accepted all 16 */
+        reply = http_exchange(connect_unix(path), "GET /metrics HTTP/1.0\r\n\r\n", &secs);
+        refused = reply[0] == '\0' && secs < 1;
+        free(reply);
+        if (!refused)
+            usleep(50000);
+    }
+    assert_true(refused);
+    reply = http_exchange(slow, "", &secs);
+    assert_status(reply, "HTTP/1.0 408 Request Timeout\r\n");
+    assert_true(secs < 5);
+    free(reply);
+    reply = http_exchange(silent, "", &secs);
+    assert_string_equal(reply, "");
+    free(reply);
+    for (int i = 0; i < 14; i++)
+        close(extra_fds[i]);
+    /* Once they are gone, scrapes are served again. */
+    reply = http_exchange(connect_unix(path), "GET /metrics HTTP/1.0\r\n\r\n", NULL);
+    http_body(reply, false);
+    free(reply);
+
+    assert_int_equal(lc_batch_release(held), 0);
+    lc_stream_close(s);
+    lc_client_close(a);
+    harness_stop_clean(h);
+    assert_int_equal(access(path, F_OK), -1); /* the socket file is removed on stop */
+}
+
+static void test_http_tcp(void **state)
+{
+    struct harness *h = *state;
+    uint16_t port = free_port();
+    char extra[128];
+    snprintf(extra, sizeof extra, "  metrics:\n    listen: 127.0.0.1:%u\n", port);
+    harness_write_config(h, extra, "  rec:\n    kind: files\n    path: rec\n");
+    harness_start(h);
+    char *reply = http_exchange(connect_tcp(port), "GET /metrics HTTP/1.0\r\n\r\n", NULL);
+    const char *body = http_body(reply, false);
+    check_grammar(body);
+    assert_non_null(strstr(body, "\nloaderd_build_info{version=\""));
+    free(reply);
+    harness_stop_clean(h);
+}
+
+static void test_listen_refused(void **state)
+{
+    struct harness *h = *state;
+    harness_write_config(h, "  metrics: {listen: 0.0.0.0:9464}\n", "  rec:\n    kind: files\n    path: rec\n");
+    const char *const no_args[] = {NULL};
+    int rc = harness_run_to_exit(h, no_args);
+    char *log = harness_log(h);
+    if (rc != 1 || !strstr(log, "server.metrics.listen: '0.0.0.0:9464': 0.0.0.0 is not a loopback address"))
+        fail_msg("exit %d, log:\n%s", rc, log);
+    free(log);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_metrics_agree_with_status, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_http_unix, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_http_tcp, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_listen_refused, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
