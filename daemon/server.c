@@ -1373,15 +1373,21 @@ int server_new(uv_loop_t *loop, const struct config *cfg, dataset **datasets, si
     srv->tick.data = srv;
     uv_timer_init(loop, &srv->reaper);
     srv->reaper.data = srv;
-    rc = bind_socket(srv, cfg->socket_path, errbuf);
+    /* The metrics listener first: once the control socket answers, it is there too. */
+    rc = cfg->metrics_listen
+             ? metrics_http_new(loop, cfg->metrics_listen, server_metrics_render, srv, &srv->metrics, errbuf)
+             : 0;
+    if (rc == 0)
+        rc = bind_socket(srv, cfg->socket_path, errbuf);
     if (rc == 0) {
         rc = uv_listen((uv_stream_t *)&srv->listener, 128, on_connection);
         if (rc < 0)
             snprintf(errbuf, LD_ERRMSG_MAX, "cannot listen on '%s': %s", srv->socket_path, uv_strerror(rc));
     }
-    if (rc == 0 && cfg->metrics_listen)
-        rc = metrics_http_new(loop, cfg->metrics_listen, server_metrics_render, srv, &srv->metrics, errbuf);
     if (rc < 0) {
+        if (srv->metrics)
+            metrics_http_close(srv->metrics, NULL, NULL);
+        srv->metrics = NULL;
         if (srv->owns_socket_file)
             unlink(srv->socket_path);
         srv->owns_socket_file = false;
