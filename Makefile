@@ -295,7 +295,7 @@ bench:
 	/usr/bin/python3 bench/run.py
 
 clean:
-	rm -rf build
+	rm -rf build client/python/build client/python/loaderclient.egg-info
 
 -include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)
 
