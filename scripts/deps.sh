@@ -40,6 +40,13 @@ if [ "$what" = test ] || [ "$what" = fuzz ]; then
     pkgs+=(libclang-rt-14-dev)
   fi
 fi
+# The systemd units' checks (systemd-analyze, -sysusers, -tmpfiles) and the Debian
+# package built from the tree (tests/systemd/).
+if [ "$what" = test ]; then
+  need_bin systemd-analyze systemd
+  need_bin dpkg-buildpackage dpkg-dev
+  need_bin dh debhelper
+fi
 if [ "$what" = bench ] || [ "$what" = test ]; then
   /usr/bin/python3 -c 'import numpy' 2>/dev/null || pkgs+=(python3-numpy)
   /usr/bin/python3 -c 'import pytest' 2>/dev/null || pkgs+=(python3-pytest)

@@ -103,7 +103,8 @@ for group in "$@"; do
         failed=$((failed + 1)); failures+=("no fuzzer in $build/test")
       fi ;;
     systemd)
-      # The units as installed: systemd-analyze verify and security, sysusers.d, tmpfiles.d.
+      # The units as installed: systemd-analyze verify and security, sysusers.d, tmpfiles.d;
+      # then the Debian package.
       echo "== tests/systemd/check-units.sh"
       out=$(mktemp)
       timeout -k 10 "$test_timeout" tests/systemd/check-units.sh "$build" 2>&1 | tee "$out"
@@ -117,6 +118,18 @@ for group in "$@"; do
       if [ $rc -ne 0 ]; then
         [ "${f:-0}" -eq 0 ] && failed=$((failed + 1))
         failures+=("tests/systemd/check-units.sh (exit $rc)")
+      fi
+      # The Debian package, built from this tree and run unpacked (about a minute).
+      echo "== tests/systemd/check-deb.sh"
+      timeout -k 10 "$test_timeout" tests/systemd/check-deb.sh
+      rc=$?
+      if [ $rc -eq 0 ]; then
+        passed=$((passed + 1))
+      elif [ $rc -eq 2 ]; then
+        echo "== check-deb skipped: install dpkg-dev and debhelper to build the package"
+        skipped=$((skipped + 1))
+      else
+        failed=$((failed + 1)); failures+=("tests/systemd/check-deb.sh (exit $rc)")
       fi ;;
     python)
       py=/usr/bin/python3
