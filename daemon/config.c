@@ -89,6 +89,7 @@ static int dtype_from_name(const char *name);
 static int cache_mode_from_name(const char *name);
 static int on_error_from_name(const char *name);
 static int fingerprint_from_name(const char *name);
+static int follow_links_from_name(const char *name);
 
 /* datasets.NAME.cache (files only). Present means mode auto unless it says otherwise. */
 static const struct key cache_keys[] = {
@@ -151,6 +152,11 @@ static const struct key dataset_keys[] = {
      .kinds = TOKENS},
     {.name = "cache", .type = KEY_TABLE, .sub = cache_keys, .n_sub = sizeof cache_keys / sizeof cache_keys[0],
      .kinds = FILES | IMAGES},
+    {.name = "follow_links", .type = KEY_ENUM, .def = CONFIG_FOLLOW_LINKS_INSIDE, DATASET_AT(follow_links),
+     .from_name = follow_links_from_name, .choices = "inside, outside", .kinds = FILES | IMAGES},
+    /* 0 (the default, which YAML cannot say) means "the largest sample". */
+    {.name = "max_sample_bytes", .type = KEY_SIZE, .min = 1, .max = (int64_t)TIB, .def = 0,
+     DATASET_AT(max_sample_bytes), .kinds = FILES | PACKED},
 };
 
 #define N_KEYS(t) (sizeof(t) / sizeof((t)[0]))
@@ -171,6 +177,15 @@ static int on_error_from_name(const char *name)
         return CONFIG_ON_ERROR_REPLACE;
     if (strcmp(name, "fail") == 0)
         return CONFIG_ON_ERROR_FAIL;
+    return -1;
+}
+
+static int follow_links_from_name(const char *name)
+{
+    if (strcmp(name, "inside") == 0)
+        return CONFIG_FOLLOW_LINKS_INSIDE;
+    if (strcmp(name, "outside") == 0)
+        return CONFIG_FOLLOW_LINKS_OUTSIDE;
     return -1;
 }
 

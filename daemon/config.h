@@ -27,6 +27,12 @@ enum config_on_error {
     CONFIG_ON_ERROR_FAIL = 1,       /* the stream fails with an error naming the file */
 };
 
+/* follow_links: where a symbolic link found in a dataset's tree may lead. */
+enum config_follow_links {
+    CONFIG_FOLLOW_LINKS_INSIDE = 0, /* to a file beneath the dataset's directory only */
+    CONFIG_FOLLOW_LINKS_OUTSIDE = 1,/* anywhere (the operator vouches for the tree) */
+};
+
 /* cache.mode: off (no `cache:` section), auto (build when a stream first needs it,
  * serve it once valid), rebuild (build a new one once per daemon run, even over a
  * valid one: the forced re-cache). */
@@ -62,6 +68,8 @@ struct config_dataset {
     /* on_error: replace: more replaced samples than this fraction of the dataset in one
      * epoch is logged as a warning (files, image_folder) */
     double on_error_warn_fraction;
+    int follow_links;               /* enum config_follow_links (files, image_folder) */
+    uint64_t max_sample_bytes;      /* ragged samples (files, packed): the largest served; 0: no bound */
     /* image_folder: the pipeline, in order (plug-in paths and params are owned here) */
     struct transform_spec *transforms;
     size_t n_transforms;

@@ -7,14 +7,43 @@
  * datasets`, and the byte length of one row of a fixed field for laying out slots. */
 #include "dataset.h"
 
+#include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "cache.h"
 #include "log.h"
 
-#include <stdlib.h>
+static int over_bound(const dataset *d, uint64_t index);
+
+/* Applies max_sample_bytes: says at start how many samples it keeps out, and refuses a
+ * bound that keeps out every sample. */
+static int dataset_bound(dataset *d, uint64_t bound, char *errbuf)
+{
+    bool ragged = false;
+    for (int f = 0; f < d->n_fields; f++)
+        ragged |= d->fields[f].ragged;
+    if (!bound || !ragged)
+        return 0;
+    d->max_sample_bytes = bound;
+    uint64_t over = 0;
+    for (uint64_t i = 0; i < d->count; i++)
+        over += over_bound(d, i) >= 0;
+    if (over == d->count) {
+        ld_errorf(errbuf, "dataset '%s': every one of its %" PRIu64 " samples is larger than max_sample_bytes (%" PRIu64
+                  " bytes): raise it", d->name, d->count, bound);
+        return LD_EDATASET;
+    }
+    if (over)
+        ld_log(LD_LOG_WARN, "dataset '%s': %" PRIu64 " of %" PRIu64 " samples are larger than max_sample_bytes (%" PRIu64
+               " bytes): %s", d->name, over, d->count, bound,
+               d->on_error == CONFIG_ON_ERROR_REPLACE ? "each is replaced by another sample (on_error: replace)"
+                                                      : "a batch that holds one fails (on_error: fail)");
+    return 0;
+}
 
 int dataset_open(const struct config_dataset *cfg, dataset **ret_dataset, char *errbuf)
 {
@@ -51,6 +80,11 @@ int dataset_open(const struct config_dataset *cfg, dataset **ret_dataset, char *
         dataset_free(d);
         ld_errorf(errbuf, "dataset '%s': out of memory", cfg->name);
         return LD_ENOMEM;
+    }
+    rc = dataset_bound(d, cfg->max_sample_bytes, errbuf);
+    if (rc < 0) {
+        dataset_free(d);
+        return rc;
     }
     *ret_dataset = d;
     return 0;
@@ -121,16 +155,100 @@ static int read_once(const dataset *d, uint64_t index, const struct dataset_read
 }
 
 #define REPLACE_TRIES 64
+#define NO_SAMPLE UINT64_MAX
 
-/* Logs a bad sample the first time it is seen, and counts it. */
+static bool is_bad(const dataset *d, uint64_t index)
+{
+    uint64_t bit = UINT64_C(1) << (index % 64);
+    return d->bad_seen && (atomic_load_explicit(&d->bad_seen[index / 64], memory_order_relaxed) & bit);
+}
+
+/* The first ragged field whose bytes exceed max_sample_bytes, or -1. */
+static int over_bound(const dataset *d, uint64_t index)
+{
+    if (!d->max_sample_bytes || !d->ops->item_bytes)
+        return -1;
+    for (int f = 0; f < d->n_fields; f++)
+        if (d->fields[f].ragged && d->ops->item_bytes(d, index, f) > d->max_sample_bytes)
+            return f;
+    return -1;
+}
+
+/* Marks a sample bad: counted and logged the first time only. */
 static void note_bad(const dataset *d, uint64_t index, const char *msg)
 {
-    dataset *m = (dataset *)d; /* the counters and the log bitmap are atomics */
-    atomic_fetch_add_explicit(&m->bad_samples, 1, memory_order_relaxed);
+    dataset *m = (dataset *)d; /* the counters and the bitmap are atomics */
     uint64_t bit = UINT64_C(1) << (index % 64);
-    if (m->bad_seen && !(atomic_fetch_or(&m->bad_seen[index / 64], bit) & bit))
-        ld_log(LD_LOG_WARN, "dataset '%s': %s%s", d->name, msg,
-               d->on_error == CONFIG_ON_ERROR_REPLACE ? " (replaced by another sample)" : "");
+    if (!m->bad_seen || (atomic_fetch_or(&m->bad_seen[index / 64], bit) & bit))
+        return;
+    atomic_fetch_add_explicit(&m->bad_samples, 1, memory_order_relaxed);
+    ld_log(LD_LOG_WARN, "dataset '%s': %s; %s", d->name, msg,
+           d->on_error == CONFIG_ON_ERROR_REPLACE ? "another sample takes its place from now on (on_error: replace)"
+                                                  : "a batch that holds it fails (on_error: fail)");
+}
+
+/* Candidate `attempt` (1, 2, ...) to stand in for `index`: from the index alone, so
+ * batches stay bit-identical whatever the workers or the timing. */
+static uint64_t candidate(const dataset *d, uint64_t index, uint64_t attempt)
+{
+    uint64_t z = (index + attempt * UINT64_C(0x9e3779b97f4a7c15));
+    z = (z ^ (z >> 30)) * UINT64_C(0xbf58476d1ce4e5b9);
+    z = (z ^ (z >> 27)) * UINT64_C(0x94d049bb133111eb);
+    return (z ^ (z >> 31)) % d->count;
+}
+
+/* The sample served for `index`: itself, unless under on_error: replace it is known bad
+ * or too large; then the first candidate that is neither (NO_SAMPLE: none of 64). */
+static uint64_t resolve(const dataset *d, uint64_t index)
+{
+    if (d->on_error != CONFIG_ON_ERROR_REPLACE || (!is_bad(d, index) && over_bound(d, index) < 0))
+        return index;
+    if (d->count < 2)
+        return NO_SAMPLE;
+    for (uint64_t attempt = 1; attempt <= REPLACE_TRIES; attempt++) {
+        uint64_t sub = candidate(d, index, attempt);
+        if (sub != index && !is_bad(d, sub) && over_bound(d, sub) < 0)
+            return sub;
+    }
+    return NO_SAMPLE;
+}
+
+uint64_t dataset_item_bytes(const dataset *d, uint64_t index, int field)
+{
+    uint64_t r = resolve(d, index);
+    if (r == NO_SAMPLE || over_bound(d, r) >= 0)
+        return 0; /* nothing will be written: the read fails */
+    return d->ops->item_bytes(d, r, field);
+}
+
+uint64_t dataset_slot_item_bytes(const dataset *d, int field)
+{
+    if (field < 0 || field >= d->n_fields || !d->fields[field].ragged)
+        return 0;
+    uint64_t m = d->fields[field].max_item_bytes;
+    return d->max_sample_bytes && d->max_sample_bytes < m ? d->max_sample_bytes : m;
+}
+
+bool dataset_resource_error(int rc)
+{
+    return rc == LD_EMFILE || rc == -ENFILE || rc == LD_ENOMEM || rc == LD_EAGAIN || rc == -ENOBUFS;
+}
+
+void dataset_note_resource(const dataset *d, const char *msg)
+{
+    dataset *m = (dataset *)d;
+    uint64_t n = atomic_fetch_add_explicit(&m->resource_retries, 1, memory_order_relaxed) + 1;
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    uint64_t now = (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+    uint64_t last = atomic_load_explicit(&m->resource_logged_ns, memory_order_relaxed);
+    if (last && now - last < UINT64_C(10000000000))
+        return;
+    if (!atomic_compare_exchange_strong(&m->resource_logged_ns, &last, now))
+        return; /* another thread logs this round */
+    ld_log(LD_LOG_WARN, "dataset '%s': %s: the system is short of a resource, not the sample at fault; "
+           "retrying (%" PRIu64 " retries so far; raise the open-file limit or lower workers and clients)",
+           d->name, msg, n);
 }
 
 /* Counts a replacement in `epoch`; the first one over the dataset's warn_fraction in
@@ -159,32 +277,54 @@ static void note_replaced(const dataset *d, uint64_t epoch, const char *why)
 }
 
 int dataset_read(const dataset *d, uint64_t index, const struct dataset_read_ctx *ctx, void *const dst[],
-                 char *errbuf)
+                 const uint64_t lens[], char *errbuf)
 {
-    int rc = read_once(d, index, ctx, dst, errbuf);
-    if (rc == 0 || rc == LD_ENOMEM || rc == LD_EDATASET)
-        return rc; /* not this sample's fault: another one would not do better */
-    note_bad(d, index, errbuf);
-    if (d->on_error != CONFIG_ON_ERROR_REPLACE || d->count < 2)
-        return rc;
-    bool ragged = d->fields[0].ragged;
-    uint64_t need = ragged ? d->ops->item_bytes(d, index, 0) : 0;
-    char err[LD_ERRMSG_MAX];
-    for (uint64_t attempt = 1; attempt <= REPLACE_TRIES; attempt++) {
-        /* A substitute from the index alone: batches stay bit-identical. */
-        uint64_t z = (index + attempt * UINT64_C(0x9e3779b97f4a7c15));
-        z = (z ^ (z >> 30)) * UINT64_C(0xbf58476d1ce4e5b9);
-        z = (z ^ (z >> 27)) * UINT64_C(0x94d049bb133111eb);
-        uint64_t sub = (z ^ (z >> 31)) % d->count;
-        if (sub == index || (ragged && d->ops->item_bytes(d, sub, 0) != need))
+    uint64_t want[LD_MAX_FIELDS] = {0};
+    bool ragged = false;
+    for (int f = 0; f < d->n_fields; f++) {
+        if (!d->fields[f].ragged)
             continue;
-        if (read_once(d, sub, ctx, dst, err) == 0) {
-            note_replaced(d, ctx ? ctx->epoch : 0, errbuf);
+        ragged = true;
+        want[f] = lens ? lens[f] : dataset_item_bytes(d, index, f);
+    }
+    /* Each round either serves a sample or marks one more bad, so 64 candidates plus
+     * the sample itself bound the loop. */
+    for (int round = 0; round <= REPLACE_TRIES + 1; round++) {
+        uint64_t r = resolve(d, index);
+        if (r == NO_SAMPLE) {
+            ld_errorf(errbuf, "sample %" PRIu64 " (%s) cannot be served and none of %d candidates to replace it "
+                      "can be read either", index, dataset_sample_name(d, index), REPLACE_TRIES);
+            return LD_ESAMPLE;
+        }
+        int big = over_bound(d, r);
+        if (big >= 0) { /* on_error: fail (replace resolved it away) */
+            ld_errorf(errbuf, "sample %" PRIu64 " (%s) has %" PRIu64 " bytes, more than max_sample_bytes (%" PRIu64
+                      "): raise datasets.%s.max_sample_bytes, or set on_error: replace to skip it",
+                      r, dataset_sample_name(d, r), d->ops->item_bytes(d, r, big), d->max_sample_bytes, d->name);
+            note_bad(d, r, errbuf);
+            return LD_ESAMPLE;
+        }
+        for (int f = 0; ragged && f < d->n_fields; f++)
+            if (d->fields[f].ragged && d->ops->item_bytes(d, r, f) != want[f])
+                return LD_ESTALE; /* laid out for another sample: lay it out again */
+        int rc = read_once(d, r, ctx, dst, errbuf);
+        if (rc == 0) {
+            if (r != index) {
+                char why[LD_ERRMSG_MAX];
+                snprintf(why, sizeof why, "sample %" PRIu64 " (%s) replaced by sample %" PRIu64 " (%s)", index,
+                         dataset_sample_name(d, index), r, dataset_sample_name(d, r));
+                note_replaced(d, ctx ? ctx->epoch : 0, why);
+            }
             return 0;
         }
-        note_bad(d, sub, err);
+        if (dataset_resource_error(rc) || rc == LD_EDATASET)
+            return rc; /* not the sample's fault: never marked bad, another would not do better */
+        note_bad(d, r, errbuf);
+        if (d->on_error != CONFIG_ON_ERROR_REPLACE)
+            return rc;
     }
-    return rc; /* errbuf still names the original sample */
+    ld_errorf(errbuf, "sample %" PRIu64 " (%s): no readable substitute", index, dataset_sample_name(d, index));
+    return LD_ESAMPLE;
 }
 
 const char *dataset_sample_name(const dataset *d, uint64_t index)

@@ -27,7 +27,8 @@ struct dataset_field {
     int ndim;                       /* dims of one sample (0 for a scalar) */
     int64_t shape[LD_MAX_DIMS];
     bool ragged;                    /* then ndim == 0 and dtype is uint8 */
-    uint64_t max_item_bytes;        /* ragged: the largest sample's byte length */
+    uint64_t max_item_bytes;        /* ragged: the largest sample's byte length (slots are
+                                     * sized by dataset_slot_item_bytes, which may be less) */
 };
 
 typedef struct dataset dataset;
@@ -50,7 +51,9 @@ struct dataset_ops {
     int (*open)(const struct config_dataset *cfg, dataset **ret_dataset, char *errbuf);
     /* Frees everything open() made. Accepts NULL. */
     void (*free)(dataset *d);
-    /* Byte length of sample `index` in ragged field `field`. Loop thread; must not block. */
+    /* Byte length of sample `index` in ragged field `field`, as the source has it (the
+     * stream lays out with dataset_item_bytes, which accounts for replacement). Any
+     * thread; must not block. */
     uint64_t (*item_bytes)(const dataset *d, uint64_t index, int field);
     /* Reads sample `index` and writes each field to dst[f] (for a fixed field, one row
      * of the field's row_bytes; for a ragged field, exactly item_bytes bytes). Called
@@ -114,13 +117,16 @@ struct dataset {
      * rescan replaced it; a retired dataset is freed by its last holder. */
     uint32_t holders;
     bool retired;
-    /* Bad samples (dataset_read): the policy, how many failed and how many were
-     * replaced, and one bit per sample so each bad file is logged once. */
     /* Class names by label (files, image_folder: the first-level sub-folders, sorted);
      * owned by the kind. */
     char **class_names;
     size_t n_classes;
+    /* Bad samples (dataset_read): the policy; how many distinct samples were found
+     * unreadable and how many reads were served by a substitute; one bit per sample
+     * found unreadable (it is logged once, and under replace never read again until
+     * the daemon restarts). */
     int on_error;                   /* CONFIG_ON_ERROR_* */
+    uint64_t max_sample_bytes;      /* ragged fields: larger samples are not served; 0: none */
     _Atomic uint64_t bad_samples, replaced_samples;
     _Atomic uint64_t *bad_seen;
     /* Replacements per epoch (any stream's), so that an epoch in which more than
@@ -133,22 +139,46 @@ struct dataset {
         uint64_t epoch, count;
         bool used, warned;
     } tally[4];
+    /* Reads that met a shortage of descriptors or memory and were retried, and when the
+     * last such retry was logged (they are logged at most every 10 s). */
+    _Atomic uint64_t resource_retries;
+    _Atomic uint64_t resource_logged_ns;
 };
 
 /* Reads sample `index` into dst[] like ops->read, from ctx->cache when there is one
  * (its field 0 bytes, checked against the sample's checksum, and its label), else
  * from the source; a cached sample that fails its check or cannot be read (the file
  * shrank) is read from the source instead, and the cache is marked bad for the keeper.
- * LD_EDATASET (the source itself cannot be served, e.g. a mapped file shrank) and
- * LD_ENOMEM are returned as they are, never replaced. A sample that cannot
- * be read is, under on_error: replace, replaced by another one chosen from the index
- * alone (the same whatever the worker or timing; for a ragged field, one of the same
- * length), counted, and its path logged once; once more than on_error_warn_fraction of
- * the dataset has been replaced in ctx->epoch, a warning with the count and an example
- * says so (once per epoch). Under fail, or when no substitute can be read either, the
- * error names the file. Worker threads. */
+ * A sample that cannot be read (or, in a ragged field, is larger than
+ * max_sample_bytes) is logged once and counted; under on_error: replace another sample
+ * takes its place: the first of a sequence of candidates drawn from the index alone
+ * that is not known to be bad (the same whatever the worker or timing); under fail, or
+ * when no candidate of 64 can be read, the error names the file.
+ *
+ * lens[f] is the room the caller laid out for ragged field f (dataset_item_bytes at
+ * layout time; NULL: dataset_item_bytes now). When the sample to serve has another
+ * length, because it was found bad since, nothing is written and the answer is
+ * LD_ESTALE: lay the batch out again, which then makes room for the substitute. Once
+ * more than on_error_warn_fraction of the dataset has been replaced in ctx->epoch, a
+ * warning with the count and an example says so (once per epoch). A
+ * shortage of descriptors or memory (dataset_resource_error) and LD_EDATASET (the
+ * source itself cannot be served, e.g. a mapped file shrank) are returned as they are
+ * and never mark the sample bad. Worker threads. */
 int dataset_read(const dataset *d, uint64_t index, const struct dataset_read_ctx *ctx, void *const dst[],
-                 char *errbuf);
+                 const uint64_t lens[], char *errbuf);
+/* The bytes to lay out for sample `index` in ragged field `field`: those of the sample
+ * that will be served in its place when it is known bad (on_error: replace), 0 when it
+ * cannot be served at all (its read then fails). Loop thread; does not block. */
+uint64_t dataset_item_bytes(const dataset *d, uint64_t index, int field);
+/* The room one row of ragged field `field` may need: the largest sample, or
+ * max_sample_bytes when that is smaller. A slot holds batch_size times this. */
+uint64_t dataset_slot_item_bytes(const dataset *d, int field);
+/* True for the codes that say the system is short of something (EMFILE, ENFILE,
+ * ENOMEM, EAGAIN, ENOBUFS), not that a sample is bad: such a read is retried. */
+bool dataset_resource_error(int rc);
+/* Counts one retry after a resource shortage and logs `msg` (what failed), at most
+ * once every 10 s per dataset. Any thread. */
+void dataset_note_resource(const dataset *d, const char *msg);
 /* The sample's name for messages ("class_003/0000042.jpg"), or "?" when the kind has none. */
 const char *dataset_sample_name(const dataset *d, uint64_t index);
 /* The index of the int64 field named "label", or -1. */

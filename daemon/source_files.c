@@ -43,9 +43,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 #include <xxhash.h>
 
+#include "beneath.h"
 #include "log.h"
 
 #define FIELD_DATA 0
@@ -53,16 +55,17 @@
 /* One pread() is capped so a very large file cannot ask for more than ssize_t holds. */
 #define READ_CHUNK (1u << 30)
 
-/* 24 bytes a file; the path itself lives in the shared arena. */
+/* 32 bytes a file; the path itself lives in the shared arena. */
 struct files_entry {
     uint64_t path_off;              /* NUL-terminated relative path at arena + path_off */
     uint64_t size;                  /* bytes, as the scan saw it */
     int64_t label;
+    uint32_t link;                  /* the scan found a symbolic link (to a regular file) */
 };
 
 struct files_dataset {
     struct dataset base;            /* first: a files_dataset is a dataset */
-    int rootfd;                     /* O_PATH descriptor of the root, for openat() */
+    struct beneath root;            /* every open goes through it (beneath.h) */
     char *arena;                    /* every relative path, back to back */
     struct files_entry *entries;    /* base.count of them, in sample order */
     uint64_t n_classes;
@@ -71,7 +74,7 @@ struct files_dataset {
 /* State of one scan; everything here is dropped or moved into the dataset at the end. */
 struct files_walk {
     const struct config_dataset *cfg;
-    int rootfd;
+    struct beneath root;
     bool match_base;                /* the glob has no '/': also try the base name */
     char *arena;
     size_t arena_len, arena_cap;
@@ -137,13 +140,9 @@ static int walk_dir(struct files_walk *w, uint64_t dir_off)
     size_t dlen = strlen(w->arena + dir_off);
     memcpy(rel, w->arena + dir_off, dlen + 1);
 
-    if (dlen == 0)
-        dfd = openat(w->rootfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    else
-        dfd = openat(w->rootfd, rel, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-    if (dfd < 0) {
-        r = ld_from_errno(errno);
-        walk_error(w, "open directory", rel, errno);
+    r = beneath_open_dir(&w->root, rel, &dfd);
+    if (r < 0) {
+        walk_error(w, "open directory", rel, -r);
         goto out;
     }
     dir = fdopendir(dfd);
@@ -207,19 +206,40 @@ static int walk_dir(struct files_walk *w, uint64_t dir_off)
         } else if (type == DT_REG || type == DT_LNK) {
             if (!walk_matches(w, rel, de->d_name))
                 continue;
-            /* A link is followed to what it names; only a regular file there counts. */
-            if (fstatat(dfd, de->d_name, &st, type == DT_LNK ? 0 : AT_SYMLINK_NOFOLLOW) < 0) {
-                if (errno == ENOENT || (type == DT_LNK && errno == ELOOP))
-                    continue;      /* removed meanwhile, or a dangling link */
-                r = ld_from_errno(errno);
-                walk_error(w, "stat", rel, errno);
-                break;
+            if (type == DT_REG) {
+                if (fstatat(dfd, de->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0) {
+                    if (errno == ENOENT)
+                        continue;  /* removed meanwhile */
+                    r = ld_from_errno(errno);
+                    walk_error(w, "stat", rel, errno);
+                    break;
+                }
+                if (!S_ISREG(st.st_mode))
+                    continue;      /* replaced meanwhile */
+            } else {
+                /* A link is followed to what it names, by the rules every read
+                 * follows too (beneath.h); only a regular file there counts. */
+                int lfd;
+                r = beneath_open(&w->root, rel, BENEATH_LINK | BENEATH_PATH, &lfd, &st);
+                if (r == 0) {
+                    close(lfd);
+                } else if (r == LD_ENOENT || r == -ELOOP || r == BENEATH_ENOTREG || r == -ENOTDIR) {
+                    r = 0;
+                    continue;      /* dangling, a cycle, or not a file: not a sample */
+                } else if (r == -EXDEV) {
+                    char ebuf[128];
+                    ld_log(LD_LOG_WARN, "dataset '%s': '%s' is not a sample: %s", w->cfg->name, rel,
+                           beneath_strerror(r, ebuf, sizeof ebuf));
+                    r = 0;
+                    continue;
+                } else {
+                    walk_error(w, "follow the link", rel, -r);
+                    break;
+                }
             }
-            if (!S_ISREG(st.st_mode))
-                continue;
             r = grow((void **)&w->entries, &w->cap_entries, w->n_entries + 1,
                      sizeof *w->entries);
-            struct files_entry e = {.size = (uint64_t)st.st_size, .label = -1};
+            struct files_entry e = {.size = (uint64_t)st.st_size, .label = -1, .link = type == DT_LNK};
             if (r == 0)
                 r = arena_push(w, rel, plen, &e.path_off);
             if (r < 0) {
@@ -325,8 +345,7 @@ static void files_free(dataset *d)
     struct files_dataset *fd = (struct files_dataset *)d;
     if (!fd)
         return;
-    if (fd->rootfd >= 0)
-        close(fd->rootfd);
+    beneath_root_close(&fd->root);
     for (size_t k = 0; fd->base.class_names && k < fd->base.n_classes; k++)
         free(fd->base.class_names[k]);
     free(fd->base.class_names);
@@ -359,7 +378,7 @@ static int files_class_names(struct files_dataset *fd)
 
 static int files_open(const struct config_dataset *cfg, dataset **ret_dataset, char *errbuf)
 {
-    struct files_walk w = {.cfg = cfg, .rootfd = -1, .errbuf = errbuf};
+    struct files_walk w = {.cfg = cfg, .root = {.rootfd = -1}, .errbuf = errbuf};
     struct files_dataset *fd = NULL;
     const char *pattern = cfg->pattern ? cfg->pattern : "*";
     struct config_dataset c = *cfg;
@@ -370,12 +389,12 @@ static int files_open(const struct config_dataset *cfg, dataset **ret_dataset, c
     w.cfg = &c;
     w.match_base = strchr(pattern, '/') == NULL;
 
-    w.rootfd = open(cfg->path, O_PATH | O_DIRECTORY | O_CLOEXEC);
-    if (w.rootfd < 0) {
-        int e = errno;
-        r = ld_from_errno(e);
+    r = beneath_root_open(cfg->path, cfg->follow_links == CONFIG_FOLLOW_LINKS_OUTSIDE ? BENEATH_LINKS_OUTSIDE
+                                                                                   : BENEATH_LINKS_INSIDE,
+                          getenv("LOADERD_NO_OPENAT2") ? BENEATH_ROOT_NO_OPENAT2 : 0, &w.root);
+    if (r < 0) {
         snprintf(errbuf, LD_ERRMSG_MAX, "dataset '%s': cannot open directory '%s': %s",
-                 cfg->name, cfg->path, strerror_r(e, ebuf, sizeof ebuf));
+                 cfg->name, cfg->path, strerror_r(-r, ebuf, sizeof ebuf));
         goto fail;
     }
 
@@ -460,7 +479,7 @@ static int files_open(const struct config_dataset *cfg, dataset **ret_dataset, c
 
     /* Hand the scan's buffers over; the directory paths left in the arena are a few
      * bytes per folder and not worth a compaction. */
-    fd->rootfd = w.rootfd;
+    fd->root = w.root;
     fd->arena = w.arena;
     fd->entries = w.entries;
     fd->n_classes = n_classes;
@@ -477,8 +496,7 @@ static int files_open(const struct config_dataset *cfg, dataset **ret_dataset, c
     return 0;
 
 fail:
-    if (w.rootfd >= 0)
-        close(w.rootfd);
+    beneath_root_close(&w.root);
     free(w.arena);
     free(w.entries);
     free(w.dirs);
@@ -497,26 +515,19 @@ static uint64_t files_item_bytes(const dataset *d, uint64_t index, int field)
     return 0;
 }
 
-static int files_read(const dataset *d, uint64_t index, void *const dst[], char *errbuf)
+/* One attempt at sample `index`: open it beneath the root, read its recorded size. */
+static int files_read_once(const struct files_dataset *fd, uint64_t index, void *const dst[], char *errbuf)
 {
-    const struct files_dataset *fd = (const struct files_dataset *)d;
-    char ebuf[128];
-    int f = -1, r = 0;
-
-    if (index >= d->count) {
-        snprintf(errbuf, LD_ERRMSG_MAX, "sample %" PRIu64 ": out of range (dataset '%s' has %" PRIu64 ")",
-                 index, d->name, d->count);
-        return LD_EINVAL;
-    }
     const struct files_entry *e = &fd->entries[index];
     const char *rel = fd->arena + e->path_off;
     uint8_t *out = dst[FIELD_DATA];
+    char ebuf[128];
+    int f = -1, r;
 
-    f = openat(fd->rootfd, rel, O_RDONLY | O_CLOEXEC | O_NOCTTY);
-    if (f < 0) {
+    r = beneath_open(&fd->root, rel, e->link ? BENEATH_LINK : 0, &f, NULL);
+    if (r < 0) {
         snprintf(errbuf, LD_ERRMSG_MAX, "sample %" PRIu64 " (%s): %s", index, rel,
-                 strerror_r(errno, ebuf, sizeof ebuf));
-        r = LD_ESAMPLE;
+                 beneath_strerror(r, ebuf, sizeof ebuf));
         goto out;
     }
     uint64_t done = 0;
@@ -527,9 +538,9 @@ static int files_read(const dataset *d, uint64_t index, void *const dst[], char 
         if (n < 0) {
             if (errno == EINTR)
                 continue;
+            r = ld_from_errno(errno);
             snprintf(errbuf, LD_ERRMSG_MAX, "sample %" PRIu64 " (%s): %s", index, rel,
                      strerror_r(errno, ebuf, sizeof ebuf));
-            r = LD_ESAMPLE;
             goto out;
         }
         if (n == 0) {
@@ -543,11 +554,43 @@ static int files_read(const dataset *d, uint64_t index, void *const dst[], char 
     }
     /* The slot's rows are aligned, but memcpy says so without assuming it. */
     memcpy(dst[FIELD_LABEL], &e->label, sizeof e->label);
+    r = 0;
 
 out:
     if (f >= 0)
         close(f);
     return r;
+}
+
+/* A shortage of descriptors or memory says nothing about the sample: wait and try again,
+ * 1 ms doubling to 100 ms, for up to FILES_RESOURCE_WAIT_NS in all; then the read fails
+ * with the resource's own code (never LD_ESAMPLE), so the sample is not held bad. */
+#define FILES_RESOURCE_WAIT_NS (5ull * 1000 * 1000 * 1000)
+
+static int files_read(const dataset *d, uint64_t index, void *const dst[], char *errbuf)
+{
+    const struct files_dataset *fd = (const struct files_dataset *)d;
+
+    if (index >= d->count) {
+        snprintf(errbuf, LD_ERRMSG_MAX, "sample %" PRIu64 ": out of range (dataset '%s' has %" PRIu64 ")",
+                 index, d->name, d->count);
+        return LD_EINVAL;
+    }
+    uint64_t waited = 0, delay = 1000 * 1000;
+    for (;;) {
+        int r = files_read_once(fd, index, dst, errbuf);
+        if (r == 0)
+            return 0;
+        if (!dataset_resource_error(r))
+            return LD_ESAMPLE;
+        if (waited >= FILES_RESOURCE_WAIT_NS)
+            return r;
+        dataset_note_resource(d, errbuf);
+        struct timespec ts = {.tv_sec = (time_t)(delay / 1000000000u), .tv_nsec = (long)(delay % 1000000000u)};
+        nanosleep(&ts, NULL);
+        waited += delay;
+        delay = delay * 2 > 100 * 1000 * 1000 ? 100 * 1000 * 1000 : delay * 2;
+    }
 }
 
 static uint64_t files_raw_bytes(const dataset *d, uint64_t index)
@@ -589,9 +632,10 @@ struct files_fp_record {
 _Static_assert(sizeof(struct files_fp_record) == 40, "no padding may reach the hash");
 
 /* XXH3-64 of a file's bytes, read in chunks through buf. */
-static int files_hash_content(const struct files_dataset *fd, const char *rel, uint8_t *buf,
+static int files_hash_content(const struct files_dataset *fd, const struct files_entry *e, uint8_t *buf,
                               size_t cap, uint64_t *ret_hash, char *errbuf)
 {
+    const char *rel = fd->arena + e->path_off;
     char ebuf[128];
     XXH3_state_t *st = XXH3_createState();
     int f = -1, r = 0;
@@ -602,11 +646,9 @@ static int files_hash_content(const struct files_dataset *fd, const char *rel, u
         goto out;
     }
     XXH3_64bits_reset(st);
-    f = openat(fd->rootfd, rel, O_RDONLY | O_CLOEXEC | O_NOCTTY);
-    if (f < 0) {
-        r = ld_from_errno(errno);
+    r = beneath_open(&fd->root, rel, e->link ? BENEATH_LINK : 0, &f, NULL);
+    if (r < 0)
         goto out;
-    }
     for (;;) {
         ssize_t n = read(f, buf, cap);
         if (n < 0) {
@@ -624,7 +666,7 @@ static int files_hash_content(const struct files_dataset *fd, const char *rel, u
 out:
     if (r < 0 && r != LD_ENOMEM)
         ld_errorf(errbuf, "dataset '%s': cannot read '%s/%s' for its fingerprint: %s",
-                  fd->base.name, fd->base.source, rel, strerror_r(-r, ebuf, sizeof ebuf));
+                  fd->base.name, fd->base.source, rel, beneath_strerror(r, ebuf, sizeof ebuf));
     if (f >= 0)
         close(f);
     XXH3_freeState(st);
@@ -667,8 +709,10 @@ static int files_fingerprint(const dataset *d, int mode, uint64_t *ret_fingerpri
         struct files_fp_record rec = {.scan_size = e->size};
         struct stat sb;
 
-        /* Follow links as read() does: a link's target is the sample. */
-        if (fstatat(fd->rootfd, rel, &sb, 0) < 0) {
+        /* Follow a link the scan found, as read() does: its target is the sample. A
+         * plain file that became a link since is seen as the link (and read() refuses
+         * it), so the fingerprint changes. */
+        if (fstatat(fd->root.rootfd, rel, &sb, e->link ? 0 : AT_SYMLINK_NOFOLLOW) < 0) {
             if (errno != ENOENT) {
                 r = ld_from_errno(errno);
                 ld_errorf(errbuf, "dataset '%s': cannot stat '%s/%s': %s",
@@ -682,7 +726,7 @@ static int files_fingerprint(const dataset *d, int mode, uint64_t *ret_fingerpri
             rec.mtime_nsec = (int64_t)sb.st_mtim.tv_nsec;
         } else {
             rec.stat_size = (uint64_t)sb.st_size;
-            r = files_hash_content(fd, rel, buf, buf_cap, &rec.content, errbuf);
+            r = files_hash_content(fd, e, buf, buf_cap, &rec.content, errbuf);
             if (r < 0)
                 goto out;
         }

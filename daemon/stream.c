@@ -46,6 +46,10 @@
 /* Slots beyond `prefetch`: the batch the trainer holds and the two that libloaderclient
  * asks for ahead while it holds one, so that asking ahead never eats into prefetch. */
 #define SLOTS_BEYOND_PREFETCH 3u
+/* A batch whose ragged layout went stale (a sample was found bad while it filled, and
+ * its substitute has another length) is laid out and filled again; each time one more
+ * sample is known bad, so this bound is only reached by a source going bad wholesale. */
+#define MAX_RELAYOUTS 1000u
 
 struct stream_hub {
     uv_async_t async;
@@ -75,6 +79,7 @@ struct stream_slot {
     uint64_t seq, epoch, batch;
     uint32_t rows;
     uint32_t n_chunks;
+    uint32_t relayouts;             /* times this batch was laid out again (LD_ESTALE) */
     bool busy;                      /* chunks outstanding; loop thread only */
     struct cache *cache;            /* what the chunks may read (a keeper reference), or NULL */
     atomic_uint chunks_left;
@@ -219,6 +224,7 @@ static void chunk_run(struct pool_task *t)
     uint8_t *base = ring_slot(s->ring, k->slot);
     const dataset *d = s->ds;
     void *dst[LD_MAX_FIELDS];
+    uint64_t lens[LD_MAX_FIELDS] = {0};
     char err[LD_ERRMSG_MAX];
     const struct dataset_read_ctx rctx = {.seed = s->p.seed, .epoch = sl->epoch, .cache = sl->cache};
 
@@ -231,11 +237,12 @@ static void chunk_run(struct pool_task *t)
             if (d->fields[f].ragged) {
                 const int64_t *offs = (const int64_t *)(base + l->offsets_offset);
                 dst[f] = base + l->offset + (uint64_t)offs[row];
+                lens[f] = (uint64_t)(offs[row + 1] - offs[row]);
             } else {
                 dst[f] = base + l->offset + (uint64_t)row * l->row_bytes;
             }
         }
-        int rc = dataset_read(d, idx, &rctx, dst, err);
+        int rc = dataset_read(d, idx, &rctx, dst, lens, err);
         if (rc < 0) {
             int expected = 0;
             if (atomic_compare_exchange_strong(&sl->err, &expected, rc))
@@ -321,7 +328,7 @@ static void start_fill(stream *s, uint32_t slot, uint64_t seq)
         offs[0] = 0;
         for (uint32_t row = 0; row < sl->rows; row++) {
             uint64_t idx = sampler_index(&s->smp, sl->epoch, sl->batch, row);
-            offs[row + 1] = offs[row] + (int64_t)s->ds->ops->item_bytes(s->ds, idx, f);
+            offs[row + 1] = offs[row] + (int64_t)dataset_item_bytes(s->ds, idx, f);
         }
     }
 
@@ -361,6 +368,7 @@ static void schedule(stream *s)
         uint64_t gen;
         if (ring_acquire(s->ring, &slot, &gen) < 0)
             break; /* every slot is leased or busy: the trainer holds them */
+        s->slots[slot].relayouts = 0;
         start_fill(s, slot, s->next_fill++);
     }
 }
@@ -443,10 +451,20 @@ static void slot_filled(stream *s, uint32_t slot)
         return;
     }
     int err = atomic_load(&sl->err);
+    if (err == LD_ESTALE && sl->relayouts < MAX_RELAYOUTS) {
+        sl->relayouts++;
+        start_fill(s, slot, sl->seq); /* the new layout makes room for the substitutes */
+        return;
+    }
+    if (err == LD_ESTALE)
+        snprintf(sl->errmsg, sizeof sl->errmsg, "epoch %" PRIu64 " batch %" PRIu64 ": laid out %u times and "
+                 "still finding bad samples: giving up", sl->epoch, sl->batch, sl->relayouts);
     if (err < 0) {
         if (sl->seq < s->failed_seq) {
             s->failed_seq = sl->seq;
-            s->fail_rc = err == LD_ENOMEM || err == LD_EDATASET ? err : LD_ESAMPLE;
+            /* A shortage, or a source that cannot be served, keeps its own code: the
+             * sample is not at fault. */
+            s->fail_rc = dataset_resource_error(err) || err == LD_EDATASET ? err : LD_ESAMPLE;
             snprintf(s->fail_msg, sizeof s->fail_msg, "%s", sl->errmsg);
             ld_log(LD_LOG_WARN, "stream %" PRIu64 " (dataset '%s'): epoch %" PRIu64 " batch %" PRIu64 ": %s",
                    s->id, s->ds->name, sl->epoch, sl->batch, sl->errmsg);
@@ -517,7 +535,7 @@ int stream_open(stream_hub *h, dataset *d, uint64_t id, const struct stream_para
             l->offsets_offset = align_up(off, LD_FIELD_ALIGN);
             off = l->offsets_offset + ((uint64_t)p->batch_size + 1) * sizeof(int64_t);
             l->offset = align_up(off, LD_FIELD_ALIGN);
-            l->capacity = (uint64_t)p->batch_size * d->fields[f].max_item_bytes;
+            l->capacity = (uint64_t)p->batch_size * dataset_slot_item_bytes(d, f);
             off = l->offset + l->capacity;
         } else {
             l->row_bytes = dataset_row_bytes(d, f);
@@ -533,10 +551,20 @@ int stream_open(stream_hub *h, dataset *d, uint64_t id, const struct stream_para
         human_bytes(need, a, sizeof a);
         human_bytes(slot_bytes, b, sizeof b);
         human_bytes(budget_left, c, sizeof c);
+        char m[32] = "";
+        int rf = -1;
+        for (int f = 0; f < d->n_fields && rf < 0; f++)
+            if (d->fields[f].ragged)
+                rf = f;
+        if (rf >= 0)
+            human_bytes(dataset_slot_item_bytes(d, rf), m, sizeof m);
         snprintf(errbuf, LD_ERRMSG_MAX,
                  "the stream needs %s of shared memory (%u slots of %s for batch_size %u) but only %s "
-                 "is left of server.memory_budget: lower batch_size or prefetch, or raise the budget",
-                 a, s->n_slots, b, p->batch_size, c);
+                 "is left of server.memory_budget: lower batch_size or prefetch, or raise the budget%s%s%s%s%s",
+                 a, s->n_slots, b, p->batch_size, c,
+                 rf >= 0 ? "; a ragged field reserves batch_size x its largest sample (" : "", m,
+                 rf >= 0 ? ") per slot: set datasets." : "", rf >= 0 ? d->name : "",
+                 rf >= 0 ? ".max_sample_bytes to bound it (larger samples then follow on_error)" : "");
         rc = LD_EBUDGET;
         goto fail;
     }

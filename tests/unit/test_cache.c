@@ -1316,7 +1316,7 @@ static void test_checked_when_served(void **state)
     int64_t lab2 = -7;
     void *dst[2] = {buf, &lab2};
     struct dataset_read_ctx ctx = {.cache = c};
-    assert_int_equal(dataset_read(d, 3, &ctx, dst, err), 0);
+    assert_int_equal(dataset_read(d, 3, &ctx, dst, NULL, err), 0);
     for (size_t j = 0; j < sizeof buf; j++)
         if (buf[j] != testfs_byte(file3, j))
             fail_msg("byte %zu of sample 3 is not the source's", j);
@@ -1347,13 +1347,13 @@ static void test_tokens_shrunk(void **state)
     void *dst[1] = {win};
     struct dataset_read_ctx ctx = {0};
     uint64_t last = d->count - 1;
-    assert_int_equal(dataset_read(d, last, &ctx, dst, err), 0);
+    assert_int_equal(dataset_read(d, last, &ctx, dst, NULL, err), 0);
     assert_int_equal(truncate(path, 4096), 0);
-    assert_int_equal(dataset_read(d, last, &ctx, dst, err), LD_EDATASET);
+    assert_int_equal(dataset_read(d, last, &ctx, dst, NULL, err), LD_EDATASET);
     assert_non_null(strstr(err, "shrank"));
     assert_non_null(strstr(err, path));
     assert_int_equal(atomic_load(&d->replaced_samples), 0);
-    assert_int_equal(dataset_read(d, 0, &ctx, dst, err), 0); /* the first page is still there */
+    assert_int_equal(dataset_read(d, 0, &ctx, dst, NULL, err), 0); /* the first page is still there */
     dataset_free(d);
 }
 
@@ -1625,8 +1625,8 @@ static void test_keeper_drops_bad_cache(void **state)
     void *dst[2] = {buf, &label};
     struct dataset_read_ctx ctx = {.cache = c};
     for (uint64_t i = 0; i < 30; i++)
-        assert_int_equal(dataset_read(f.d, i, &ctx, dst, err), 0);
-    assert_int_equal(dataset_read(f.d, 5, &ctx, dst, err), 0);
+        assert_int_equal(dataset_read(f.d, i, &ctx, dst, NULL, err), 0);
+    assert_int_equal(dataset_read(f.d, 5, &ctx, dst, NULL, err), 0);
     unsigned file5 = 0;
     while (sample_of(f.d, file5) != 5)
         file5++;

@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -380,6 +381,290 @@ static void test_files_errors(void **state)
     dataset_free(NULL);
 }
 
+/* ---- beneath the root: links, FIFOs, swaps after the scan -------------------------- */
+
+/* Reads sample i through ops->read; the code, and the message in err. */
+static int read_code(const dataset *d, uint64_t i, char *err)
+{
+    uint8_t buf[4096];
+    int64_t lab;
+    void *dst[2] = {buf, &lab};
+    err[0] = '\0';
+    return d->ops->read(d, i, dst, err);
+}
+
+/* The same checks with openat2 and with the component-wise walk that stands in for it
+ * where the kernel refuses openat2. */
+static void links_and_swaps(struct tdir *t, bool walk)
+{
+    char path[1024], target[1024], outside[300], err[LD_ERRMSG_MAX];
+    if (walk)
+        setenv("LOADERD_NO_OPENAT2", "1", 1);
+    else
+        unsetenv("LOADERD_NO_OPENAT2");
+
+    /* A tree outside the dataset, with a "secret" of the same size as the samples. */
+    snprintf(outside, sizeof outside, "%s/outside", t->root);
+    assert_int_equal(mkdir(outside, 0755), 0);
+    testfs_write(outside, "secret.bin", 9, 64);
+    testfs_write(outside, "cls/a.bin", 9, 64);
+    char root[300];
+    snprintf(root, sizeof root, "%s/ds", t->root);
+    assert_int_equal(mkdir(root, 0755), 0);
+    testfs_write(root, "a/f.bin", 1, 64);
+    testfs_write(root, "b/g.bin", 2, 64);
+    testfs_write(root, "c/a.bin", 3, 64);
+    snprintf(path, sizeof path, "%s/a/rel.bin", root);
+    assert_int_equal(symlink("../b/g.bin", path), 0);       /* inside, relative: a sample */
+    snprintf(path, sizeof path, "%s/a/abs.bin", root);
+    snprintf(target, sizeof target, "%s/b/g.bin", root);
+    assert_int_equal(symlink(target, path), 0);             /* inside, absolute: a sample */
+    snprintf(path, sizeof path, "%s/a/out.bin", root);
+    snprintf(target, sizeof target, "%s/secret.bin", outside);
+    assert_int_equal(symlink(target, path), 0);             /* outside: not a sample */
+    snprintf(path, sizeof path, "%s/a/fifo.bin", root);
+    assert_int_equal(mkfifo(path, 0644), 0);                /* not a regular file */
+    snprintf(path, sizeof path, "%s/a/tofifo.bin", root);
+    assert_int_equal(symlink("fifo.bin", path), 0);         /* a link to it: neither */
+    snprintf(path, sizeof path, "%s/linkdir", root);
+    assert_int_equal(symlink(outside, path), 0);            /* a folder link: not walked */
+
+    struct config_dataset cfg = files_cfg("b", root, "*.bin");
+    dataset *d = open_ok(&cfg);
+    /* a/abs.bin a/f.bin a/rel.bin b/g.bin c/a.bin */
+    assert_int_equal(d->count, 5);
+    assert_string_equal(dataset_sample_name(d, 0), "a/abs.bin");
+    check_sample(d, 0, 2, 64, 0);
+    check_sample(d, 1, 1, 64, 0);
+    check_sample(d, 2, 2, 64, 0);
+    check_sample(d, 3, 2, 64, 1);
+    check_sample(d, 4, 3, 64, 2);
+
+    /* After the scan: a file becomes a FIFO. Refused at once, no worker hangs. */
+    snprintf(path, sizeof path, "%s/a/f.bin", root);
+    assert_int_equal(unlink(path), 0);
+    assert_int_equal(mkfifo(path, 0644), 0);
+    assert_int_equal(read_code(d, 1, err), LD_ESAMPLE);
+    assert_non_null(strstr(err, "a/f.bin"));
+    assert_non_null(strstr(err, "not a regular file"));
+
+    /* A file becomes a link to a file outside. */
+    assert_int_equal(unlink(path), 0);
+    assert_int_equal(symlink(target, path), 0);
+    assert_int_equal(read_code(d, 1, err), LD_ESAMPLE);
+    assert_non_null(strstr(err, "symbolic link where the scan saw none"));
+
+    /* A class folder becomes a link to a folder outside holding a file of that name. */
+    char moved[1024];
+    snprintf(path, sizeof path, "%s/c", root);
+    snprintf(moved, sizeof moved, "%s/c.old", root);
+    assert_int_equal(rename(path, moved), 0);
+    snprintf(target, sizeof target, "%s/cls", outside);
+    assert_int_equal(symlink(target, path), 0);
+    assert_int_equal(read_code(d, 4, err), LD_ESAMPLE);
+    assert_non_null(strstr(err, "c/a.bin"));
+    assert_non_null(strstr(err, "symbolic link"));
+
+    /* An inside link re-pointed outside after the scan: the end is checked at each read. */
+    snprintf(path, sizeof path, "%s/a/rel.bin", root);
+    assert_int_equal(unlink(path), 0);
+    snprintf(target, sizeof target, "%s/secret.bin", outside);
+    assert_int_equal(symlink(target, path), 0);
+    assert_int_equal(read_code(d, 2, err), LD_ESAMPLE);
+    assert_non_null(strstr(err, "leads outside"));
+    dataset_free(d);
+
+    /* follow_links: outside serves links to files anywhere, still only regular files,
+     * and still never a link swapped into a folder's place. */
+    cfg.follow_links = CONFIG_FOLLOW_LINKS_OUTSIDE;
+    d = open_ok(&cfg);
+    /* a/abs.bin a/f.bin (now a link: the scan takes it) a/out.bin a/rel.bin b/g.bin c/a.bin */
+    assert_int_equal(d->count, 6);
+    assert_string_equal(dataset_sample_name(d, 2), "a/out.bin");
+    check_sample(d, 2, 9, 64, 0);
+    assert_int_equal(read_code(d, 5, err), 0); /* c is a link now, but the scan saw it so */
+    dataset_free(d);
+    unsetenv("LOADERD_NO_OPENAT2");
+}
+
+static void test_files_beneath_root(void **state)
+{
+    links_and_swaps(*state, false);
+}
+
+static void test_files_beneath_root_walk(void **state)
+{
+    links_and_swaps(*state, true);
+}
+
+/* ---- bad samples: replacement, ragged layouts, max_sample_bytes -------------------- */
+
+/* dataset_read into a buffer laid out for `len` bytes (a ragged row). */
+static int read_ragged(const dataset *d, uint64_t i, uint64_t len, uint8_t *buf, int64_t *lab, char *err)
+{
+    void *dst[2] = {buf, lab};
+    uint64_t lens[2] = {len, 0};
+    struct dataset_read_ctx ctx = {0};
+    err[0] = '\0';
+    return dataset_read(d, i, &ctx, dst, lens, err);
+}
+
+static void test_replace_ragged(void **state)
+{
+    struct tdir *t = *state;
+    char path[1024], err[LD_ERRMSG_MAX], rel[64];
+    /* 40 files of 40 distinct sizes. */
+    for (unsigned i = 0; i < 40; i++) {
+        snprintf(rel, sizeof rel, "c%u/%02u.bin", i / 20, i);
+        testfs_write(t->root, rel, i, 100 + i);
+    }
+    struct config_dataset cfg = files_cfg("r", t->root, "*.bin");
+    dataset *d = open_ok(&cfg);
+    assert_true(d->fields[0].ragged);
+    assert_int_equal(dataset_item_bytes(d, 7, 0), 107);
+
+    snprintf(path, sizeof path, "%s/c0/07.bin", t->root);
+    assert_int_equal(unlink(path), 0);
+    uint8_t buf[256];
+    int64_t lab = 99;
+    /* Laid out for the missing file: nothing written, "lay it out again". */
+    assert_int_equal(read_ragged(d, 7, 107, buf, &lab, err), LD_ESTALE);
+    assert_int_equal(atomic_load(&d->bad_samples), 1);
+    assert_int_equal(atomic_load(&d->replaced_samples), 0);
+    /* The new layout has the substitute's length; the substitute is served, counted. */
+    uint64_t len = dataset_item_bytes(d, 7, 0);
+    assert_true(len != 107 && len >= 100 && len < 140);
+    unsigned sub = (unsigned)(len - 100);
+    assert_int_equal(read_ragged(d, 7, len, buf, &lab, err), 0);
+    for (size_t j = 0; j < len; j++)
+        assert_int_equal(buf[j], testfs_byte(sub, j));
+    assert_int_equal(lab, sub / 20);
+    assert_int_equal(atomic_load(&d->replaced_samples), 1);
+    /* The same substitute every time; the bad file is counted once. */
+    assert_int_equal(dataset_item_bytes(d, 7, 0), len);
+    assert_int_equal(read_ragged(d, 7, len, buf, &lab, err), 0);
+    assert_int_equal(atomic_load(&d->bad_samples), 1);
+    assert_int_equal(atomic_load(&d->replaced_samples), 2);
+
+    /* The substitute goes bad too: stale again, then the next candidate. */
+    snprintf(path, sizeof path, "%s/c%u/%02u.bin", t->root, sub / 20, sub);
+    assert_int_equal(unlink(path), 0);
+    assert_int_equal(read_ragged(d, 7, len, buf, &lab, err), LD_ESTALE);
+    uint64_t len2 = dataset_item_bytes(d, 7, 0);
+    assert_true(len2 != len && len2 != 107);
+    assert_int_equal(read_ragged(d, 7, len2, buf, &lab, err), 0);
+    assert_int_equal(atomic_load(&d->bad_samples), 2);
+    dataset_free(d);
+
+    /* on_error: fail: the error names the file, nothing is replaced. */
+    cfg.on_error = CONFIG_ON_ERROR_FAIL;
+    d = open_ok(&cfg);
+    assert_int_equal(dataset_item_bytes(d, 0, 0), 100);
+    snprintf(path, sizeof path, "%s/c0/00.bin", t->root);
+    assert_int_equal(unlink(path), 0);
+    assert_int_equal(read_ragged(d, 0, 100, buf, &lab, err), LD_ESAMPLE);
+    assert_non_null(strstr(err, "c0/00.bin"));
+    assert_int_equal(atomic_load(&d->replaced_samples), 0);
+    dataset_free(d);
+}
+
+static void test_max_sample_bytes(void **state)
+{
+    struct tdir *t = *state;
+    char err[LD_ERRMSG_MAX], rel[64];
+    for (unsigned i = 0; i < 20; i++) {
+        snprintf(rel, sizeof rel, "%02u.bin", i);
+        testfs_write(t->root, rel, i, i == 5 ? 4000 : 10 + i);
+    }
+    struct config_dataset cfg = files_cfg("m", t->root, "*.bin");
+    dataset *d = open_ok(&cfg);
+    assert_int_equal(dataset_slot_item_bytes(d, 0), 4000);   /* no bound: the largest */
+    dataset_free(d);
+
+    cfg.max_sample_bytes = 64;
+    d = open_ok(&cfg);
+    assert_int_equal(d->fields[0].max_item_bytes, 4000);      /* what the source has */
+    assert_int_equal(dataset_slot_item_bytes(d, 0), 64);      /* what a row may take */
+    assert_int_equal(dataset_slot_item_bytes(d, 1), 0);       /* not ragged */
+    uint64_t len = dataset_item_bytes(d, 5, 0);
+    assert_true(len >= 10 && len < 30);                       /* a substitute's */
+    uint8_t buf[64];
+    int64_t lab;
+    assert_int_equal(read_ragged(d, 5, len, buf, &lab, err), 0);
+    for (size_t j = 0; j < len; j++)
+        assert_int_equal(buf[j], testfs_byte((unsigned)(len - 10), j));
+    assert_int_equal(atomic_load(&d->replaced_samples), 1);
+    dataset_free(d);
+
+    /* Under fail: nothing laid out for it, and the message says what to change. */
+    cfg.on_error = CONFIG_ON_ERROR_FAIL;
+    d = open_ok(&cfg);
+    assert_int_equal(dataset_item_bytes(d, 5, 0), 0);
+    assert_int_equal(read_ragged(d, 5, 0, buf, &lab, err), LD_ESAMPLE);
+    assert_non_null(strstr(err, "05.bin"));
+    assert_non_null(strstr(err, "4000 bytes"));
+    assert_non_null(strstr(err, "max_sample_bytes"));
+    dataset_free(d);
+
+    /* A bound that keeps out every sample is refused at open. */
+    cfg.max_sample_bytes = 5;
+    open_fails(&cfg, LD_EDATASET, err);
+    assert_non_null(strstr(err, "max_sample_bytes"));
+}
+
+/* ---- resource shortages are not bad samples ----------------------------------------- */
+
+struct nofile_restore {
+    struct rlimit old;
+    int delay_ms;
+};
+
+static void *restore_later(void *arg)
+{
+    struct nofile_restore *r = arg;
+    usleep((useconds_t)r->delay_ms * 1000);
+    setrlimit(RLIMIT_NOFILE, &r->old);
+    return NULL;
+}
+
+static void test_fd_exhaustion_is_retried(void **state)
+{
+    struct tdir *t = *state;
+    char err[LD_ERRMSG_MAX];
+    testfs_write(t->root, "a/x.bin", 1, 128);
+    testfs_write(t->root, "a/y.bin", 2, 128);
+    struct config_dataset cfg = files_cfg("e", t->root, "*.bin");
+    dataset *d = open_ok(&cfg);
+
+    /* The soft limit at the lowest free descriptor: no open can succeed now. */
+    struct nofile_restore r = {.delay_ms = 150};
+    assert_int_equal(getrlimit(RLIMIT_NOFILE, &r.old), 0);
+    int lowest = dup(0);
+    assert_true(lowest >= 0);
+    close(lowest);
+    pthread_t th;
+    struct rlimit low = {.rlim_cur = (rlim_t)lowest, .rlim_max = r.old.rlim_max};
+    assert_int_equal(setrlimit(RLIMIT_NOFILE, &low), 0);
+    assert_true(open("/dev/null", O_RDONLY) < 0 && errno == EMFILE);
+    assert_int_equal(pthread_create(&th, NULL, restore_later, &r), 0);
+
+    /* The read waits for descriptors instead of calling the sample bad. */
+    uint8_t buf[128];
+    int64_t lab;
+    void *dst[2] = {buf, &lab};
+    struct dataset_read_ctx ctx = {0};
+    int rc = dataset_read(d, 1, &ctx, dst, NULL, err);
+    assert_int_equal(pthread_join(th, NULL), 0);
+    if (rc != 0)
+        fail_msg("read: %d %s", rc, err);
+    for (size_t j = 0; j < 128; j++)
+        assert_int_equal(buf[j], testfs_byte(2, j));
+    assert_true(atomic_load(&d->resource_retries) >= 1);
+    assert_int_equal(atomic_load(&d->bad_samples), 0);
+    assert_int_equal(atomic_load(&d->replaced_samples), 0);
+    dataset_free(d);
+}
+
 /* ---- token windows ---------------------------------------------------------------- */
 
 static uint32_t token_value(uint64_t k, int dtype)
@@ -649,6 +934,11 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_files_ragged, setup, teardown),
         cmocka_unit_test_setup_teardown(test_files_changed_after_open, setup, teardown),
         cmocka_unit_test_setup_teardown(test_files_errors, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_files_beneath_root, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_files_beneath_root_walk, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_replace_ragged, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_max_sample_bytes, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_fd_exhaustion_is_retried, setup, teardown),
         cmocka_unit_test_setup_teardown(test_tokens_uint16, setup, teardown),
         cmocka_unit_test_setup_teardown(test_tokens_uint32, setup, teardown),
         cmocka_unit_test_setup_teardown(test_tokens_errors, setup, teardown),
