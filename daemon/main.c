@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <uv.h>
 
 #include "config.h"
@@ -55,6 +56,38 @@ static void usage(FILE *f)
                "logged and ignored.\n"
                "exit status: 0 after a clean stop or a passed --check, 1 for a startup error, 2 for a\n"
                "bad command line\n");
+}
+
+/* Descriptors the daemon holds whatever its clients do: stdio, the loop's own, the
+ * listener, timers and signals, with room to spare. */
+#define FD_BASE 64
+
+/* Raises the soft open-file limit to the hard one (shortages cost clients and samples,
+ * and the hard limit is what the operator allowed), then checks that what the config
+ * allows at once fits: a client's socket each, one file per worker, a root and a cache
+ * per dataset. 0, or -1 with a message in err. */
+static int fd_limit_check(const struct config *cfg, char *err)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) < 0)
+        return 0; /* nothing known, nothing to check */
+    if (rl.rlim_cur < rl.rlim_max) {
+        struct rlimit raised = {.rlim_cur = rl.rlim_max, .rlim_max = rl.rlim_max};
+        if (setrlimit(RLIMIT_NOFILE, &raised) == 0)
+            rl.rlim_cur = rl.rlim_max;
+    }
+    uint64_t need = FD_BASE + (uint64_t)cfg->max_clients + cfg->workers + 2 * (uint64_t)cfg->n_datasets;
+    if (rl.rlim_cur != RLIM_INFINITY && need > rl.rlim_cur) {
+        snprintf(err, LD_ERRMSG_MAX,
+                 "%s: server.max_clients %u with %u workers and %zu datasets needs about %" PRIu64
+                 " open files, but the limit (RLIMIT_NOFILE) is %" PRIu64 ": raise it (LimitNOFILE= in the "
+                 "service, ulimit -n) or lower server.max_clients", cfg->file, cfg->max_clients, cfg->workers,
+                 cfg->n_datasets, need, (uint64_t)rl.rlim_cur);
+        return -1;
+    }
+    ld_log(LD_LOG_DEBUG, "open-file limit %" PRIu64 ", about %" PRIu64 " needed",
+           (uint64_t)rl.rlim_cur, need);
+    return 0;
 }
 
 static void signal_closed(uv_handle_t *h)
@@ -157,6 +190,10 @@ int main(int argc, char **argv)
         ld_log_set_level(lvl);
     }
     signal(SIGPIPE, SIG_IGN);
+    if (fd_limit_check(cfg, err) < 0) {
+        fprintf(stderr, "loaderd: %s\n", err);
+        goto out;
+    }
 
     datasets = calloc(cfg->n_datasets, sizeof *datasets);
     if (!datasets)

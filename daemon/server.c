@@ -405,8 +405,11 @@ static void op_datasets(conn *c, const cJSON *req, int64_t id)
             for (int k = 0; k < df->ndim; k++)
                 cJSON_AddItemToArray(shape, cJSON_CreateNumber((double)df->shape[k]));
             cJSON_AddBoolToObject(jf, "ragged", df->ragged);
-            if (df->ragged)
+            if (df->ragged) {
                 cJSON_AddNumberToObject(jf, "max_bytes", (double)df->max_item_bytes);
+                /* What a row may take in a slot: max_bytes, or max_sample_bytes if smaller. */
+                cJSON_AddNumberToObject(jf, "slot_bytes", (double)dataset_slot_item_bytes(d, f));
+            }
             cJSON_AddItemToArray(fields, jf);
         }
         if (d->n_classes) {
@@ -416,6 +419,7 @@ static void op_datasets(conn *c, const cJSON *req, int64_t id)
         }
         cJSON_AddNumberToObject(jd, "bad_samples", (double)atomic_load(&srv->datasets[i]->bad_samples));
         cJSON_AddNumberToObject(jd, "replaced_samples", (double)atomic_load(&srv->datasets[i]->replaced_samples));
+        cJSON_AddNumberToObject(jd, "resource_retries", (double)atomic_load(&srv->datasets[i]->resource_retries));
         if (srv->keepers[i])
             cache_keeper_describe(srv->keepers[i], cJSON_AddObjectToObject(jd, "cache"));
         cJSON_AddItemToArray(list, jd);
@@ -659,13 +663,15 @@ static void op_status(conn *c, const cJSON *req, int64_t id)
     cJSON_AddNumberToObject(r, "memory_used", (double)srv->memory_used);
     cJSON_AddNumberToObject(r, "queued_reply_bytes", (double)srv->queued_bytes);
     add_slot_counts(cJSON_AddObjectToObject(r, "slots"), counts);
-    uint64_t bad = 0, replaced = 0;
+    uint64_t bad = 0, replaced = 0, retries = 0;
     for (size_t i = 0; i < srv->n_datasets; i++) {
         bad += atomic_load(&srv->datasets[i]->bad_samples);
         replaced += atomic_load(&srv->datasets[i]->replaced_samples);
+        retries += atomic_load(&srv->datasets[i]->resource_retries);
     }
     cJSON_AddNumberToObject(r, "bad_samples", (double)bad);
     cJSON_AddNumberToObject(r, "replaced_samples", (double)replaced);
+    cJSON_AddNumberToObject(r, "resource_retries", (double)retries);
     cJSON *caches = cJSON_AddArrayToObject(r, "caches");
     for (size_t i = 0; i < srv->n_datasets; i++) {
         if (!srv->keepers[i])

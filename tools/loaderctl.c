@@ -345,7 +345,7 @@ static void ctl_fields_summary(const cJSON *fields, char *buf, size_t size)
         const cJSON *d;
         size_t dl = 0;
         if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(f, "ragged"))) {
-            snprintf(dims, sizeof dims, "[ragged]");
+            snprintf(dims, sizeof dims, "[ragged, <= %.0f bytes]", ctl_num(f, "slot_bytes", ctl_num(f, "max_bytes", 0)));
         } else if (cJSON_GetArraySize(shape) > 0) {
             cJSON_ArrayForEach(d, shape) {
                 int n = snprintf(dims + dl, sizeof dims - dl, "%s%.0f", dl ? "," : "[", d->valuedouble);
