@@ -220,7 +220,7 @@ static int beneath_link(const struct beneath *b, const char *rel, unsigned flags
         goto out;
     }
     if (!S_ISREG(st.st_mode)) {
-        r = BENEATH_ENOTREG;
+        r = S_ISDIR(st.st_mode) ? -EISDIR : BENEATH_ENOTREG;
         goto out;
     }
     if (flags & BENEATH_PATH) {
@@ -256,7 +256,7 @@ int beneath_open(const struct beneath *b, const char *rel, unsigned flags, int *
     }
     if (!S_ISREG(st.st_mode)) {
         close(fd);
-        return BENEATH_ENOTREG;
+        return S_ISDIR(st.st_mode) ? -EISDIR : BENEATH_ENOTREG;
     }
     if (ret_st)
         *ret_st = st;

@@ -67,7 +67,8 @@ int beneath_open_dir(const struct beneath *b, const char *rel, int *ret_fd);
 /* Opens the regular file `rel` (relative, no "." or ".." components) by the rules
  * above: *ret_fd (O_RDONLY, or O_PATH with BENEATH_PATH) and, when ret_st is not NULL,
  * its fstat. 0, or a negative code: -EXDEV (a link leads outside the root), -ELOOP (a
- * link where none may be), BENEATH_ENOTREG, or another -errno from the system. Never
+ * link where none may be), -EISDIR, BENEATH_ENOTREG (a FIFO, device or socket), or
+ * another -errno from the system. Never
  * blocks on the file's type (FIFOs are opened non-blocking, then refused). */
 int beneath_open(const struct beneath *b, const char *rel, unsigned flags, int *ret_fd, struct stat *ret_st);
 

@@ -157,6 +157,8 @@ static const struct key dataset_keys[] = {
     /* 0 (the default, which YAML cannot say) means "the largest sample". */
     {.name = "max_sample_bytes", .type = KEY_SIZE, .min = 1, .max = (int64_t)TIB, .def = 0,
      DATASET_AT(max_sample_bytes), .kinds = FILES | PACKED},
+    {.name = "read_timeout", .type = KEY_INT, .min = 1, .max = 86400, .def = 30, DATASET_AT(read_timeout),
+     .kinds = FILES | IMAGES | PACKED},
 };
 
 #define N_KEYS(t) (sizeof(t) / sizeof((t)[0]))

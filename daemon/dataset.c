@@ -68,13 +68,21 @@ int dataset_open(const struct config_dataset *cfg, dataset **ret_dataset, char *
         return LD_EINVAL;
     }
     dataset *d = NULL;
-    int rc = ops->open(cfg, &d, errbuf);
-    if (rc < 0)
+    int rc = dataset_deadline_start();
+    if (rc < 0) {
+        ld_errorf(errbuf, "dataset '%s': cannot start the read watcher: %s", cfg->name, ld_strerror(rc));
         return rc;
+    }
+    rc = ops->open(cfg, &d, errbuf);
+    if (rc < 0) {
+        dataset_deadline_stop();
+        return rc;
+    }
     d->on_error = cfg->on_error;
     d->warn_fraction = cfg->on_error_warn_fraction;
     if (pthread_mutex_init(&d->tally_lock, NULL) == 0)
         d->tally_ready = true;
+    d->read_timeout_ns = (uint64_t)cfg->read_timeout * 1000000000u;
     d->bad_seen = calloc(d->count / 64 + 1, sizeof *d->bad_seen);
     if (!d->bad_seen) {
         dataset_free(d);
@@ -98,6 +106,7 @@ void dataset_free(dataset *d)
     if (d->tally_ready)
         pthread_mutex_destroy(&d->tally_lock);
     d->ops->free(d);
+    dataset_deadline_stop();
 }
 
 const char *dataset_kind(const dataset *d)
@@ -229,6 +238,11 @@ uint64_t dataset_slot_item_bytes(const dataset *d, int field)
     return d->max_sample_bytes && d->max_sample_bytes < m ? d->max_sample_bytes : m;
 }
 
+bool dataset_sample_error(int rc)
+{
+    return !dataset_resource_error(rc) && rc != LD_ETIMEDOUT && rc != LD_EDATASET;
+}
+
 bool dataset_resource_error(int rc)
 {
     return rc == LD_EMFILE || rc == -ENFILE || rc == LD_ENOMEM || rc == LD_EAGAIN || rc == -ENOBUFS;
@@ -279,6 +293,12 @@ static void note_replaced(const dataset *d, uint64_t epoch, const char *why)
 int dataset_read(const dataset *d, uint64_t index, const struct dataset_read_ctx *ctx, void *const dst[],
                  const uint64_t lens[], char *errbuf)
 {
+    if (atomic_load_explicit(&d->stalled_reads, memory_order_relaxed)) {
+        ld_errorf(errbuf, "sample %" PRIu64 " (%s): not read: a read of dataset '%s' has not returned for more than "
+                  "%" PRIu64 " s (read_timeout); its storage is not answering", index, dataset_sample_name(d, index),
+                  d->name, d->read_timeout_ns / 1000000000u);
+        return LD_ETIMEDOUT;
+    }
     uint64_t want[LD_MAX_FIELDS] = {0};
     bool ragged = false;
     for (int f = 0; f < d->n_fields; f++) {
@@ -307,7 +327,9 @@ int dataset_read(const dataset *d, uint64_t index, const struct dataset_read_ctx
         for (int f = 0; ragged && f < d->n_fields; f++)
             if (d->fields[f].ragged && d->ops->item_bytes(d, r, f) != want[f])
                 return LD_ESTALE; /* laid out for another sample: lay it out again */
+        uint64_t token = dataset_deadline_begin(d, r);
         int rc = read_once(d, r, ctx, dst, errbuf);
+        dataset_deadline_end(d, token);
         if (rc == 0) {
             if (r != index) {
                 char why[LD_ERRMSG_MAX];

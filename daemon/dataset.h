@@ -143,6 +143,10 @@ struct dataset {
      * last such retry was logged (they are logged at most every 10 s). */
     _Atomic uint64_t resource_retries;
     _Atomic uint64_t resource_logged_ns;
+    /* The read deadline (dataset_deadline.c): a read older than read_timeout_ns (0: none)
+     * is stalled, and while one is, reads of this dataset fail with LD_ETIMEDOUT. */
+    uint64_t read_timeout_ns;
+    _Atomic uint32_t stalled_reads;
 };
 
 /* Reads sample `index` into dst[] like ops->read, from ctx->cache when there is one
@@ -183,6 +187,21 @@ void dataset_note_resource(const dataset *d, const char *msg);
 const char *dataset_sample_name(const dataset *d, uint64_t index);
 /* The index of the int64 field named "label", or -1. */
 int dataset_label_field(const dataset *d);
+
+/* The read deadline (dataset_deadline.c). dataset_open starts the watcher thread and
+ * dataset_free stops it with the last dataset; dataset_read brackets every read with
+ * begin (returns a token, 0 when the read cannot be watched) and end. */
+int dataset_deadline_start(void);
+void dataset_deadline_stop(void);
+/* fn(ctx) runs on the watcher thread (under its lock: it must not block) whenever a
+ * read is found stalled; NULL unregisters, and after that returns fn is not running. */
+void dataset_deadline_notify(void (*fn)(void *ctx), void *ctx);
+uint64_t dataset_deadline_begin(const dataset *d, uint64_t index);
+void dataset_deadline_end(const dataset *d, uint64_t token);
+/* True when rc says a sample is bad (LD_ESAMPLE and the like); false for a shortage
+ * (dataset_resource_error), a stalled storage (LD_ETIMEDOUT) or a source that cannot be
+ * served (LD_EDATASET), which keep their code. */
+bool dataset_sample_error(int rc);
 
 /* Opens a dataset of any kind from its config. */
 int dataset_open(const struct config_dataset *cfg, dataset **ret_dataset, char *errbuf);

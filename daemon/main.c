@@ -35,8 +35,15 @@ struct daemon {
     uv_loop_t *loop;
     uv_signal_t signals[N_STOP + N_IGNORED];
     size_t n_signals;               /* initialised handles in signals[] */
+    uv_timer_t late;                /* the shutdown's deadline */
+    bool late_open;
     server *srv;
+    pool *workers;
 };
+
+/* How long a stop may wait for the workers to finish their tasks. A read of a hung
+ * network or FUSE file system can keep a worker forever, and no signal frees it. */
+#define SHUTDOWN_GRACE_MS 5000
 
 static void usage(FILE *f)
 {
@@ -100,6 +107,22 @@ static void signals_close(struct daemon *d)
     for (size_t i = 0; i < d->n_signals; i++)
         uv_close((uv_handle_t *)&d->signals[i], signal_closed);
     d->n_signals = 0;
+    if (d->late_open)
+        uv_close((uv_handle_t *)&d->late, signal_closed);
+    d->late_open = false;
+}
+
+/* The stop took too long: the socket file is gone and every ring's name is unlinked
+ * (server_stop and stream_close see to it), so nothing is left behind by leaving now,
+ * without waiting for the stuck workers or freeing what they may still touch. */
+static void on_late(uv_timer_t *t)
+{
+    struct daemon *d = t->data;
+    ld_log(LD_LOG_ERROR, "stopping took more than %d s: %u worker(s) still inside a task (a read that does not "
+           "return: see read_timeout); exiting without waiting for them", SHUTDOWN_GRACE_MS / 1000,
+           pool_running(d->workers));
+    fflush(stderr);
+    _exit(1);
 }
 
 static void server_done(void *ctx)
@@ -111,6 +134,8 @@ static void on_stop_signal(uv_signal_t *h, int signum)
 {
     struct daemon *d = h->data;
     ld_log(LD_LOG_INFO, "received %s (SIG%s); stopping", strsignal(signum), sigabbrev_np(signum));
+    if (d->late_open && !uv_is_active((uv_handle_t *)&d->late))
+        uv_timer_start(&d->late, on_late, SHUTDOWN_GRACE_MS, 0);
     server_stop(d->srv, server_done, d);
 }
 
@@ -224,6 +249,10 @@ int main(int argc, char **argv)
         goto out;
     }
     d.loop = uv_default_loop();
+    d.workers = workers;
+    uv_timer_init(d.loop, &d.late);
+    d.late.data = &d;
+    d.late_open = true;
     int rc = signals_start(&d);
     if (rc < 0) {
         ld_log(LD_LOG_ERROR, "cannot install the signal handlers: %s", uv_strerror(rc));
@@ -243,7 +272,7 @@ int main(int argc, char **argv)
 
 out:
     if (d.loop) {
-        if (d.n_signals) {
+        if (d.n_signals || d.late_open) {
             signals_close(&d);
             uv_run(d.loop, UV_RUN_NOWAIT); /* let the handles close before the loop does */
         }

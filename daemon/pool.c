@@ -208,6 +208,14 @@ size_t pool_cancel(pool *p, void *owner, void (*cancelled)(struct pool_task *t))
     return n;
 }
 
+unsigned pool_running(pool *p)
+{
+    pthread_mutex_lock(&p->lock);
+    unsigned n = p->nthreads - p->idle;
+    pthread_mutex_unlock(&p->lock);
+    return n;
+}
+
 unsigned pool_threads(const pool *p)
 {
     return p->nthreads;

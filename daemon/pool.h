@@ -29,6 +29,8 @@ void pool_submit(pool *p, struct pool_task *t);
  * Returns how many were removed. */
 size_t pool_cancel(pool *p, void *owner, void (*cancelled)(struct pool_task *t));
 unsigned pool_threads(const pool *p);
+/* Workers inside a task now (any thread). */
+unsigned pool_running(pool *p);
 /* Total nanoseconds workers spent running tasks. */
 uint64_t pool_busy_ns(const pool *p);
 

@@ -223,7 +223,7 @@ static int walk_dir(struct files_walk *w, uint64_t dir_off)
                 r = beneath_open(&w->root, rel, BENEATH_LINK | BENEATH_PATH, &lfd, &st);
                 if (r == 0) {
                     close(lfd);
-                } else if (r == LD_ENOENT || r == -ELOOP || r == BENEATH_ENOTREG || r == -ENOTDIR) {
+                } else if (r == LD_ENOENT || r == -ELOOP || r == BENEATH_ENOTREG || r == -EISDIR || r == -ENOTDIR) {
                     r = 0;
                     continue;      /* dangling, a cycle, or not a file: not a sample */
                 } else if (r == -EXDEV) {

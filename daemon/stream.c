@@ -58,6 +58,8 @@ struct stream_hub {
     pthread_mutex_t lock;
     struct stream_task *done_head;  /* last chunks of filled slots, newest first */
     uint32_t live;
+    stream *streams;                /* the live ones, linked by hub_next; loop thread */
+    atomic_bool stalled;            /* a read was found stalled: look at the waiting streams */
 };
 
 struct stream_task {
@@ -90,6 +92,7 @@ struct stream_slot {
 
 struct stream {
     stream_hub *hub;
+    stream *hub_next;
     dataset *ds;
     uint64_t id;
     struct stream_params p;
@@ -140,6 +143,7 @@ static void human_bytes(uint64_t b, char *buf, size_t size)
 /* ---- hub ------------------------------------------------------------------------- */
 
 static void slot_filled(stream *s, uint32_t slot);
+static void deliver(stream *s);
 
 static void hub_async_cb(uv_async_t *a)
 {
@@ -161,6 +165,22 @@ static void hub_async_cb(uv_async_t *a)
         slot_filled(ordered->s, ordered->slot);
         ordered = n;
     }
+    /* A dataset's read stalled: streams waiting on it get their answer now. */
+    if (atomic_exchange(&h->stalled, false)) {
+        for (stream *s = h->streams, *next; s; s = next) {
+            next = s->hub_next;
+            if (s->w_count && atomic_load_explicit(&s->ds->stalled_reads, memory_order_relaxed))
+                deliver(s);
+        }
+    }
+}
+
+/* Watcher thread (dataset_deadline.c). */
+static void hub_stalled(void *ctx)
+{
+    stream_hub *h = ctx;
+    atomic_store(&h->stalled, true);
+    uv_async_send(&h->async);
 }
 
 static void hub_push(stream_hub *h, struct stream_task *t)
@@ -189,6 +209,7 @@ int stream_hub_new(uv_loop_t *loop, pool *workers, stream_hub **ret_hub)
         return rc;
     }
     h->async.data = h;
+    dataset_deadline_notify(hub_stalled, h);
     *ret_hub = h;
     return 0;
 }
@@ -204,6 +225,7 @@ void stream_hub_close(stream_hub *h)
 {
     if (!h)
         return;
+    dataset_deadline_notify(NULL, NULL); /* no more calls of hub_stalled once it returns */
     pthread_mutex_lock(&h->lock); /* waits out a worker between its push and its send */
     pthread_mutex_unlock(&h->lock);
     uv_close((uv_handle_t *)&h->async, hub_closed);
@@ -268,6 +290,12 @@ static void stream_free(stream *s)
     ring_free(s->ring);
     if (s->hub) {
         s->hub->live--;
+        for (stream **link = &s->hub->streams; *link; link = &(*link)->hub_next) {
+            if (*link == s) {
+                *link = s->hub_next;
+                break;
+            }
+        }
         dataset_release(s->ds); /* a dataset replaced by a rescan goes with its last stream */
     }
     free(s);
@@ -382,6 +410,19 @@ static void pop_waiter(stream *s, stream_next_cb *ret_cb, void **ret_ctx)
     s->w_count--;
 }
 
+/* Records that the stream fails at sequence `seq` (the earliest failure wins). */
+static void stream_fail(stream *s, uint64_t seq, int rc, const char *msg)
+{
+    if (seq >= s->failed_seq)
+        return;
+    uint64_t pos = s->p.start_batch + seq, bpe = sampler_batches(&s->smp);
+    s->failed_seq = seq;
+    s->fail_rc = rc;
+    snprintf(s->fail_msg, sizeof s->fail_msg, "%s", msg);
+    ld_log(LD_LOG_WARN, "stream %" PRIu64 " (dataset '%s'): epoch %" PRIu64 " batch %" PRIu64 ": %s", s->id,
+           s->ds->name, s->p.epoch + pos / bpe, pos % bpe, msg);
+}
+
 /* Answers the waiting next requests, oldest first, as far as the answers are known. */
 static void deliver(stream *s)
 {
@@ -403,6 +444,16 @@ static void deliver(stream *s)
             if (ring_state(s->ring, i) == RING_READY && s->slots[i].seq == s->next_deliver)
                 break;
         if (i == s->n_slots) {
+            if (atomic_load_explicit(&s->ds->stalled_reads, memory_order_relaxed)) {
+                /* A read of this dataset does not return: the batch may never come. Its
+                 * slot stays busy until the read returns, if ever. */
+                char msg[LD_ERRMSG_MAX];
+                snprintf(msg, sizeof msg, "a read of dataset '%s' has not returned for more than %" PRIu64
+                         " s (read_timeout): its storage is not answering", s->ds->name,
+                         s->ds->read_timeout_ns / 1000000000u);
+                stream_fail(s, s->next_deliver, LD_ETIMEDOUT, msg);
+                continue;
+            }
             if (!s->wait_start_ns)
                 s->wait_start_ns = now_ns();
             return;
@@ -460,15 +511,9 @@ static void slot_filled(stream *s, uint32_t slot)
         snprintf(sl->errmsg, sizeof sl->errmsg, "epoch %" PRIu64 " batch %" PRIu64 ": laid out %u times and "
                  "still finding bad samples: giving up", sl->epoch, sl->batch, sl->relayouts);
     if (err < 0) {
-        if (sl->seq < s->failed_seq) {
-            s->failed_seq = sl->seq;
-            /* A shortage, or a source that cannot be served, keeps its own code: the
-             * sample is not at fault. */
-            s->fail_rc = dataset_resource_error(err) || err == LD_EDATASET ? err : LD_ESAMPLE;
-            snprintf(s->fail_msg, sizeof s->fail_msg, "%s", sl->errmsg);
-            ld_log(LD_LOG_WARN, "stream %" PRIu64 " (dataset '%s'): epoch %" PRIu64 " batch %" PRIu64 ": %s",
-                   s->id, s->ds->name, sl->epoch, sl->batch, sl->errmsg);
-        }
+        /* A shortage, a stalled storage or a source that cannot be served keeps its own
+         * code: the sample is not at fault. */
+        stream_fail(s, sl->seq, dataset_sample_error(err) ? LD_ESAMPLE : err, sl->errmsg);
         ring_discard(s->ring, slot);
     } else if (ring_ready(s->ring, slot) < 0) {
         abort(); /* a slot we were filling is not FILLING: the ring's bookkeeping is broken */
@@ -592,6 +637,8 @@ int stream_open(stream_hub *h, dataset *d, uint64_t id, const struct stream_para
     dataset_hold(d);
     if (d->keeper)
         s->cache_ticket = cache_keeper_stream_opened(d->keeper);
+    s->hub_next = h->streams;
+    h->streams = s;
     schedule(s);
     *ret_stream = s;
     return 0;

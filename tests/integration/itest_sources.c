@@ -4,7 +4,9 @@
  * names it; links that lead outside the dataset, a FIFO put in a sample's place and a
  * class folder swapped for a link after the scan are refused without a hang; running
  * out of descriptors is waited out, not blamed on the data; and the open-file limit is
- * raised at start and checked against server.max_clients. */
+ * raised at start and checked against server.max_clients; a read that never returns
+ * (a FUSE file system that stops answering) costs its stream a timed_out after
+ * read_timeout, not every worker, and SIGTERM still ends the daemon in bounded time. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -15,12 +17,18 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <linux/fuse.h>
+#include <poll.h>
 #include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mount.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -480,6 +488,253 @@ static void test_fd_limit_at_start(void **state)
     assert_int_equal(check_with_limit(h, 256, 4096, out, sizeof out), 0);
 }
 
+/* ---- issue: a read that never returns ------------------------------------------- */
+
+/* A FUSE file system served by this test: one file, f.bin (128 bytes), whose reads are
+ * never answered, like a hung network or FUSE server. Needs root (mount) and /dev/fuse;
+ * the test is skipped without them. */
+struct hangfs {
+    int fd;
+    int stop[2];
+    char mnt[PATH_MAX];
+    pthread_t thread;
+    atomic_int reads;
+    bool mounted, running;
+};
+
+static void hangfs_reply(int fd, uint64_t unique, int error, const void *payload, size_t len)
+{
+    struct fuse_out_header oh = {.len = (uint32_t)(sizeof oh + len), .error = error, .unique = unique};
+    struct iovec iov[2] = {{&oh, sizeof oh}, {(void *)payload, len}};
+    (void)!writev(fd, iov, payload ? 2 : 1);
+}
+
+static void hangfs_attr(uint64_t node, struct fuse_attr *a)
+{
+    memset(a, 0, sizeof *a);
+    a->ino = node;
+    a->mode = node == FUSE_ROOT_ID ? S_IFDIR | 0755 : S_IFREG | 0644;
+    a->nlink = node == FUSE_ROOT_ID ? 2 : 1;
+    a->size = node == FUSE_ROOT_ID ? 0 : 128;
+    a->blksize = 4096;
+}
+
+static void *hangfs_main(void *arg)
+{
+    struct hangfs *fs = arg;
+    size_t cap = (1u << 20) + 4096;
+    char *buf = malloc(cap);
+    for (;;) {
+        struct pollfd p[2] = {{.fd = fs->fd, .events = POLLIN}, {.fd = fs->stop[0], .events = POLLIN}};
+        if (poll(p, 2, -1) < 0) {
+            if (errno == EINTR)
+                continue;
+            break;
+        }
+        if (p[1].revents)
+            break;
+        ssize_t n = read(fs->fd, buf, cap);
+        if (n < 0) {
+            if (errno == EINTR || errno == EAGAIN || errno == ENOENT)
+                continue;
+            break;
+        }
+        struct fuse_in_header *ih = (struct fuse_in_header *)buf;
+        void *in = ih + 1;
+        switch (ih->opcode) {
+        case FUSE_INIT: {
+            const struct fuse_init_in *ii = in;
+            struct fuse_init_out o = {.major = FUSE_KERNEL_VERSION,
+                                      .minor = ii->minor < FUSE_KERNEL_MINOR_VERSION ? ii->minor
+                                                                                    : FUSE_KERNEL_MINOR_VERSION,
+                                      .max_readahead = ii->max_readahead, .max_write = 65536, .time_gran = 1};
+            hangfs_reply(fs->fd, ih->unique, 0, &o, sizeof o);
+            break;
+        }
+        case FUSE_LOOKUP: {
+            struct fuse_entry_out o = {.nodeid = 2, .generation = 1};
+            hangfs_attr(2, &o.attr);
+            if (ih->nodeid == FUSE_ROOT_ID && strcmp(in, "f.bin") == 0)
+                hangfs_reply(fs->fd, ih->unique, 0, &o, sizeof o);
+            else
+                hangfs_reply(fs->fd, ih->unique, -ENOENT, NULL, 0);
+            break;
+        }
+        case FUSE_GETATTR: {
+            struct fuse_attr_out o = {0};
+            hangfs_attr(ih->nodeid, &o.attr);
+            hangfs_reply(fs->fd, ih->unique, 0, &o, sizeof o);
+            break;
+        }
+        case FUSE_OPEN: {
+            struct fuse_open_out o = {.fh = 1, .open_flags = FOPEN_DIRECT_IO};
+            hangfs_reply(fs->fd, ih->unique, 0, &o, sizeof o);
+            break;
+        }
+        case FUSE_READ:
+            atomic_fetch_add(&fs->reads, 1); /* never answered */
+            break;
+        case FUSE_FLUSH:
+        case FUSE_RELEASE:
+            hangfs_reply(fs->fd, ih->unique, 0, NULL, 0);
+            break;
+        case FUSE_FORGET:
+        case FUSE_BATCH_FORGET:
+        case FUSE_INTERRUPT:
+            break;
+        default:
+            hangfs_reply(fs->fd, ih->unique, -ENOSYS, NULL, 0);
+        }
+    }
+    free(buf);
+    return NULL;
+}
+
+/* Mounts the file system at <dir>/mnt; false (with the reason printed) when it cannot. */
+static bool hangfs_mount(struct harness *h, struct hangfs *fs)
+{
+    memset(fs, 0, sizeof *fs);
+    fs->fd = -1;
+    fs->stop[0] = fs->stop[1] = -1;
+    snprintf(fs->mnt, sizeof fs->mnt, "%s/mnt", h->dir);
+    assert_int_equal(mkdir(fs->mnt, 0755), 0);
+    fs->fd = open("/dev/fuse", O_RDWR | O_CLOEXEC);
+    if (fs->fd < 0) {
+        print_message("skipped: /dev/fuse: %s\n", strerror(errno));
+        return false;
+    }
+    char opts[256];
+    snprintf(opts, sizeof opts, "fd=%d,rootmode=40000,user_id=%u,group_id=%u", fs->fd, (unsigned)getuid(),
+             (unsigned)getgid());
+    if (mount("ld-hangfs", fs->mnt, "fuse.ld-hangfs", MS_NOSUID | MS_NODEV, opts) < 0) {
+        print_message("skipped: cannot mount a FUSE file system: %s\n", strerror(errno));
+        return false;
+    }
+    fs->mounted = true;
+    assert_int_equal(pipe2(fs->stop, O_CLOEXEC), 0);
+    assert_int_equal(pthread_create(&fs->thread, NULL, hangfs_main, fs), 0);
+    fs->running = true;
+    return true;
+}
+
+/* Stops answering, aborts the connection (a read still waiting fails), unmounts. */
+static void hangfs_unmount(struct hangfs *fs)
+{
+    if (fs->running) {
+        (void)!write(fs->stop[1], "x", 1);
+        pthread_join(fs->thread, NULL);
+    }
+    if (fs->mounted)
+        umount2(fs->mnt, MNT_DETACH);
+    if (fs->fd >= 0)
+        close(fs->fd); /* the last descriptor: the connection aborts, waiting reads fail */
+    if (fs->stop[0] >= 0) {
+        close(fs->stop[0]);
+        close(fs->stop[1]);
+    }
+    fs->running = fs->mounted = false;
+    fs->fd = fs->stop[0] = fs->stop[1] = -1;
+}
+
+static int64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* The file system of test_stalled_read; its teardown unmounts it before the daemon is
+ * reaped, since a process whose thread waits on a FUSE read cannot finish exiting. */
+static struct hangfs stalled_fs = {.fd = -1, .stop = {-1, -1}};
+
+static int teardown_stalled(void **state)
+{
+    hangfs_unmount(&stalled_fs);
+    harness_free(*state);
+    return 0;
+}
+
+static void test_stalled_read(void **state)
+{
+    struct harness *h = *state;
+    struct hangfs *fsp = &stalled_fs;
+    if (geteuid() != 0) {
+        print_message("skipped: mounting a FUSE file system needs root\n");
+        skip();
+    }
+    if (!hangfs_mount(h, fsp))
+        skip();
+#define fs (*fsp)
+    char path[PATH_MAX], target[2 * PATH_MAX];
+    snprintf(path, sizeof path, "%s/hung", h->dir);
+    assert_int_equal(mkdir(path, 0755), 0);
+    snprintf(path, sizeof path, "%s/hung/x.bin", h->dir);
+    snprintf(target, sizeof target, "%s/f.bin", fs.mnt);
+    assert_int_equal(symlink(target, path), 0);
+    harness_gen_files(h, "other", 40, 128, 0, false);
+    harness_write_config(h, "  workers: 2\n",
+                         "  hung:\n    kind: files\n    path: hung\n    follow_links: outside\n    read_timeout: 1\n"
+                         "  other:\n    kind: files\n    path: other\n");
+    harness_start(h);
+    pid_t pid = h->pid;
+    lc_client *c = harness_connect(h, 10000, "itest_sources");
+    lc_stream_options o;
+    lc_stream_options_init(&o);
+    o.batch_size = 1;
+    o.prefetch = 1;
+
+    /* The read never returns: after read_timeout the waiting trainer gets timed_out. */
+    lc_stream *s = open_ok(c, "hung", &o);
+    lc_batch *b;
+    int64_t t0 = now_ms();
+    assert_int_equal(lc_stream_next(s, 15000, &b), LC_ETIMEDOUT);
+    int64_t waited = now_ms() - t0;
+    assert_true(waited >= 900 && waited < 5000);
+    assert_non_null(strstr(lc_client_error(c), "read_timeout"));
+    assert_true(atomic_load(&fs.reads) >= 1);
+    lc_stream_close(s);
+
+    /* While it is stalled, a new stream of that dataset fails at once, without sending
+     * another worker into the hung file system; other datasets are served. */
+    s = open_ok(c, "hung", &o);
+    t0 = now_ms();
+    assert_int_equal(lc_stream_next(s, 15000, &b), LC_ETIMEDOUT);
+    assert_true(now_ms() - t0 < 1000);
+    lc_stream_close(s);
+    assert_int_equal(atomic_load(&fs.reads), 1);
+    s = open_ok(c, "other", &o);
+    for (int i = 0; i < 40; i++) {
+        assert_int_equal(lc_stream_next(s, 10000, &b), 0);
+        lc_batch_release(b);
+    }
+    lc_stream_close(s);
+    lc_client_close(c);
+
+    /* SIGTERM with a worker stuck for good: the stop gives up on it after its grace
+     * (5 s), leaving no socket and no shared memory behind. The kernel finishes the exit
+     * only once the read returns: here, when the file system is aborted. */
+    t0 = now_ms();
+    assert_int_equal(kill(pid, SIGTERM), 0);
+    char *log = NULL;
+    while (now_ms() - t0 < 9000) {
+        free(log);
+        log = harness_log(h);
+        if (strstr(log, "stopping took more than"))
+            break;
+        struct timespec ts = {0, 50 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    assert_non_null(strstr(log, "stopping took more than 5 s: 1 worker(s) still inside a task"));
+    assert_true(now_ms() - t0 < 9000);
+    assert_int_equal(harness_shm_count(pid, NULL, 0), 0);
+    assert_int_equal(access(h->socket, F_OK), -1);
+    assert_non_null(strstr(log, "dataset 'hung': the read of sample 0 (x.bin) has not returned after"));
+    free(log);
+    hangfs_unmount(&fs);
+    assert_int_equal(harness_stop(h), 1);
+#undef fs
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -488,6 +743,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_links_fifos_swaps, setup, teardown),
         cmocka_unit_test_setup_teardown(test_fd_exhaustion, setup, teardown),
         cmocka_unit_test_setup_teardown(test_fd_limit_at_start, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_stalled_read, setup, teardown_stalled),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

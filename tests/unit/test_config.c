@@ -433,7 +433,7 @@ static void test_unknown_keys(void **state)
                     "    kind: files\n"
                     "    path: x\n"
                     "    patern: \"*.bin\"\n",
-                    5, 5, "unknown key 'patern' in 'datasets.a' (expected one of: kind, path, pattern, on_error, on_error_warn_fraction, cache, follow_links, max_sample_bytes)",
+                    5, 5, "unknown key 'patern' in 'datasets.a' (expected one of: kind, path, pattern, on_error, on_error_warn_fraction, cache, follow_links, max_sample_bytes, read_timeout)",
                     NULL);
     expect_error_at(ONE_DATASET "servers:\n  workers: 1\n", 3, 1,
                     "unknown top-level key 'servers' (expected one of: server, datasets)", NULL);
@@ -583,7 +583,7 @@ static void test_kind_specific_keys(void **state)
                     "    path: x\n"
                     "    context: 8\n",
                     5, 5, "datasets.records: key 'context' is not valid for kind 'files'",
-                    "(expected one of: kind, path, pattern, on_error, on_error_warn_fraction, cache, follow_links, max_sample_bytes)", NULL);
+                    "(expected one of: kind, path, pattern, on_error, on_error_warn_fraction, cache, follow_links, max_sample_bytes, read_timeout)", NULL);
     /* The kind is read first even when it comes last. */
     expect_error_at("datasets:\n"
                     "  t:\n"
