@@ -583,8 +583,8 @@ static int files_read(const dataset *d, uint64_t index, void *const dst[], char 
             return 0;
         if (!dataset_resource_error(r))
             return LD_ESAMPLE;
-        if (waited >= FILES_RESOURCE_WAIT_NS)
-            return r;
+        if (waited >= FILES_RESOURCE_WAIT_NS) /* as a code the protocol names */
+            return r == -ENFILE ? LD_EMFILE : r == -ENOBUFS ? LD_ENOMEM : r;
         dataset_note_resource(d, errbuf);
         struct timespec ts = {.tv_sec = (time_t)(delay / 1000000000u), .tv_nsec = (long)(delay % 1000000000u)};
         nanosleep(&ts, NULL);
