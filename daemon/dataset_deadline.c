@@ -80,8 +80,10 @@ static void deadline_init(void)
     (void)pthread_key_create(&deadline_key, deadline_reader_free);
 }
 
-/* One look at the reads in progress; under deadline_lock. */
-static void deadline_scan(uint64_t now)
+/* One look at the reads in progress; under deadline_lock. The clock is read after the
+ * read's start, so a read that began during the scan is never seen as old: its start
+ * would otherwise lie after "now" and the difference wrap around. */
+static void deadline_scan(void)
 {
     for (struct deadline_reader *r = deadline_readers; r; r = r->next) {
         uint64_t t = atomic_load_explicit(&r->token, memory_order_acquire);
@@ -90,7 +92,8 @@ static void deadline_scan(uint64_t now)
         const dataset *d = atomic_load_explicit(&r->d, memory_order_relaxed);
         uint64_t since = atomic_load_explicit(&r->since_ns, memory_order_relaxed);
         uint64_t index = atomic_load_explicit(&r->index, memory_order_relaxed);
-        if (!d || !d->read_timeout_ns || now - since < d->read_timeout_ns)
+        uint64_t now = deadline_now_ns();
+        if (!d || !d->read_timeout_ns || now < since || now - since < d->read_timeout_ns)
             continue;
         if (!atomic_compare_exchange_strong(&r->token, &t, t | DEADLINE_FLAGGED))
             continue; /* it ended meanwhile */
@@ -125,7 +128,7 @@ static void *deadline_main(void *arg)
         ts.tv_nsec = (long)(until % 1000000000u);
         pthread_cond_timedwait(&deadline_wake, &deadline_lock, &ts);
         if (!deadline_stopping)
-            deadline_scan(deadline_now_ns());
+            deadline_scan();
     }
     pthread_mutex_unlock(&deadline_lock);
     return NULL;

@@ -19,6 +19,7 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "dataset.h"
@@ -665,6 +666,66 @@ static void test_fd_exhaustion_is_retried(void **state)
     dataset_free(d);
 }
 
+/* ---- the read deadline never fires on reads that return -------------------------- */
+
+struct busy_reader {
+    pthread_t thread;
+    const dataset *d;
+    int64_t until_ms;
+    uint64_t reads, failed;
+};
+
+static int64_t mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void *busy_main(void *arg)
+{
+    struct busy_reader *b = arg;
+    uint8_t buf[64];
+    int64_t lab;
+    void *dst[2] = {buf, &lab};
+    struct dataset_read_ctx ctx = {0};
+    char err[LD_ERRMSG_MAX];
+    while (mono_ms() < b->until_ms) {
+        for (uint64_t i = 0; i < b->d->count; i++) {
+            if (dataset_read(b->d, i, &ctx, dst, NULL, err) != 0)
+                b->failed++;
+            b->reads++;
+        }
+    }
+    return NULL;
+}
+
+/* Many short reads while the watcher looks four times a second: a read that began
+ * during a look must not seem to have started in the future (and so be ancient). */
+static void test_watch_no_false_stall(void **state)
+{
+    struct tdir *t = *state;
+    char rel[32];
+    for (unsigned i = 0; i < 16; i++) {
+        snprintf(rel, sizeof rel, "%02u.bin", i);
+        testfs_write(t->root, rel, i, 64);
+    }
+    struct config_dataset cfg = files_cfg("w", t->root, "*.bin");
+    cfg.read_timeout = 1;
+    dataset *d = open_ok(&cfg);
+    assert_int_equal(d->read_timeout_ns, 1000000000u);
+    struct busy_reader b[2] = {{.d = d, .until_ms = mono_ms() + 1500}, {.d = d, .until_ms = mono_ms() + 1500}};
+    for (int i = 0; i < 2; i++)
+        assert_int_equal(pthread_create(&b[i].thread, NULL, busy_main, &b[i]), 0);
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(pthread_join(b[i].thread, NULL), 0);
+        assert_true(b[i].reads > 1000);
+        assert_int_equal(b[i].failed, 0);
+    }
+    assert_int_equal(atomic_load(&d->stalled_reads), 0);
+    dataset_free(d);
+}
+
 /* ---- token windows ---------------------------------------------------------------- */
 
 static uint32_t token_value(uint64_t k, int dtype)
@@ -939,6 +1000,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_replace_ragged, setup, teardown),
         cmocka_unit_test_setup_teardown(test_max_sample_bytes, setup, teardown),
         cmocka_unit_test_setup_teardown(test_fd_exhaustion_is_retried, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_watch_no_false_stall, setup, teardown),
         cmocka_unit_test_setup_teardown(test_tokens_uint16, setup, teardown),
         cmocka_unit_test_setup_teardown(test_tokens_uint32, setup, teardown),
         cmocka_unit_test_setup_teardown(test_tokens_errors, setup, teardown),
