@@ -6,7 +6,9 @@
  * "data", the file's bytes (a fixed uint8 row when every file has the same size, a
  * ragged field otherwise), and "label", an int64 scalar: the index of the file's
  * first-level sub-folder among the sorted first-level sub-folders that hold at least
- * one matching file (ImageFolder's convention), or -1 for a file directly in the root.
+ * one matching file (torchvision's ImageFolder gives the same labels wherever it
+ * accepts the tree: it refuses a class folder without a valid file), or -1 for a file
+ * directly in the root.
  *
  * Matching: the glob is applied with fnmatch(3) and FNM_PATHNAME to the path relative
  * to the root ("class_003/0000042.bin"); when the glob has no '/', it is also applied
@@ -14,12 +16,15 @@
  * expect, while "class_00?/0*.bin" restricts the depth. Entries whose name begins with
  * '.' are skipped, files and directories alike: hidden files, editor droppings and
  * ld-gendata's ".complete" marker are never samples. Symbolic links to regular files
- * are samples; symbolic links to directories are not followed, which also rules out
- * walking in circles.
+ * beneath the root are samples (links leading outside only with follow_links:
+ * outside); symbolic links to directories are not followed, which also rules out
+ * walking in circles; FIFOs, sockets and devices are skipped.
  *
  * read() is the hot path (a worker per core, 100,000 files of 3 KiB per epoch): one
- * openat() relative to a descriptor of the root, so the kernel resolves only the
- * relative part, one pread() straight into the batch slot, one close(). The scan
+ * openat2() beneath a descriptor of the root (beneath.c: no link swapped in, nothing but
+ * a regular file, never blocking on a FIFO) and an fstat(), one pread() straight into
+ * the batch slot, one close(). A shortage of descriptors or memory is waited out and
+ * retried, never blamed on the sample. The scan
  * records each file's size, which is what the batch layout relies on; a file that has
  * shrunk since is a bad sample, one that has grown is read up to its recorded size.
  * Everything read() touches is immutable after open(), so workers share it freely.
