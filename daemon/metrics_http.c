@@ -12,6 +12,7 @@
  * clients, so they are not offered to the network (metrics_http_parse_listen refuses
  * other addresses when the config is loaded). */
 #include "metrics_http.h"
+#include "proto_socket.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -347,35 +348,6 @@ static void metrics_http_accept(uv_stream_t *listener, int status)
 
 /* ---- the listener ------------------------------------------------------------------ */
 
-/* A Unix socket file left by a process that is gone is replaced; a live one is not. */
-static int metrics_http_clear_stale(const char *path, char *errbuf)
-{
-    struct stat st;
-    if (lstat(path, &st) < 0)
-        return 0;
-    if (!S_ISSOCK(st.st_mode)) {
-        ld_errorf(errbuf, "metrics listener: '%s' exists and is not a socket", path);
-        return LD_EEXIST;
-    }
-    int probe = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    struct sockaddr_un sa = {.sun_family = AF_UNIX};
-    memcpy(sa.sun_path, path, strlen(path) + 1);
-    int crc = probe >= 0 ? connect(probe, (struct sockaddr *)&sa, sizeof sa) : -1;
-    int e = errno;
-    if (probe >= 0)
-        close(probe);
-    if (crc == 0) {
-        ld_errorf(errbuf, "metrics listener: another process already serves '%s'", path);
-        return LD_EADDRINUSE;
-    }
-    if (e != ECONNREFUSED) {
-        ld_errorf(errbuf, "metrics listener: cannot probe the existing socket '%s': %s", path, strerror(e));
-        return ld_from_errno(e);
-    }
-    unlink(path);
-    return 0;
-}
-
 static void metrics_http_listener_closed(uv_handle_t *h)
 {
     metrics_http *m = h->data;
@@ -399,7 +371,7 @@ int metrics_http_new(uv_loop_t *loop, const char *spec, metrics_http_render rend
     m->loop = loop;
     m->render = render;
     m->ctx = ctx;
-    if (m->where.is_unix && (rc = metrics_http_clear_stale(m->where.path, errbuf)) < 0) {
+    if (m->where.is_unix && (rc = proto_socket_clear_stale(m->where.path, "metrics listener", errbuf)) < 0) {
         free(m);
         return rc;
     }

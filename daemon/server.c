@@ -1260,30 +1260,10 @@ static int bind_socket(server *srv, const char *path, char *errbuf)
     if ((rc = proto_socket_check_path(path, true, errbuf)) < 0)
         return rc;
     snprintf(srv->socket_path, sizeof srv->socket_path, "%s", path);
-    struct stat st;
-    if (lstat(path, &st) == 0) {
-        if (!S_ISSOCK(st.st_mode)) {
-            snprintf(errbuf, LD_ERRMSG_MAX, "'%s' exists and is not a socket; refusing to replace it", path);
-            return LD_EEXIST;
-        }
-        int probe = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-        struct sockaddr_un sa = {.sun_family = AF_UNIX};
-        memcpy(sa.sun_path, path, strlen(path) + 1);
-        int crc = probe >= 0 ? connect(probe, (struct sockaddr *)&sa, sizeof sa) : -1;
-        int e = errno;
-        if (probe >= 0)
-            close(probe);
-        if (crc == 0) {
-            snprintf(errbuf, LD_ERRMSG_MAX, "another loaderd is already serving '%s'", path);
-            return LD_EADDRINUSE;
-        }
-        if (e != ECONNREFUSED) {
-            snprintf(errbuf, LD_ERRMSG_MAX, "cannot probe the existing socket '%s': %s", path, strerror(e));
-            return ld_from_errno(e);
-        }
-        ld_log(LD_LOG_INFO, "removing stale socket %s", path);
-        unlink(path);
-    }
+    if ((rc = proto_socket_clear_stale(path, "control socket", errbuf)) < 0)
+        return rc;
+    if (rc == 1)
+        ld_log(LD_LOG_INFO, "removed the stale socket %s", path);
     rc = uv_pipe_bind(&srv->listener, path);
     if (rc < 0) {
         snprintf(errbuf, LD_ERRMSG_MAX, "cannot bind '%s': %s", path, uv_strerror(rc));

@@ -16,7 +16,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 void proto_socket_private_dir(char *buf, size_t size)
@@ -97,4 +99,37 @@ int proto_socket_check_path(const char *path, bool create, char *errbuf)
     if (strncmp(path, dir, n) != 0 || path[n] != '/' || strchr(path + n + 1, '/'))
         return 0;
     return proto_socket_check_dir(dir, create, errbuf);
+}
+
+int proto_socket_clear_stale(const char *path, const char *what, char *errbuf)
+{
+    struct stat st;
+    if (lstat(path, &st) < 0)
+        return 0;
+    if (!S_ISSOCK(st.st_mode)) {
+        ld_errorf(errbuf, "%s: '%s' exists and is not a socket; refusing to replace it", what, path);
+        return LD_EEXIST;
+    }
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    size_t len = strlen(path);
+    if (len >= sizeof sa.sun_path) {
+        ld_errorf(errbuf, "%s: socket path '%s' is longer than %zu bytes", what, path, sizeof sa.sun_path - 1);
+        return LD_ENAMETOOLONG;
+    }
+    memcpy(sa.sun_path, path, len + 1);
+    int probe = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int crc = probe >= 0 ? connect(probe, (struct sockaddr *)&sa, sizeof sa) : -1;
+    int e = errno;
+    if (probe >= 0)
+        close(probe);
+    if (crc == 0) {
+        ld_errorf(errbuf, "%s: another process already serves '%s'", what, path);
+        return LD_EADDRINUSE;
+    }
+    if (e != ECONNREFUSED) {
+        ld_errorf(errbuf, "%s: cannot probe the existing socket '%s': %s", what, path, strerror(e));
+        return ld_from_errno(e);
+    }
+    unlink(path);
+    return 1;
 }

@@ -40,4 +40,10 @@ int proto_socket_check_dir(const char *dir, bool create, char *errbuf);
  * path was chosen by whoever configured it and is not checked. */
 int proto_socket_check_path(const char *path, bool create, char *errbuf);
 
+/* Before binding a Unix socket at `path`: a socket file left by a process that is gone
+ * (connect refused) is removed, and 1 is returned; 0 when nothing is there. A file that
+ * is not a socket is LD_EEXIST, a socket that answers LD_EADDRINUSE, a probe that fails
+ * otherwise -errno; the message in errbuf (LD_ERRMSG_MAX bytes) starts with `what`. */
+int proto_socket_clear_stale(const char *path, const char *what, char *errbuf);
+
 #endif

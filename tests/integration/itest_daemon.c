@@ -817,7 +817,7 @@ static void test_second_daemon_and_bad_config(void **state)
     int st = harness_run_to_exit(h, none);
     assert_int_equal(st, 1);
     char *log = harness_log(h);
-    assert_non_null(strstr(log, "another loaderd is already serving"));
+    assert_non_null(strstr(log, "another process already serves"));
     free(log);
     h->pid = first;
     lc_client *c = harness_connect(h, 10000, "itest_daemon");
