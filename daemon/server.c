@@ -39,7 +39,6 @@
 #define MAX_QUEUED_REPLIES 4096u     /* replies held behind a waiting next: past this, dropped */
 #define TRIM_AFTER_BYTES (1u << 20)  /* a connection that queued this much hands memory back when it goes */
 #define RATE_WINDOW 6                /* seconds of history for samples_per_s */
-#define LOADERD_VERSION "0.1.0"
 
 typedef struct conn conn;
 
@@ -377,7 +376,7 @@ static void op_hello(conn *c, const cJSON *req, int64_t id)
     c->hello = true;
     cJSON *r = proto_reply_ok(id);
     cJSON_AddNumberToObject(r, "version", LD_PROTO_VERSION);
-    cJSON_AddStringToObject(r, "server", "loaderd " LOADERD_VERSION);
+    cJSON_AddStringToObject(r, "server", "loaderd " LD_VERSION);
     cJSON_AddNumberToObject(r, "pid", getpid());
     cJSON_AddNumberToObject(r, "max_frame", c->srv->cfg->max_frame);
     reply_send(c, r);
@@ -645,7 +644,7 @@ static void op_status(conn *c, const cJSON *req, int64_t id)
             wait += stream_wait_ns(cs->s);
         }
     cJSON *r = proto_reply_ok(id);
-    cJSON_AddStringToObject(r, "server", "loaderd " LOADERD_VERSION);
+    cJSON_AddStringToObject(r, "server", "loaderd " LD_VERSION);
     cJSON_AddNumberToObject(r, "pid", getpid());
     cJSON_AddStringToObject(r, "socket", srv->socket_path);
     cJSON_AddNumberToObject(r, "uptime_s", (double)(uv_hrtime() - srv->started_ns) / 1e9);
@@ -707,7 +706,7 @@ static int server_metrics_text(server *srv, char **ret_text, size_t *ret_len)
     int rc = LD_ENOMEM;
     if (!st || !cl || !ds || !held)
         goto out;
-    m.version = LOADERD_VERSION;
+    m.version = LD_VERSION;
     m.uptime_s = (double)(uv_hrtime() - srv->started_ns) / 1e9;
     m.clients = srv->n_conns;
     m.streams = srv->n_streams;

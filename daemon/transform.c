@@ -1070,25 +1070,3 @@ int transform_apply(const transform_pipeline *p, const uint8_t *data, size_t len
         emit_row(&em, y, src + (size_t)y * cur.stride);
     return 0;
 }
-
-int transform_decode_resize(const uint8_t *data, size_t len, const struct image_decode_opts *opts,
-                            int out_w, int out_h, uint8_t *dst, struct image_buf *scratch,
-                            char *errbuf)
-{
-    if (out_w < 1 || out_h < 1)
-        return LD_EINVAL;
-    int r = image_decode(data, len, opts, scratch, errbuf);
-    if (r < 0)
-        return r;
-    struct resample_job j = {
-        .src = scratch->data, .src_stride = (size_t)scratch->width * 3,
-        .src_w = scratch->width, .src_h = scratch->height,
-        .box_w = scratch->width, .box_h = scratch->height,
-        .clamp_x1 = scratch->width, .clamp_y1 = scratch->height,
-        .out_w = out_w, .out_h = out_h, .rect_w = out_w, .rect_h = out_h,
-    };
-    r = resample_run(&j, scratch, dst, (size_t)out_w * 3, NULL, NULL);
-    if (r < 0)
-        ld_errorf(errbuf, "resize to %dx%d failed: %s", out_w, out_h, ld_strerror(r));
-    return r;
-}

@@ -181,10 +181,4 @@ void transform_random_resized_crop_params(int width, int height, const double sc
 /* IEEE 754 binary16 bits nearest to v (ties to even; overflow to infinity). */
 uint16_t transform_half_from_double(double v);
 
-/* The benchmark's floor: decode under opts (its min_width/min_height decide the DCT
- * scale) and resize the whole image to out_w x out_h, uint8 HWC into dst. */
-int transform_decode_resize(const uint8_t *data, size_t len, const struct image_decode_opts *opts,
-                            int out_w, int out_h, uint8_t *dst, struct image_buf *scratch,
-                            char *errbuf);
-
 #endif

@@ -1625,36 +1625,6 @@ static void test_region_decode(void **state)
     free(px);
 }
 
-static void test_decode_resize(void **state)
-{
-    (void)state;
-    int w = 256, h = 192;
-    uint8_t *px = picture_rgb(w, h);
-    struct blob b = jpeg_encode(px, w, h, TJPF_RGB, TJSAMP_420, 90, 0);
-    struct image_buf scratch;
-    image_buf_init(&scratch);
-    uint8_t out[64 * 48 * 3];
-    char err[LD_ERRMSG_MAX];
-    struct image_decode_opts o = {.min_width = 128, .min_height = 96};
-    assert_int_equal(transform_decode_resize(b.data, b.len, &o, 64, 48, out, &scratch, err), 0);
-    assert_int_equal(scratch.scale_denom, 2);
-    /* The same work through a pipeline with dct_scaling (two decoded pixels per output
-     * pixel: 1/2) gives the same bytes. */
-    struct transform_spec on = S(TRANSFORM_DECODE);
-    on.decode.dct_scaling = true;
-    struct transform_spec l[] = {on, resize_exact(48, 64), to_dtype(LD_DTYPE_UINT8, TRANSFORM_LAYOUT_HWC)};
-    transform_pipeline *p = pipeline(l, 3, NULL);
-    uint8_t *via = apply(p, &b, 0, 0, 0, &scratch);
-    assert_memory_equal(out, via, sizeof out);
-    free(via);
-    transform_pipeline_free(p);
-    assert_int_equal(transform_decode_resize(b.data, 10, &o, 64, 48, out, &scratch, err), LD_ESAMPLE);
-    assert_int_equal(transform_decode_resize(b.data, b.len, &o, 0, 48, out, &scratch, err), LD_EINVAL);
-    image_buf_close(&scratch);
-    blob_free(&b);
-    free(px);
-}
-
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1675,7 +1645,6 @@ int main(void)
         cmocka_unit_test(test_bad_samples),
         cmocka_unit_test(test_plugin_invert),
         cmocka_unit_test(test_plugin_errors),
-        cmocka_unit_test(test_decode_resize),
         cmocka_unit_test(test_region_decode),
     };
     return cmocka_run_group_tests(tests, find_exe_dir, NULL);
