@@ -179,11 +179,41 @@ static pid_t harness_spawn(struct harness *h, const char *const *extra_args)
     return harness_spawn_fd(h, extra_args, -1);
 }
 
+/* A daemon that runs as another user must be able to reach its binary, and the build
+ * tree may sit in a directory only we can enter (a clone under a 0700 mktemp directory):
+ * such a daemon runs a copy of the binary placed in the test's own directory. */
+static const char *harness_bin_for(struct harness *h, char *copy, size_t size)
+{
+    const char *bin = harness_bin();
+    if (!h->run_uid)
+        return bin;
+    snprintf(copy, size, "%s/loaderd-bin", h->dir);
+    if (access(copy, X_OK) == 0)
+        return copy;
+    int in = open(bin, O_RDONLY | O_CLOEXEC);
+    if (in < 0)
+        fail_msg("harness: open %s: %s (set LOADERD_BIN)", bin, strerror(errno));
+    int out = open(copy, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0755);
+    if (out < 0)
+        fail_msg("harness: create %s: %s", copy, strerror(errno));
+    char buf[1 << 16];
+    ssize_t n;
+    while ((n = read(in, buf, sizeof buf)) > 0)
+        harness_write_all(out, buf, (size_t)n, copy);
+    if (n < 0)
+        fail_msg("harness: read %s: %s", bin, strerror(errno));
+    close(in);
+    if (fchmod(out, 0755) < 0 || close(out) < 0)
+        fail_msg("harness: finish %s: %s", copy, strerror(errno));
+    return copy;
+}
+
 static pid_t harness_spawn_fd(struct harness *h, const char *const *extra_args, int listen_fd)
 {
     const char *argv[32];
+    char bin_copy[PATH_MAX];
     int argc = 0;
-    argv[argc++] = harness_bin();
+    argv[argc++] = harness_bin_for(h, bin_copy, sizeof bin_copy);
     argv[argc++] = "--config";
     argv[argc++] = h->config;
     for (int i = 0; extra_args && extra_args[i] && argc < 31; i++)
