@@ -179,41 +179,60 @@ static pid_t harness_spawn(struct harness *h, const char *const *extra_args)
     return harness_spawn_fd(h, extra_args, -1);
 }
 
-/* A daemon that runs as another user must be able to reach its binary, and the build
- * tree may sit in a directory only we can enter (a clone under a 0700 mktemp directory):
- * such a daemon runs a copy of the binary placed in the test's own directory. */
-static const char *harness_bin_for(struct harness *h, char *copy, size_t size)
+static void harness_copy_file(const char *src, const char *dst, mode_t mode)
 {
-    const char *bin = harness_bin();
-    if (!h->run_uid)
-        return bin;
-    snprintf(copy, size, "%s/loaderd-bin", h->dir);
-    if (access(copy, X_OK) == 0)
-        return copy;
-    int in = open(bin, O_RDONLY | O_CLOEXEC);
+    int in = open(src, O_RDONLY | O_CLOEXEC);
     if (in < 0)
-        fail_msg("harness: open %s: %s (set LOADERD_BIN)", bin, strerror(errno));
-    int out = open(copy, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0755);
+        fail_msg("harness: open %s: %s", src, strerror(errno));
+    int out = open(dst, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode);
     if (out < 0)
-        fail_msg("harness: create %s: %s", copy, strerror(errno));
+        fail_msg("harness: create %s: %s", dst, strerror(errno));
     char buf[1 << 16];
     ssize_t n;
     while ((n = read(in, buf, sizeof buf)) > 0)
-        harness_write_all(out, buf, (size_t)n, copy);
+        harness_write_all(out, buf, (size_t)n, dst);
     if (n < 0)
-        fail_msg("harness: read %s: %s", bin, strerror(errno));
+        fail_msg("harness: read %s: %s", src, strerror(errno));
     close(in);
-    if (fchmod(out, 0755) < 0 || close(out) < 0)
-        fail_msg("harness: finish %s: %s", copy, strerror(errno));
+    if (fchmod(out, mode) < 0 || close(out) < 0)
+        fail_msg("harness: finish %s: %s", dst, strerror(errno));
+}
+
+/* A daemon that runs as another user must be able to reach its binary and the files its
+ * sanitizer reads, and the build tree may sit in a directory only we can enter (a clone
+ * under a 0700 mktemp directory): such a daemon runs a copy of the binary placed in the
+ * test's own directory, and TSan's suppressions file is copied there too (tsan_env gets
+ * the TSAN_OPTIONS to give it, or "" to leave them as they are). */
+static const char *harness_bin_for(struct harness *h, char *copy, size_t size, char *tsan_env, size_t env_size)
+{
+    const char *bin = harness_bin();
+    tsan_env[0] = '\0';
+    if (!h->run_uid)
+        return bin;
+    snprintf(copy, size, "%s/loaderd-bin", h->dir);
+    if (access(copy, X_OK) != 0)
+        harness_copy_file(bin, copy, 0755);
+    const char *opts = getenv("TSAN_OPTIONS");
+    const char *sup = opts ? strstr(opts, "suppressions=") : NULL;
+    if (sup) {
+        char src[PATH_MAX], dst[PATH_MAX];
+        const char *from = sup + strlen("suppressions=");
+        size_t len = strcspn(from, ": ");
+        snprintf(src, sizeof src, "%.*s", (int)len, from);
+        snprintf(dst, sizeof dst, "%s/tsan.supp", h->dir);
+        harness_copy_file(src, dst, 0644);
+        snprintf(tsan_env, env_size, "%.*s%s%s", (int)(sup - opts) + (int)strlen("suppressions="), opts, dst,
+                 from + len);
+    }
     return copy;
 }
 
 static pid_t harness_spawn_fd(struct harness *h, const char *const *extra_args, int listen_fd)
 {
     const char *argv[32];
-    char bin_copy[PATH_MAX];
+    char bin_copy[PATH_MAX], tsan_env[2 * PATH_MAX];
     int argc = 0;
-    argv[argc++] = harness_bin_for(h, bin_copy, sizeof bin_copy);
+    argv[argc++] = harness_bin_for(h, bin_copy, sizeof bin_copy, tsan_env, sizeof tsan_env);
     argv[argc++] = "--config";
     argv[argc++] = h->config;
     for (int i = 0; extra_args && extra_args[i] && argc < 31; i++)
@@ -246,6 +265,8 @@ static pid_t harness_spawn_fd(struct harness *h, const char *const *extra_args, 
             setenv("LISTEN_FDS", "1", 1);
             setenv("LISTEN_PID", lpid, 1);
         }
+        if (tsan_env[0])
+            setenv("TSAN_OPTIONS", tsan_env, 1);
         if (h->run_uid)
             harness_become(h->run_uid, h->run_gid);
         execv(argv[0], (char *const *)argv);
