@@ -68,7 +68,7 @@ echo "== loaderctl datasets"; ctl datasets
 echo "== loaderctl read records (1 epoch, batch 64: from the files, while the cache builds)"
 ctl read records --epochs 1 --batch-size 64
 for _ in $(seq 300); do ctl cache info records --json | grep -q '"state": *"ready"' && break; sleep 0.1; done
-echo "== loaderctl read records again (2 epochs, batch 64: from the cache)"
+echo "== loaderctl read records again (2 epochs, batch 64: from the cache once the check begun at this open has passed)"
 ctl read records --epochs 2 --batch-size 64
 echo "== loaderctl cache info records"; ctl cache info records
 echo "== loaderctl read tokens (2 epochs, batch 32)"; ctl read tokens --epochs 2 --batch-size 32
