@@ -19,6 +19,7 @@
 
 #include "config.h"
 #include "dataset.h"
+#include "hub.h"
 #include "log.h"
 #include "notify.h"
 #include "pool.h"
@@ -37,6 +38,7 @@ struct daemon {
     size_t n_signals;               /* initialised handles in signals[] */
     uv_timer_t late;                /* the shutdown's deadline */
     bool late_open;
+    hub *hub;                       /* work done off the loop comes back through it */
     server *srv;
     pool *workers;
 };
@@ -127,7 +129,10 @@ static void on_late(uv_timer_t *t)
 
 static void server_done(void *ctx)
 {
-    signals_close(ctx);
+    struct daemon *d = ctx;
+    signals_close(d);
+    hub_close(d->hub); /* every stream is gone: nothing posts any more */
+    d->hub = NULL;
 }
 
 static void on_stop_signal(uv_signal_t *h, int signum)
@@ -258,7 +263,11 @@ int main(int argc, char **argv)
         ld_log(LD_LOG_ERROR, "cannot install the signal handlers: %s", uv_strerror(rc));
         goto out;
     }
-    if (server_new(d.loop, cfg, datasets, n_open, workers, &d.srv, err) < 0) {
+    if ((rc = hub_new(d.loop, &d.hub)) < 0) {
+        ld_log(LD_LOG_ERROR, "cannot set up the loop's completion hub: %s", ld_strerror(rc));
+        goto out;
+    }
+    if (server_new(d.loop, d.hub, cfg, datasets, n_open, workers, &d.srv, err) < 0) {
         ld_log(LD_LOG_ERROR, "%s", err);
         goto out;
     }
@@ -272,8 +281,9 @@ int main(int argc, char **argv)
 
 out:
     if (d.loop) {
-        if (d.n_signals || d.late_open) {
+        if (d.n_signals || d.late_open || d.hub) {
             signals_close(&d);
+            hub_close(d.hub);
             uv_run(d.loop, UV_RUN_NOWAIT); /* let the handles close before the loop does */
         }
         server_free(d.srv);

@@ -101,7 +101,8 @@ struct server {
     cache_keeper **keepers;         /* per dataset; NULL where the dataset has no cache */
     dataset_watch **watches;        /* per dataset: rescans a folder that changed */
     pool *workers;
-    stream_hub *hub;
+    hub *hub;                       /* the loop's (main.c's): stream work comes back through it */
+    stream_set *set;                /* NULL once stopped and every stream freed */
     uv_pipe_t listener;
     bool listening, owns_socket_file;
     metrics_http *metrics;          /* server.metrics.listen, or NULL */
@@ -493,7 +494,7 @@ static void op_open(conn *c, const cJSON *req, int64_t id)
     uint64_t sid = ++srv->next_stream_id;
     uint64_t budget_left = srv->cfg->memory_budget - srv->memory_used;
     err[0] = '\0';
-    rc = stream_open(srv->hub, d, sid, &p, budget_left, &cs->s, err);
+    rc = stream_open(srv->set, d, sid, &p, budget_left, &cs->s, err);
     if (rc < 0) {
         free(cs);
         ld_log(LD_LOG_WARN, "client %" PRIu64 " (%s): open '%s' failed: %s", c->id, c->name, name, err);
@@ -973,7 +974,7 @@ static void handle_frame(conn *c, const char *payload, size_t len)
 static void closed_one(server *srv)
 {
     srv->pending_closes--;
-    if (srv->pending_closes == 0 && srv->stopping && !srv->hub && srv->done) {
+    if (srv->pending_closes == 0 && srv->stopping && !srv->set && srv->done) {
         void (*done)(void *) = srv->done;
         srv->done = NULL;
         done(srv->done_ctx);
@@ -1322,7 +1323,7 @@ static void on_tick(uv_timer_t *t)
         maybe_done(srv);
 }
 
-int server_new(uv_loop_t *loop, const struct config *cfg, dataset **datasets, size_t n_datasets,
+int server_new(uv_loop_t *loop, hub *h, const struct config *cfg, dataset **datasets, size_t n_datasets,
                pool *workers, server **ret_server, char *errbuf)
 {
     server *srv = calloc(1, sizeof *srv);
@@ -1345,9 +1346,12 @@ int server_new(uv_loop_t *loop, const struct config *cfg, dataset **datasets, si
         snprintf(errbuf, LD_ERRMSG_MAX, "out of memory");
         return LD_ENOMEM;
     }
-    int rc = stream_hub_new(loop, workers, &srv->hub);
+    srv->hub = h;
+    int rc = stream_set_new(h, workers, &srv->set);
     if (rc < 0) {
-        snprintf(errbuf, LD_ERRMSG_MAX, "cannot start the worker hub: %s", uv_strerror(rc));
+        snprintf(errbuf, LD_ERRMSG_MAX, "cannot set up the streams: %s", ld_strerror(rc));
+        free(srv->keepers);
+        free(srv->watches);
         free(srv);
         return rc;
     }
@@ -1379,7 +1383,7 @@ int server_new(uv_loop_t *loop, const struct config *cfg, dataset **datasets, si
         uv_close((uv_handle_t *)&srv->listener, NULL);
         uv_close((uv_handle_t *)&srv->tick, NULL);
         uv_close((uv_handle_t *)&srv->reaper, NULL);
-        stream_hub_close(srv->hub);
+        stream_set_free(srv->set);
         uv_run(loop, UV_RUN_NOWAIT); /* let the handles close before srv goes */
         free(srv->keepers);
         free(srv->watches);
@@ -1410,11 +1414,11 @@ static void handle_closed(uv_handle_t *h)
 /* Called while stopping: once every stream's running work is back, close the rest. */
 static void maybe_done(server *srv)
 {
-    if (stream_hub_live(srv->hub) > 0 || !uv_is_active((uv_handle_t *)&srv->tick))
+    if (stream_set_live(srv->set) > 0 || !uv_is_active((uv_handle_t *)&srv->tick))
         return;
     uv_timer_stop(&srv->tick);
-    stream_hub_close(srv->hub);
-    srv->hub = NULL;
+    stream_set_free(srv->set);
+    srv->set = NULL;
     srv->pending_closes += 2;
     uv_close((uv_handle_t *)&srv->reaper, handle_closed);
     uv_close((uv_handle_t *)&srv->tick, handle_closed);

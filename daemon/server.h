@@ -10,13 +10,15 @@
 
 #include "config.h"
 #include "dataset.h"
+#include "hub.h"
 #include "pool.h"
 
 typedef struct server server;
 
-/* Binds and listens (or adopts a socket passed by systemd). Refuses when another live
+/* Binds and listens (or adopts a socket passed by systemd). Work for the streams comes
+ * back through h, which must outlive the server (close it after `done` has run). Refuses when another live
  * daemon answers on the socket; replaces a stale socket file. errbuf says why. */
-int server_new(uv_loop_t *loop, const struct config *cfg, dataset **datasets, size_t n_datasets,
+int server_new(uv_loop_t *loop, hub *h, const struct config *cfg, dataset **datasets, size_t n_datasets,
                pool *workers, server **ret_server, char *errbuf);
 /* Stops accepting, closes every connection and stream; `done` runs on the loop thread
  * once every handle of the server is closed and every stream freed. */

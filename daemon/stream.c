@@ -26,8 +26,8 @@
 #include "stream.h"
 
 #include <inttypes.h>
-#include <pthread.h>
 #include <stdatomic.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,6 +35,7 @@
 #include "cache.h"
 #include "cache_keeper.h"
 #include "dataset_watch.h"
+#include "hub.h"
 #include "log.h"
 #include "sampler.h"
 
@@ -51,15 +52,12 @@
  * sample is known bad, so this bound is only reached by a source going bad wholesale. */
 #define MAX_RELAYOUTS 1000u
 
-struct stream_hub {
-    uv_async_t async;
-    uv_loop_t *loop;
+struct stream_set {
+    hub *hub;
     pool *workers;
-    pthread_mutex_t lock;
-    struct stream_task *done_head;  /* last chunks of filled slots, newest first */
     uint32_t live;
-    stream *streams;                /* the live ones, linked by hub_next; loop thread */
-    atomic_bool stalled;            /* a read was found stalled: look at the waiting streams */
+    stream *streams;                /* the live ones, linked by set_next */
+    struct hub_completion stalled;  /* posted by the deadline watcher: a read was found stalled */
 };
 
 struct stream_task {
@@ -67,7 +65,7 @@ struct stream_task {
     stream *s;
     uint32_t slot;
     uint32_t row_begin, row_end;
-    struct stream_task *done_next;
+    struct hub_completion done;     /* the slot's last chunk back: slot_filled() on the loop */
 };
 
 struct field_layout {
@@ -91,8 +89,8 @@ struct stream_slot {
 };
 
 struct stream {
-    stream_hub *hub;
-    stream *hub_next;
+    stream_set *set;
+    stream *set_next;
     dataset *ds;
     uint64_t id;
     struct stream_params p;
@@ -140,100 +138,60 @@ static void human_bytes(uint64_t b, char *buf, size_t size)
     snprintf(buf, size, u ? "%.1f %s" : "%.0f %s", v, unit[u]);
 }
 
-/* ---- hub ------------------------------------------------------------------------- */
+/* ---- the set ------------------------------------------------------------------- */
 
 static void slot_filled(stream *s, uint32_t slot);
 static void deliver(stream *s);
 
-static void hub_async_cb(uv_async_t *a)
+static void chunk_done(struct hub_completion *c)
 {
-    stream_hub *h = a->data;
-    pthread_mutex_lock(&h->lock);
-    struct stream_task *list = h->done_head;
-    h->done_head = NULL;
-    pthread_mutex_unlock(&h->lock);
-    /* Reverse to completion order so batches become READY in the order they finished. */
-    struct stream_task *ordered = NULL;
-    while (list) {
-        struct stream_task *n = list->done_next;
-        list->done_next = ordered;
-        ordered = list;
-        list = n;
-    }
-    while (ordered) {
-        struct stream_task *n = ordered->done_next;
-        slot_filled(ordered->s, ordered->slot);
-        ordered = n;
-    }
-    /* A dataset's read stalled: streams waiting on it get their answer now. */
-    if (atomic_exchange(&h->stalled, false)) {
-        for (stream *s = h->streams, *next; s; s = next) {
-            next = s->hub_next;
-            if (s->w_count && atomic_load_explicit(&s->ds->stalled_reads, memory_order_relaxed))
-                deliver(s);
-        }
+    struct stream_task *k = (struct stream_task *)((char *)c - offsetof(struct stream_task, done));
+    slot_filled(k->s, k->slot);
+}
+
+/* A dataset's read stalled: streams waiting on it get their answer now. */
+static void set_stalled(struct hub_completion *c)
+{
+    stream_set *set = (stream_set *)((char *)c - offsetof(stream_set, stalled));
+    for (stream *s = set->streams, *next; s; s = next) {
+        next = s->set_next;
+        if (s->w_count && atomic_load_explicit(&s->ds->stalled_reads, memory_order_relaxed))
+            deliver(s);
     }
 }
 
 /* Watcher thread (dataset_deadline.c). */
-static void hub_stalled(void *ctx)
+static void set_notify_stalled(void *ctx)
 {
-    stream_hub *h = ctx;
-    atomic_store(&h->stalled, true);
-    uv_async_send(&h->async);
+    stream_set *set = ctx;
+    hub_post(set->hub, &set->stalled);
 }
 
-static void hub_push(stream_hub *h, struct stream_task *t)
+int stream_set_new(hub *h, pool *workers, stream_set **ret_set)
 {
-    /* Sent under the lock: stream_hub_close takes it too, so the hub cannot be closed
-     * and freed between our push and our send (a worker preempted at shutdown). */
-    pthread_mutex_lock(&h->lock);
-    t->done_next = h->done_head;
-    h->done_head = t;
-    uv_async_send(&h->async);
-    pthread_mutex_unlock(&h->lock);
-}
-
-int stream_hub_new(uv_loop_t *loop, pool *workers, stream_hub **ret_hub)
-{
-    stream_hub *h = calloc(1, sizeof *h);
-    if (!h)
+    stream_set *set = calloc(1, sizeof *set);
+    if (!set)
         return LD_ENOMEM;
-    h->loop = loop;
-    h->workers = workers;
-    pthread_mutex_init(&h->lock, NULL);
-    int rc = uv_async_init(loop, &h->async, hub_async_cb);
-    if (rc < 0) {
-        pthread_mutex_destroy(&h->lock);
-        free(h);
-        return rc;
-    }
-    h->async.data = h;
-    dataset_deadline_notify(hub_stalled, h);
-    *ret_hub = h;
+    set->hub = h;
+    set->workers = workers;
+    set->stalled.done = set_stalled;
+    dataset_deadline_notify(set_notify_stalled, set);
+    *ret_set = set;
     return 0;
 }
 
-static void hub_closed(uv_handle_t *handle)
+void stream_set_free(stream_set *set)
 {
-    stream_hub *h = handle->data;
-    pthread_mutex_destroy(&h->lock);
-    free(h);
-}
-
-void stream_hub_close(stream_hub *h)
-{
-    if (!h)
+    if (!set)
         return;
-    dataset_deadline_notify(NULL, NULL); /* no more calls of hub_stalled once it returns */
-    pthread_mutex_lock(&h->lock); /* waits out a worker between its push and its send */
-    pthread_mutex_unlock(&h->lock);
-    uv_close((uv_handle_t *)&h->async, hub_closed);
+    dataset_deadline_notify(NULL, NULL); /* no more posts of set->stalled once it returns */
+    hub_cancel(set->hub, &set->stalled);
+    free(set);
 }
 
-uint32_t stream_hub_live(const stream_hub *h)
+uint32_t stream_set_live(const stream_set *set)
 {
-    return h->live;
+    return set->live;
 }
 
 /* ---- workers --------------------------------------------------------------------- */
@@ -273,7 +231,7 @@ static void chunk_run(struct pool_task *t)
         }
     }
     if (atomic_fetch_sub(&sl->chunks_left, 1) == 1)
-        hub_push(s->hub, k);
+        hub_post(s->set->hub, &k->done);
 }
 
 /* ---- loop thread ----------------------------------------------------------------- */
@@ -288,11 +246,11 @@ static void stream_free(stream *s)
         free(s->slots);
     }
     ring_free(s->ring);
-    if (s->hub) {
-        s->hub->live--;
-        for (stream **link = &s->hub->streams; *link; link = &(*link)->hub_next) {
+    if (s->set) {
+        s->set->live--;
+        for (stream **link = &s->set->streams; *link; link = &(*link)->set_next) {
             if (*link == s) {
-                *link = s->hub_next;
+                *link = s->set_next;
                 break;
             }
         }
@@ -374,13 +332,14 @@ static void start_fill(stream *s, uint32_t slot, uint64_t seq)
     for (uint32_t c = 0; c < n; c++) {
         struct stream_task *t = &sl->tasks[c];
         t->base.run = chunk_run;
+        t->done.done = chunk_done;
         t->base.owner = s;
         t->base.next = NULL;
         t->s = s;
         t->slot = slot;
         t->row_begin = (uint32_t)((uint64_t)sl->rows * c / n);
         t->row_end = (uint32_t)((uint64_t)sl->rows * (c + 1) / n);
-        pool_submit(s->hub->workers, &t->base);
+        pool_submit(s->set->workers, &t->base);
     }
 }
 
@@ -530,7 +489,7 @@ static void chunk_cancelled(struct pool_task *t)
         slot_idle(k->s, sl);
 }
 
-int stream_open(stream_hub *h, dataset *d, uint64_t id, const struct stream_params *p,
+int stream_open(stream_set *set, dataset *d, uint64_t id, const struct stream_params *p,
                 uint64_t budget_left, stream **ret_stream, char *errbuf)
 {
     int rc = 0;
@@ -617,7 +576,7 @@ int stream_open(stream_hub *h, dataset *d, uint64_t id, const struct stream_para
     if (rc < 0)
         goto fail;
 
-    s->max_chunks = pool_threads(h->workers);
+    s->max_chunks = pool_threads(set->workers);
     s->slots = calloc(s->n_slots, sizeof *s->slots);
     if (!s->slots) {
         rc = LD_ENOMEM;
@@ -632,13 +591,13 @@ int stream_open(stream_hub *h, dataset *d, uint64_t id, const struct stream_para
             goto fail;
         }
     }
-    s->hub = h;
-    h->live++;
+    s->set = set;
+    set->live++;
     dataset_hold(d);
     if (d->keeper)
         s->cache_ticket = cache_keeper_stream_opened(d->keeper);
-    s->hub_next = h->streams;
-    h->streams = s;
+    s->set_next = set->streams;
+    set->streams = s;
     schedule(s);
     *ret_stream = s;
     return 0;
@@ -666,7 +625,7 @@ void stream_close(stream *s)
         pop_waiter(s, &cb, &ctx);
         cb(ctx, LD_ECLOSED, NULL, "the stream was closed");
     }
-    pool_cancel(s->hub->workers, s, chunk_cancelled);
+    pool_cancel(s->set->workers, s, chunk_cancelled);
     if (s->busy_slots == 0)
         stream_free(s);
     /* else: the last running chunk's slot_filled() frees it */

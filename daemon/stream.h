@@ -4,7 +4,7 @@
  * worker pool. It keeps up to `prefetch` batches FILLING or READY ahead of the trainer,
  * crossing epochs without a pause, and hands them out in order. All of its state is
  * owned by the loop thread; workers only write sample bytes into a slot they were given
- * and report the chunk done through the hub, which wakes the loop.
+ * and report the slot done through the hub, which runs the rest on the loop.
  *
  * Batches are numbered by a sequence `seq` from 0 across epochs:
  *   epoch = start_epoch + (start_batch + seq) / batches_per_epoch
@@ -18,18 +18,20 @@
 #include <uv.h>
 
 #include "dataset.h"
+#include "hub.h"
 #include "pool.h"
 #include "ring.h"
 
-/* The hub carries finished work from worker threads to the loop thread (one per daemon). */
-typedef struct stream_hub stream_hub;
+/* The streams of one daemon: the hub their workers report through (hub.h), the worker
+ * pool, and the live streams (a read found stalled looks at the ones waiting on it). */
+typedef struct stream_set stream_set;
 
-int stream_hub_new(uv_loop_t *loop, pool *workers, stream_hub **ret_hub);
-/* Closes the hub's async handle; call after every stream is gone. Frees on close. */
-void stream_hub_close(stream_hub *h);
-/* Streams opened on the hub and not yet freed (a closed stream lives on until the
+int stream_set_new(hub *h, pool *workers, stream_set **ret_set);
+/* Call once stream_set_live() is 0, on the loop thread, before the hub closes. */
+void stream_set_free(stream_set *set);
+/* Streams opened in the set and not yet freed (a closed stream lives on until the
  * work already running for it finishes). */
-uint32_t stream_hub_live(const stream_hub *h);
+uint32_t stream_set_live(const stream_set *set);
 
 struct stream_params {
     uint32_t batch_size;
@@ -65,7 +67,7 @@ typedef struct stream stream;
 /* Lays out the slot, creates and commits the ring. errbuf gets the reason on failure
  * (LD_ERANGE: no batch with these settings; LD_ENOSPC: /dev/shm too small; LD_EINVAL:
  * start_batch past the epoch; LD_EBUDGET: the ring needs more than budget_left bytes). */
-int stream_open(stream_hub *h, dataset *d, uint64_t id, const struct stream_params *p,
+int stream_open(stream_set *set, dataset *d, uint64_t id, const struct stream_params *p,
                 uint64_t budget_left, stream **ret_stream, char *errbuf);
 /* Ends the stream: waiting next gets LD_ECLOSED, queued work is cancelled, slots are
  * dropped; the memory is freed once work already running finishes. */

@@ -93,7 +93,7 @@ for group in "$@"; do
     tsan)
       # The concurrent parts: the worker pool, datasets read from many threads, and
       # the whole daemon (workers + loop thread) driven by the integration tests.
-      for t in "$build"/test/test_pool "$build"/test/test_dataset "$build"/test/test_cache "$build"/test/itest_*; do
+      for t in "$build"/test/test_pool "$build"/test/test_hub "$build"/test/test_dataset "$build"/test/test_cache "$build"/test/itest_*; do
         [ -x "$t" ] && run_cmocka "$t"
       done ;;
     fuzz)
