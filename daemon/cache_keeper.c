@@ -189,8 +189,7 @@ static void held_unref(cache_keeper *k, struct held *h)
 {
     if (!h)
         return;
-    if (h->refs == 0)
-        abort(); /* more releases than acquires: the reference count is broken */
+    ld_require(h->refs > 0); /* else more releases than acquires */
     if (--h->refs == 0 && h != k->current)
         held_unmap(k, h);
 }
@@ -577,8 +576,7 @@ void cache_keeper_release(cache_keeper *k, cache *c)
     if (!c)
         return;
     struct held *h = held_of(k, c);
-    if (!h)
-        abort(); /* a cache we never handed out: the reference count is broken */
+    ld_require(h != NULL); /* else a cache we never handed out is given back */
     held_unref(k, h);
 }
 

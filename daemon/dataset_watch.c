@@ -209,8 +209,7 @@ void dataset_hold(dataset *d)
 
 void dataset_release(dataset *d)
 {
-    if (d->holders == 0)
-        abort(); /* more releases than holds: the reference count is broken */
+    ld_require(d->holders > 0); /* else more releases than holds */
     if (--d->holders == 0 && d->retired)
         dataset_free(d);
 }

@@ -6,6 +6,7 @@
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 #include <time.h>
@@ -55,4 +56,11 @@ void ld_log(int level, const char *fmt, ...)
     line[len++] = '\n';
     ssize_t w = write(STDERR_FILENO, line, len);
     (void)w;
+}
+
+void ld_require_fail(const char *file, int line, const char *func, const char *expr)
+{
+    /* ld_log at LD_LOG_ERROR is never filtered: the level cannot go below error. */
+    ld_log(LD_LOG_ERROR, "%s:%d: %s: requirement failed: %s", file, line, func, expr);
+    abort();
 }
