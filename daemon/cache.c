@@ -48,6 +48,7 @@
 
 #include "log.h"
 #include "mapguard.h"
+#include "sweep.h"
 
 /* Writes go out in pieces of this size: few system calls, and little memory. */
 #define BUILD_DATA_BUF (8u << 20)
@@ -552,42 +553,15 @@ static bool temp_name_pid(const char *name, long *ret_pid)
     return true;
 }
 
+static pid_t temp_owner(const char *name, void *ctx)
+{
+    long pid;
+    return temp_name_pid(name, &pid) ? (pid_t)pid : 0;
+}
+
 int cache_sweep_temps(const char *dir, char *errbuf)
 {
-    char ebuf[128];
-    int removed = 0;
-    DIR *dp = opendir(dir);
-    if (!dp) {
-        int e = errno;
-        ld_errorf(errbuf, "cache directory '%s': %s", dir, errno_text(e, ebuf, sizeof ebuf));
-        return ld_from_errno(e);
-    }
-    int dfd = dirfd(dp);
-    for (;;) {
-        errno = 0;
-        struct dirent *de = readdir(dp);
-        if (!de)
-            break;
-        long pid;
-        if (!temp_name_pid(de->d_name, &pid))
-            continue;
-        /* EPERM: the process exists but is not ours to signal, so it is alive. */
-        if (kill((pid_t)pid, 0) == 0 || errno != ESRCH)
-            continue;
-        struct stat st;
-        if (fstatat(dfd, de->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0 || !S_ISREG(st.st_mode))
-            continue;
-        if (unlinkat(dfd, de->d_name, 0) == 0) {
-            removed++;
-            ld_log(LD_LOG_INFO, "cache directory '%s': removed '%s', left by dead builder %ld",
-                   dir, de->d_name, pid);
-        } else {
-            ld_log(LD_LOG_WARN, "cache directory '%s': cannot remove '%s': %s", dir,
-                   de->d_name, errno_text(errno, ebuf, sizeof ebuf));
-        }
-    }
-    closedir(dp);
-    return removed;
+    return sweep_dead_owners(dir, temp_owner, NULL, "cache directory", errbuf);
 }
 
 int cache_set_aside(const char *path, const char *reason, char *errbuf)

@@ -15,6 +15,7 @@
 #include <time.h>
 
 #include "cache.h"
+#include "ld_mix.h"
 #include "log.h"
 
 static int over_bound(const dataset *d, uint64_t index);
@@ -200,10 +201,7 @@ static void note_bad(const dataset *d, uint64_t index, const char *msg)
  * batches stay bit-identical whatever the workers or the timing. */
 static uint64_t candidate(const dataset *d, uint64_t index, uint64_t attempt)
 {
-    uint64_t z = (index + attempt * UINT64_C(0x9e3779b97f4a7c15));
-    z = (z ^ (z >> 30)) * UINT64_C(0xbf58476d1ce4e5b9);
-    z = (z ^ (z >> 27)) * UINT64_C(0x94d049bb133111eb);
-    return (z ^ (z >> 31)) % d->count;
+    return ld_mix64(index + attempt * LD_MIX_GOLDEN) % d->count;
 }
 
 /* The sample served for `index`: itself, unless under on_error: replace it is known bad

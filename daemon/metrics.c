@@ -20,8 +20,6 @@
 
 #include "ld_error.h"
 
-static const char *const metrics_slot_states[METRICS_SLOT_STATES] = {"free", "filling", "ready", "leased"};
-
 struct metrics_buf {
     char *p;
     size_t len, cap;
@@ -179,9 +177,9 @@ static void metrics_streams(struct metrics_buf *b, const struct metrics_snapshot
         char sid[24], cid[24];
         snprintf(sid, sizeof sid, "%" PRIu64, st->id);
         snprintf(cid, sizeof cid, "%" PRIu64, st->client_id);
-        for (int k = 0; k < METRICS_SLOT_STATES; k++) {
+        for (int k = 0; k < RING_STATES; k++) {
             const char *kv[] = {"dataset", st->dataset, "stream", sid, "client", cid,
-                                "state", metrics_slot_states[k], NULL};
+                                "state", ring_state_name((enum ring_state)k), NULL};
             metrics_u64(b, "loaderd_stream_slots", kv, st->slots[k]);
         }
     }
@@ -282,8 +280,8 @@ int metrics_format(const struct metrics_snapshot *s, char **ret_text, size_t *re
     metrics_one_u64(&b, "loaderd_queued_reply_bytes", "gauge", "Reply bytes queued for clients, not yet read.",
                     s->queued_reply_bytes);
     metrics_family(&b, "loaderd_slots", "gauge", "Ring slots of all open streams by state.");
-    for (int k = 0; k < METRICS_SLOT_STATES; k++) {
-        const char *skv[] = {"state", metrics_slot_states[k], NULL};
+    for (int k = 0; k < RING_STATES; k++) {
+        const char *skv[] = {"state", ring_state_name((enum ring_state)k), NULL};
         metrics_u64(&b, "loaderd_slots", skv, s->slots[k]);
     }
     if (s->have_process) {

@@ -15,11 +15,13 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "ring.h"
+
 /* What an HTTP reply and the `metrics` op say the text is. */
 #define METRICS_CONTENT_TYPE "text/plain; version=0.0.4; charset=utf-8"
 
-/* Ring slot states, in enum ring_state order. */
-#define METRICS_SLOT_STATES 4
+/* Ring slot states, indexed by enum ring_state. */
+#define METRICS_SLOT_STATES RING_STATES
 
 struct metrics_stream {
     uint64_t id;
@@ -27,7 +29,7 @@ struct metrics_stream {
     uint64_t client_id;
     uint64_t batches, samples, bytes;
     double wait_s;                            /* the client waited for a batch */
-    uint32_t slots[METRICS_SLOT_STATES];      /* free, filling, ready, leased */
+    uint32_t slots[RING_STATES];              /* by enum ring_state */
 };
 
 struct metrics_client {
@@ -52,7 +54,7 @@ struct metrics_snapshot {
     uint64_t batches, samples, bytes;
     double wait_s, worker_busy_s;
     uint64_t memory_budget, memory_used, queued_reply_bytes;
-    uint32_t slots[METRICS_SLOT_STATES];
+    uint32_t slots[RING_STATES];
     bool have_process;                        /* rss_bytes and cpu_s were read */
     uint64_t rss_bytes;
     double cpu_s;

@@ -16,14 +16,15 @@
 #include "ring.h"
 
 #include "ld_error.h"
+#include "ld_format.h"
+#include "log.h"
 #include "proto.h"
+#include "sweep.h"
 
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
 #include <limits.h>
-#include <signal.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -53,26 +54,10 @@ struct ring {
     uint64_t slot_size;
     uint32_t slot_count;
     uint32_t cursor;          /* where the next acquire starts looking */
-    uint32_t counts[4];       /* slots per state, so ring_count is O(1) */
+    uint32_t counts[RING_STATES]; /* slots per state, so ring_count is O(1) */
     uint8_t *states;          /* enum ring_state per slot */
     uint64_t *generations;    /* the authoritative copy; the header mirrors it */
 };
-
-/* "512.0 MiB": sizes in messages are for people. */
-static void format_size(uint64_t bytes, char *buf, size_t len)
-{
-    static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
-    double v = (double)bytes;
-    size_t u = 0;
-    while (v >= 1024.0 && u + 1 < sizeof(units) / sizeof(units[0])) {
-        v /= 1024.0;
-        u++;
-    }
-    if (u == 0)
-        snprintf(buf, len, "%" PRIu64 " B", bytes);
-    else
-        snprintf(buf, len, "%.1f %s", v, units[u]);
-}
 
 /* A prefix becomes part of a file name in /dev/shm and of the pattern ring_sweep
  * matches, so it must be one plain path component. */
@@ -190,9 +175,9 @@ int ring_open(const char *prefix, uint64_t stream_id, uint32_t slot_count, uint6
     }
     int err = posix_fallocate(fd, 0, (off_t)total);
     if (err == ENOSPC || err == EFBIG) {
-        char want[32], avail[32];
-        format_size(total, want, sizeof(want));
-        format_size(shm_free_bytes(), avail, sizeof(avail));
+        char want[LD_FORMAT_BYTES_MAX], avail[LD_FORMAT_BYTES_MAX];
+        ld_format_bytes(total, want, sizeof(want));
+        ld_format_bytes(shm_free_bytes(), avail, sizeof(avail));
         ld_errorf(errbuf,
                 "cannot commit %s of shared memory for stream %" PRIu64 " in " RING_SHM_DIR
                 " (free: %s): " RING_SHM_DIR " is too small; in a container raise it "
@@ -310,24 +295,25 @@ int ring_acquire(ring *r, uint32_t *ret_slot, uint64_t *ret_generation)
         return LD_EAGAIN;
     /* Round robin from the last slot handed out, so a slot just released is the last
      * to be rewritten: a client holding a stale view of it keeps valid data longest. */
-    for (uint32_t i = 0; i < r->slot_count; i++) {
-        uint32_t s = (r->cursor + i) % r->slot_count;
-        if (r->states[s] != RING_FREE)
-            continue;
-        uint64_t gen = r->generations[s] + 1;
-        r->generations[s] = gen;
-        struct ld_slot_header *sh = ring_slot(r, s);
-        /* Clients read the header concurrently from another process. */
-        __atomic_store_n(&sh->generation, gen, __ATOMIC_RELEASE);
-        set_state(r, s, RING_FILLING);
-        r->cursor = (s + 1) % r->slot_count;
-        if (ret_slot)
-            *ret_slot = s;
-        if (ret_generation)
-            *ret_generation = gen;
-        return 0;
+    uint32_t i, s = 0;
+    for (i = 0; i < r->slot_count; i++) {
+        s = (r->cursor + i) % r->slot_count;
+        if (r->states[s] == RING_FREE)
+            break;
     }
-    abort(); /* counts[RING_FREE] > 0 but no FREE slot: the bookkeeping is corrupt */
+    ld_require(i < r->slot_count); /* else counts[RING_FREE] > 0 lied: the bookkeeping is corrupt */
+    uint64_t gen = r->generations[s] + 1;
+    r->generations[s] = gen;
+    struct ld_slot_header *sh = ring_slot(r, s);
+    /* Clients read the header concurrently from another process. */
+    __atomic_store_n(&sh->generation, gen, __ATOMIC_RELEASE);
+    set_state(r, s, RING_FILLING);
+    r->cursor = (s + 1) % r->slot_count;
+    if (ret_slot)
+        *ret_slot = s;
+    if (ret_generation)
+        *ret_generation = gen;
+    return 0;
 }
 
 /* One checked transition: slot in range, in state `from`, to `to`. */
@@ -385,9 +371,17 @@ uint64_t ring_generation(const ring *r, uint32_t slot)
 
 uint32_t ring_count(const ring *r, enum ring_state state)
 {
-    if ((unsigned)state > RING_LEASED)
+    if ((unsigned)state >= RING_STATES)
         return 0;
     return r->counts[state];
+}
+
+const char *ring_state_name(enum ring_state state)
+{
+    static const char *const names[RING_STATES] = {
+        [RING_FREE] = "free", [RING_FILLING] = "filling", [RING_READY] = "ready", [RING_LEASED] = "leased",
+    };
+    return (unsigned)state < RING_STATES ? names[state] : "?";
 }
 
 /* Whether `name` is exactly "<prefix>.<pid>.<something>", with pid all decimal digits
@@ -411,28 +405,22 @@ static bool sweep_match(const char *name, const char *prefix, size_t plen, pid_t
     return true;
 }
 
+struct ring_sweep_ctx {
+    const char *prefix;
+    size_t plen;
+};
+
+static pid_t ring_sweep_owner(const char *name, void *arg)
+{
+    const struct ring_sweep_ctx *ctx = arg;
+    pid_t pid;
+    return sweep_match(name, ctx->prefix, ctx->plen, &pid) ? pid : 0;
+}
+
 int ring_sweep(const char *prefix)
 {
     if (!prefix_ok(prefix))
         return LD_EINVAL;
-    DIR *d = opendir(RING_SHM_DIR);
-    if (!d)
-        return ld_from_errno(errno);
-    size_t plen = strlen(prefix);
-    int removed = 0;
-    struct dirent *de;
-    while ((de = readdir(d)) != NULL) {
-        pid_t pid;
-        if (!sweep_match(de->d_name, prefix, plen, &pid))
-            continue;
-        /* Only ESRCH proves the owner is gone; EPERM means it lives under another user. */
-        if (kill(pid, 0) == 0 || errno != ESRCH)
-            continue;
-        char path[NAME_MAX + 2];
-        snprintf(path, sizeof(path), "/%s", de->d_name);
-        if (shm_unlink(path) == 0)
-            removed++;
-    }
-    closedir(d);
-    return removed;
+    struct ring_sweep_ctx ctx = {prefix, strlen(prefix)};
+    return sweep_dead_owners(RING_SHM_DIR, ring_sweep_owner, &ctx, "shared memory", NULL);
 }

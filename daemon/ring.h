@@ -19,6 +19,10 @@
 #include "ld_wire.h"
 
 enum ring_state { RING_FREE = 0, RING_FILLING = 1, RING_READY = 2, RING_LEASED = 3 };
+/* How many states there are: enum ring_state runs from 0 to RING_STATES - 1, so an array
+ * indexed by state (counts per state) has RING_STATES entries. */
+#define RING_STATES 4
+_Static_assert(RING_LEASED + 1 == RING_STATES, "RING_STATES counts every enum ring_state");
 #define RING_NAME_MAX LD_SHM_NAME_MAX /* the name clients accept, NUL included */
 
 typedef struct ring ring;
@@ -59,6 +63,9 @@ int ring_discard(ring *r, uint32_t slot);
 enum ring_state ring_state(const ring *r, uint32_t slot);
 uint64_t ring_generation(const ring *r, uint32_t slot);
 uint32_t ring_count(const ring *r, enum ring_state state);
+/* The state's name as status, streams and metrics show it: "free", "filling", "ready",
+ * "leased"; "?" for a value that is not a state. */
+const char *ring_state_name(enum ring_state state);
 
 /* Removes /dev/shm objects named `<prefix>.<pid>.*` whose pid is not a live process
  * (left by a crashed daemon). Returns how many were removed. */

@@ -15,6 +15,7 @@
 #include "sampler.h"
 
 #include "ld_error.h"
+#include "ld_mix.h"
 
 #include <stddef.h>
 
@@ -22,23 +23,11 @@
  * even permutations after cycle walking; each round costs one 64-bit mix. */
 #define SAMPLER_ROUNDS 6
 
-/* splitmix64's finalizer: a bijection of 64-bit words in which every input bit
- * affects every output bit. */
-static inline uint64_t mix64(uint64_t z)
-{
-    z ^= z >> 30;
-    z *= 0xbf58476d1ce4e5b9ULL;
-    z ^= z >> 27;
-    z *= 0x94d049bb133111ebULL;
-    z ^= z >> 31;
-    return z;
-}
-
 /* One key per (seed, epoch). The epoch goes through its own mix first so that
  * (seed, epoch) and (seed + 1, epoch - 1) do not collide the way a plain sum would. */
 static inline uint64_t epoch_key(uint64_t seed, uint64_t epoch)
 {
-    return mix64(seed + 0x9e3779b97f4a7c15ULL * (mix64(epoch + 0x632be59bd9b4e019ULL) | 1));
+    return ld_mix64(seed + LD_MIX_GOLDEN * (ld_mix64(epoch + 0x632be59bd9b4e019ULL) | 1));
 }
 
 /* The round function: a hash of (key, round, right half). The half has at most 32
@@ -46,7 +35,7 @@ static inline uint64_t epoch_key(uint64_t seed, uint64_t epoch)
  * half) pairs give the same input under one key. */
 static inline uint64_t feistel_round(uint64_t key, unsigned round, uint64_t half)
 {
-    return mix64(key ^ ((half << 32) | round));
+    return ld_mix64(key ^ ((half << 32) | round));
 }
 
 /* Half width in bits: the smallest h >= 1 with 4^h >= n. */

@@ -7,7 +7,8 @@
  * what any sample must contain without reading a reference copy. The rules (never
  * change them without changing GENDATA_VERSION, since .complete markers record it):
  *
- *   splitmix64(x):  z = x + 0x9E3779B97F4A7C15
+ *   ld_splitmix64(x) (proto/ld_mix.h):
+ *                   z = x + 0x9E3779B97F4A7C15
  *                   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9
  *                   z = (z ^ (z >> 27)) * 0x94D049BB133111EB
  *                   return z ^ (z >> 31)                       (all mod 2^64)
@@ -16,11 +17,11 @@
  *            DIR/IIIIIII.bin when K = 0 (numbers zero-padded to 3 and 7 digits, more
  *            when K or N need them, so that bytewise order is numeric order);
  *            its size is BYTES, or with --vary
- *                BYTES/2 + splitmix64(i ^ 0x5A5A5A5A5A5A5A5A) % (BYTES + 1)
+ *                BYTES/2 + ld_splitmix64(i ^ 0x5A5A5A5A5A5A5A5A) % (BYTES + 1)
  *            (so in [BYTES/2, BYTES*3/2], integer division);
- *            byte j of it is (splitmix64(i * 1000003 + j / 8) >> (8 * (j % 8))) & 0xFF,
- *            i.e. the little-endian bytes of the words splitmix64(i * 1000003 + w).
- *   tokens:  token k (0 <= k < NTOKENS) is splitmix64(k) % V, stored as uint16 or
+ *            byte j of it is (ld_splitmix64(i * 1000003 + j / 8) >> (8 * (j % 8))) & 0xFF,
+ *            i.e. the little-endian bytes of the words ld_splitmix64(i * 1000003 + w).
+ *   tokens:  token k (0 <= k < NTOKENS) is ld_splitmix64(k) % V, stored as uint16 or
  *            uint32 in the machine's byte order (little-endian on x86-64 and arm64).
  *
  * A run that finds its output complete with the same parameters does nothing (`make
@@ -48,6 +49,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "ld_mix.h"
+
 #define GENDATA_VERSION 1
 #define MAX_FILE_SIZE (1ull << 30)          /* --size (times 3/2 with --vary) */
 #define MAX_CLASSES 1000000ull
@@ -61,14 +64,6 @@ static const char usage_text[] =
     "  tokens: NTOKENS tokens below V (default 50257), uint16 (default) or uint32\n"
     "  Content is deterministic (see tools/gendata.c); a run whose output is already\n"
     "  complete with the same parameters does nothing.\n";
-
-static uint64_t splitmix64(uint64_t x)
-{
-    uint64_t z = x + 0x9E3779B97F4A7C15ull;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
 
 static int usage(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static int usage(const char *fmt, ...)
@@ -190,7 +185,7 @@ static uint64_t file_size(const struct files_params *p, uint64_t i)
 {
     if (!p->vary)
         return p->size;
-    return p->size / 2 + splitmix64(i ^ 0x5A5A5A5A5A5A5A5Aull) % (p->size + 1);
+    return p->size / 2 + ld_splitmix64(i ^ 0x5A5A5A5A5A5A5A5Aull) % (p->size + 1);
 }
 
 static void file_path(const char *dir, const struct files_params *p, uint64_t i, char *buf,
@@ -308,7 +303,7 @@ static int gen_files(const char *dir, const struct files_params *p)
     for (uint64_t i = 0; i < p->count; i++) {
         uint64_t size = file_size(p, i);
         for (uint64_t w = 0; w * 8 < size; w++) {
-            uint64_t v = splitmix64(i * 1000003u + w);
+            uint64_t v = ld_splitmix64(i * 1000003u + w);
             for (int b = 0; b < 8; b++)
                 buf[w * 8 + (uint64_t)b] = (uint8_t)(v >> (8 * b));
         }
@@ -382,7 +377,7 @@ static int gen_tokens(const char *file, uint64_t count, int tsize, uint64_t voca
     for (uint64_t k = 0; k < count;) {
         size_t n = count - k < TOKEN_CHUNK ? (size_t)(count - k) : TOKEN_CHUNK;
         for (size_t j = 0; j < n; j++) {
-            uint64_t t = splitmix64(k + j) % vocab;
+            uint64_t t = ld_splitmix64(k + j) % vocab;
             if (tsize == 2) {
                 uint16_t v = (uint16_t)t;
                 memcpy(buf + j * 2, &v, 2);

@@ -4,7 +4,7 @@
  *   ld-genimages DIR --count N [--classes K] [--min PX] [--max PX] [--quality Q]
  *
  * Image i goes to DIR/class_CCC/IIIIIII.jpg (CCC = i % K). Its width and height are
- * drawn in [min, max] from splitmix64(i); its content looks like a photograph more than
+ * drawn in [min, max] from ld_splitmix64(i); its content looks like a photograph more than
  * noise does (which matters for decode speed): a smooth two-colour gradient, a few
  * filled ellipses and bars, and a little grain, all functions of i. Encoded with
  * libjpeg-turbo at quality Q (4:2:0). A run that finds DIR/.complete with the same
@@ -21,13 +21,7 @@
 #include <sys/stat.h>
 #include <turbojpeg.h>
 
-static uint64_t splitmix64(uint64_t x)
-{
-    uint64_t z = x + 0x9E3779B97F4A7C15ull;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
+#include "ld_mix.h"
 
 static int clamp(int v)
 {
@@ -36,7 +30,7 @@ static int clamp(int v)
 
 static void paint(uint64_t i, int w, int h, uint8_t *rgb)
 {
-    uint64_t r = splitmix64(i * 7919 + 1);
+    uint64_t r = ld_splitmix64(i * 7919 + 1);
     int c0[3], c1[3];
     for (int k = 0; k < 3; k++) {
         c0[k] = (int)((r >> (8 * k)) & 0xff);
@@ -48,9 +42,9 @@ static void paint(uint64_t i, int w, int h, uint8_t *rgb)
             for (int k = 0; k < 3; k++)
                 rgb[((size_t)y * w + x) * 3 + k] = (uint8_t)((c0[k] * (256 - t) + c1[k] * t) >> 8);
         }
-    int shapes = 3 + (int)(splitmix64(i * 31 + 2) % 6);
+    int shapes = 3 + (int)(ld_splitmix64(i * 31 + 2) % 6);
     for (int s = 0; s < shapes; s++) {
-        uint64_t q = splitmix64(i * 1000 + (uint64_t)s + 3);
+        uint64_t q = ld_splitmix64(i * 1000 + (uint64_t)s + 3);
         int cx = (int)(q % (uint64_t)w), cy = (int)((q >> 16) % (uint64_t)h);
         int rx = 8 + (int)((q >> 32) % (uint64_t)(w / 3 + 1)), ry = 8 + (int)((q >> 40) % (uint64_t)(h / 3 + 1));
         int col[3] = {(int)((q >> 48) & 0xff), (int)((q >> 56) & 0xff), (int)((q >> 4) & 0xff)};
@@ -69,7 +63,7 @@ static void paint(uint64_t i, int w, int h, uint8_t *rgb)
             }
         }
     }
-    uint64_t g = splitmix64(i * 17 + 5);
+    uint64_t g = ld_splitmix64(i * 17 + 5);
     for (size_t p = 0; p < (size_t)w * h * 3; p++) {
         g = g * 6364136223846793005ull + 1442695040888963407ull;
         rgb[p] = (uint8_t)clamp(rgb[p] + (int)((g >> 60) & 7) - 4);
@@ -131,7 +125,7 @@ int main(int argc, char **argv)
         return 1;
     uint64_t bytes = 0;
     for (long i = 0; i < count; i++) {
-        uint64_t r = splitmix64((uint64_t)i);
+        uint64_t r = ld_splitmix64((uint64_t)i);
         int w = (int)(minpx + (long)(r % (uint64_t)(maxpx - minpx + 1)));
         int h = (int)(minpx + (long)((r >> 32) % (uint64_t)(maxpx - minpx + 1)));
         paint((uint64_t)i, w, h, rgb);

@@ -451,24 +451,16 @@ int harness_fd_count(void)
 
 /* ---- datasets ---------------------------------------------------------------------- */
 
-uint64_t harness_splitmix64(uint64_t x)
-{
-    uint64_t z = x + 0x9E3779B97F4A7C15ull;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
 uint64_t harness_file_size(uint64_t i, uint64_t size, bool vary)
 {
     if (!vary)
         return size;
-    return size / 2 + harness_splitmix64(i ^ 0x5A5A5A5A5A5A5A5Aull) % (size + 1);
+    return size / 2 + ld_splitmix64(i ^ 0x5A5A5A5A5A5A5A5Aull) % (size + 1);
 }
 
 uint8_t harness_file_byte(uint64_t i, uint64_t j)
 {
-    return (uint8_t)(harness_splitmix64(i * 1000003 + j / 8) >> (8 * (j % 8)));
+    return (uint8_t)(ld_splitmix64(i * 1000003 + j / 8) >> (8 * (j % 8)));
 }
 
 bool harness_file_matches(uint64_t i, const uint8_t *buf, uint64_t len, uint64_t size, bool vary)
@@ -527,7 +519,7 @@ void harness_gen_files(struct harness *h, const char *reldir, uint64_t n, uint64
 
 uint64_t harness_token(uint64_t k, uint64_t vocab)
 {
-    return harness_splitmix64(k) % vocab;
+    return ld_splitmix64(k) % vocab;
 }
 
 void harness_gen_tokens(struct harness *h, const char *relpath, uint64_t n, int token_bytes, uint64_t vocab)

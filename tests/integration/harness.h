@@ -31,6 +31,8 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include "ld_mix.h"
+
 struct harness {
     char dir[80];                /* the temporary directory (short: sockets live in it); removed by harness_free */
     char socket[108];            /* <dir>/s.sock: short, a Unix socket path holds 107 bytes */
@@ -132,8 +134,7 @@ int harness_fd_count(void);
  *         harness_file_size(i, size, vary) and byte j is harness_file_byte(i, j).
  *         loaderd's label of file i is i % classes (class folders in sorted order), or
  *         -1 when classes is 0.
- * tokens: token k is splitmix64(k) % vocab, stored as uint16 or uint32 (host order). */
-uint64_t harness_splitmix64(uint64_t x);
+ * tokens: token k is ld_splitmix64(k) % vocab, stored as uint16 or uint32 (host order). */
 uint64_t harness_file_size(uint64_t i, uint64_t size, bool vary);
 uint8_t harness_file_byte(uint64_t i, uint64_t j);
 /* True when buf holds exactly file i's content. */

@@ -360,7 +360,7 @@ static void test_one_epoch_fixed(void **state)
     uint64_t first[N_FILES];
     int seen[N_FILES] = { 0 };
     for (uint64_t i = 0; i < N_FILES; i++)
-        first[i] = harness_splitmix64(i * 1000003);
+        first[i] = ld_splitmix64(i * 1000003);
     uint64_t samples = 0, in_order = 0, batch_no = 0;
     int64_t prev_file = -1;
     for (;;) {

@@ -67,8 +67,8 @@ static uint64_t rng_state;
 
 static uint64_t rnd(void)
 {
-    rng_state += 0x9e3779b97f4a7c15ull;
-    return harness_splitmix64(rng_state);
+    rng_state += LD_MIX_GOLDEN;
+    return ld_splitmix64(rng_state);
 }
 
 static void seed_rng(void)

@@ -224,9 +224,9 @@ static void test_layout(void **state)
 
 /* Everything a call may change, to prove that a failed call changed nothing. */
 struct snap {
-    enum ring_state st[4];
+    enum ring_state st[4];          /* the tests' rings have at most 4 slots */
     uint64_t gen[4], hdr_gen[4];
-    uint32_t counts[4];
+    uint32_t counts[RING_STATES];
 };
 
 static struct snap take(ring *r)
@@ -311,7 +311,7 @@ static void test_state_machine(void **state)
 {
     (void)state;
     /* expect[from][op]: the documented result; on success, the state reached. */
-    static const struct { int rc; enum ring_state to; } expect[4][OP_COUNT] = {
+    static const struct { int rc; enum ring_state to; } expect[RING_STATES][OP_COUNT] = {
         [RING_FREE] = {
             [OP_ACQUIRE] = {0, RING_FILLING}, [OP_READY] = {LD_EBUSY, 0},
             [OP_LEASE] = {LD_EBUSY, 0}, [OP_RELEASE] = {LD_ENOTLEASED, 0},
@@ -396,6 +396,18 @@ static void test_full_cycle_and_generations(void **state)
         assert_int_equal(ring_release(r, 0, round), LD_ENOTLEASED);
     }
     ring_free(r);
+}
+
+/* Each state's name as status, streams and metrics print it; a value outside the enum
+ * gets "?", never a read past the table. */
+static void test_state_names(void **state)
+{
+    (void)state;
+    static const char *const want[RING_STATES] = {"free", "filling", "ready", "leased"};
+    for (int st = 0; st < RING_STATES; st++)
+        assert_string_equal(ring_state_name((enum ring_state)st), want[st]);
+    assert_string_equal(ring_state_name((enum ring_state)RING_STATES), "?");
+    assert_string_equal(ring_state_name((enum ring_state)-1), "?");
 }
 
 static void test_full_ring_and_counts(void **state)
@@ -603,6 +615,7 @@ int main(void)
         cmocka_unit_test_teardown(test_state_machine, teardown),
         cmocka_unit_test_teardown(test_full_cycle_and_generations, teardown),
         cmocka_unit_test_teardown(test_full_ring_and_counts, teardown),
+        cmocka_unit_test(test_state_names),
         cmocka_unit_test_teardown(test_unlink, teardown),
         cmocka_unit_test_teardown(test_shm_too_small, teardown),
         cmocka_unit_test_teardown(test_bad_params, teardown),
