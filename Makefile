@@ -192,6 +192,9 @@ $(BUILD)/test/fuzz_%: $(call obj,tests/fuzz/fuzz_%.c) $(CORE_A)
 	@mkdir -p $(dir $@)
 	$(CC) -fsanitize=fuzzer -o $@ $^ $(LDFLAGS_ALL) $(PKG_LIBS) -ldl -lm
 
+# fuzz_reply drives the client library's decoders (client_internal.h).
+$(BUILD)/test/fuzz_reply: $(CLIENT_A)
+
 $(BUILD)/bin/ld-gen-seeds: $(call obj,tests/fuzz/gen_seeds.c) $(CORE_A)
 	@mkdir -p $(dir $@)
 	$(CC) -o $@ $^ $(LDFLAGS_ALL) $(PKG_LIBS) -ldl -lm

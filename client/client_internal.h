@@ -9,6 +9,8 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include <cJSON.h>
+
 #include "loaderclient.h"
 #include "proto.h"
 
@@ -97,7 +99,7 @@ struct lc_client {
     struct client_pending *pending;
     size_t pending_head, pending_len, pending_cap; /* live entries: [head, len) */
     lc_stream *streams;
-    uint64_t release_errors;    /* failed pipelined releases (see client.c) */
+    uint64_t release_errors;    /* failed pipelined releases (see client_transport.c) */
     int release_failed;         /* the first refused release not yet returned to the caller, or 0 */
     char release_msg[CLIENT_ERRMSG_MAX];
     char *deferred;             /* release frames not yet sent: they go out with the next request */
@@ -106,5 +108,59 @@ struct lc_client {
     char error[CLIENT_ERRMSG_MAX];
     char broken_msg[CLIENT_ERRMSG_MAX];
 };
+
+/* The first published layouts of the versioned structs: a caller's size may not be
+ * smaller. */
+#define CLIENT_OPTIONS_V0_SIZE (offsetof(lc_stream_options, epochs) + sizeof(uint64_t))
+#define CLIENT_FIELD_V0_SIZE (offsetof(lc_field, offsets) + sizeof(const int64_t *))
+
+/* ---- client_transport.c: deadlines, errors, requests and replies ------------------ */
+int64_t client_now_ms(void);
+int client_remaining_ms(int64_t deadline);            /* for poll(): never negative */
+int client_effective_timeout(const lc_client *c, int timeout_ms);
+/* Formats into a LD_ERRMSG_MAX buffer; long messages are cut, which is fine for errors. */
+void client_msgf(char *msg, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void client_seterr(lc_client *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Marks the connection broken (closing the fd) and returns code: later calls fail with
+ * LC_ECLOSED quoting this message. */
+int client_break(lc_client *c, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+int client_check_usable(lc_client *c);                 /* LC_ECLOSED once broken */
+struct client_pending *client_pending_find(lc_client *c, int64_t id);
+void client_pending_forget_stream(lc_client *c, const lc_stream *s);
+int client_flush_deferred(lc_client *c, int64_t deadline, int timeout_ms);
+/* Adds an id to msg (taking ownership of msg) and sends it, after the deferred frames in
+ * the same write; with `defer`, queues it among them instead. The FIFO learns what to do
+ * with its reply (kind). On success *ret_id is the request's id. */
+int client_send_ex(lc_client *c, cJSON *msg, int kind, const char *op, lc_stream *s, int64_t deadline,
+                   int timeout_ms, bool defer, int64_t *ret_id);
+int client_send(lc_client *c, cJSON *msg, int kind, const char *op, lc_stream *s, int64_t deadline,
+                int timeout_ms, int64_t *ret_id);
+/* Reads replies until the one with id `want` arrives (*ret_reply, the caller's) or the
+ * deadline passes (LC_ETIMEDOUT; the request stays in the FIFO). want = -1 settles what
+ * has arrived and returns 0 at the deadline. */
+int client_wait(lc_client *c, int64_t want, int64_t deadline, int timeout_ms, cJSON **ret_reply);
+/* One request and its reply; ok:false comes back as its code, the message in c->error. */
+int client_call(lc_client *c, cJSON *msg, const char *op, int timeout_ms, cJSON **ret_reply);
+int client_take_release_failure(lc_client *c);
+
+/* ---- client_info.c: versioned structs ---------------------------------------------- */
+int client_copy_struct_in(void *dst, size_t ours, const void *src, size_t theirs, size_t min, const char *what,
+                          char *msg);
+int client_copy_struct_out(void *dst, size_t theirs, const void *src, size_t ours, size_t min);
+
+/* ---- client_stream.c: the open reply and the ring ---------------------------------- */
+/* Reads the open reply into s (everything but the mapping); *ret_shm points into reply. */
+int client_parse_open(const cJSON *reply, uint32_t batch_size, lc_stream *s, const char **ret_shm,
+                      int64_t *ret_shm_size, char *msg);
+/* Slot `slot` (0 <= slot < slot_count) of the mapped ring: its header, then its fields. */
+const struct ld_slot_header *client_stream_slot(const lc_stream *s, int slot);
+void client_stream_free(lc_stream *s);
+
+/* ---- client_next.c ----------------------------------------------------------------- */
+void client_next_read_ahead(lc_stream *s, int64_t deadline, int timeout_ms);
+
+/* ---- client_batch.c ---------------------------------------------------------------- */
+/* Fills b's field views from its slot, checking every ragged offset array. */
+int client_fill_batch(lc_stream *s, lc_batch *b, char *msg);
 
 #endif

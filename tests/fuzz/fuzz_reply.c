@@ -3,14 +3,17 @@
  * batch's slot (the ragged offsets the daemon wrote into shared memory).
  *
  * A daemon that is buggy, or an impostor that passed the identity checks, must not
- * make the trainer read outside the ring. The harness includes client/client.c to
- * reach its static decoders. Input: bytes 0-1 the batch size asked for, 2-3 the rows
+ * make the trainer read outside the ring. The harness calls the library's internal
+ * decoders (client_internal.h) and links libloaderclient's archive. Input: bytes 0-1 the batch size asked for, 2-3 the rows
  * of the batch, then the reply's JSON text, a NUL, and bytes that fill the ring
  * (repeated). When client_parse_open accepts the reply, every field must lie inside a
  * slot and the slots inside shm_size; then the ring is a heap block of exactly
  * shm_size bytes (ASan catches any read past it), and client_fill_batch on the first
  * and last slot must either refuse the slot or give views that lie inside it. */
-#include "client.c"
+#include "client_internal.h"
+
+#include <stdlib.h>
+#include <string.h>
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
