@@ -29,6 +29,8 @@ PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 CMOCKA_LIBS := $(shell pkg-config --libs cmocka 2>/dev/null)
 CJSON_LIBS := $(shell pkg-config --libs libcjson 2>/dev/null)
+# The client library reads server.socket from the daemon's YAML config (client_socket.c).
+CLIENT_LIBS := $(CJSON_LIBS) $(shell pkg-config --libs yaml-0.1 2>/dev/null)
 
 ifeq ($(CUDA),auto)
   HAVE_CUDA := $(if $(wildcard $(CUDA_HOME)/include/cuda_runtime.h),1,0)
@@ -132,7 +134,7 @@ $(CLIENT_A): $(CLIENT_OBJ) $(PROTO_OBJ)
 
 $(CLIENT_SO_REAL): $(CLIENT_OBJ) $(PROTO_OBJ)
 	@mkdir -p $(dir $@)
-	$(CC) -shared -Wl,-soname,$(CLIENT_SONAME) -Wl,--no-undefined -o $@ $^ $(LDFLAGS_ALL) $(CJSON_LIBS) -lm
+	$(CC) -shared -Wl,-soname,$(CLIENT_SONAME) -Wl,--no-undefined -o $@ $^ $(LDFLAGS_ALL) $(CLIENT_LIBS) -lm
 
 $(CLIENT_SO): $(CLIENT_SO_REAL)
 	ln -sf libloaderclient.so.$(VERSION_STR) $(BUILD)/lib/$(CLIENT_SONAME)
@@ -144,7 +146,7 @@ $(LOADERD): $(call obj,daemon/main.c) $(CORE_A)
 
 $(LOADERCTL): $(call obj,tools/loaderctl.c) $(CLIENT_A)
 	@mkdir -p $(dir $@)
-	$(CC) -o $@ $^ $(LDFLAGS_ALL) $(CJSON_LIBS) -lm
+	$(CC) -o $@ $^ $(LDFLAGS_ALL) $(CLIENT_LIBS) -lm
 
 $(GENDATA): $(call obj,tools/gendata.c)
 	@mkdir -p $(dir $@)
@@ -184,7 +186,7 @@ $(BUILD)/test/test_transform: | $(PLUGINS) $(TEST_PLUGINS)
 ITEST_LIB_SRC := $(filter-out tests/integration/itest_%.c,$(sort $(wildcard tests/integration/*.c)))
 $(BUILD)/test/itest_%: $(call obj,tests/integration/itest_%.c) $(call obj,$(ITEST_LIB_SRC)) $(CLIENT_A)
 	@mkdir -p $(dir $@)
-	$(CC) -o $@ $^ $(LDFLAGS_ALL) $(CJSON_LIBS) $(CMOCKA_LIBS) -lm
+	$(CC) -o $@ $^ $(LDFLAGS_ALL) $(CLIENT_LIBS) $(CMOCKA_LIBS) -lm
 
 # A fuzzer links the daemon's modules, built with -fsanitize=fuzzer-no-link so that
 # libFuzzer sees their coverage; only the harness's link adds libFuzzer's main.

@@ -67,6 +67,21 @@ LC_EXPORT uint64_t lc_batch_epoch(const lc_batch *b) { return b ? b->epoch : 0; 
 LC_EXPORT uint64_t lc_batch_index(const lc_batch *b) { return b ? b->index : 0; }
 LC_EXPORT int lc_batch_slot(const lc_batch *b) { return b ? b->slot : LC_EINVAL; }
 LC_EXPORT uint64_t lc_batch_generation(const lc_batch *b) { return b ? b->generation : 0; }
+LC_EXPORT int lc_batch_describe_sized(const lc_batch *b, lc_batch_info *ret_info, size_t info_size)
+{
+    if (!b || !ret_info)
+        return LC_EINVAL;
+    lc_batch_info r;
+    memset(&r, 0, sizeof r);
+    r.slot = b->slot;
+    r.rows = b->rows;
+    r.generation = b->generation;
+    r.epoch = b->epoch;
+    r.index = b->index;
+    r.slot_offset = (uint64_t)lc_stream_slot_offset(b->stream, b->slot);
+    return client_copy_struct_out(ret_info, info_size, &r, sizeof r, CLIENT_BATCH_INFO_V0_SIZE);
+}
+
 LC_EXPORT int lc_batch_field_count(const lc_batch *b) { return b ? b->stream->n_fields : 0; }
 
 LC_EXPORT int lc_batch_field_sized(const lc_batch *b, int i, lc_field *ret_field, size_t field_size)

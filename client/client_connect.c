@@ -12,6 +12,7 @@
 #include "proto_socket.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <poll.h>
 #include <pwd.h>
 #include <stdio.h>
@@ -205,8 +206,15 @@ LC_EXPORT int lc_connect(const char *socket_path, int timeout_ms, const char *cl
         snprintf(errbuf, errbuf_size, "lc_connect: ret_client is NULL");
         return LC_EINVAL;
     }
-    if (!socket_path)
-        socket_path = lc_default_socket();
+    /* No path: $LOADERD_SOCKET, the config's server.socket, or the default
+     * (client_socket.c). */
+    char resolved[PATH_MAX];
+    if (!socket_path) {
+        ret = lc_socket_resolve(NULL, NULL, resolved, sizeof resolved, errbuf, errbuf_size);
+        if (ret < 0)
+            return ret;
+        socket_path = resolved;
+    }
     /* The default socket's directory must be ours alone; a missing one is left to the
      * connect, whose message says whether loaderd runs. */
     char dirmsg[LD_ERRMSG_MAX];

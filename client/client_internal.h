@@ -76,6 +76,7 @@ struct lc_stream {
     uint64_t slot_offset;
     const uint8_t *map;         /* PROT_READ mapping of the whole ring */
     size_t map_size;
+    int ring_fd;                /* the ring's shm, read-only, for lc_stream_ring_fd; -1 when none */
     int n_fields;
     struct client_field fields[LD_MAX_FIELDS];
     lc_batch *batches;          /* held (not yet released) batches */
@@ -113,6 +114,9 @@ struct lc_client {
  * smaller. */
 #define CLIENT_OPTIONS_V0_SIZE (offsetof(lc_stream_options, epochs) + sizeof(uint64_t))
 #define CLIENT_FIELD_V0_SIZE (offsetof(lc_field, offsets) + sizeof(const int64_t *))
+#define CLIENT_RING_INFO_V0_SIZE (offsetof(lc_ring_info, field_count) + sizeof(int))
+#define CLIENT_FIELD_LAYOUT_V0_SIZE (offsetof(lc_field_layout, capacity) + sizeof(uint64_t))
+#define CLIENT_BATCH_INFO_V0_SIZE (offsetof(lc_batch_info, slot_offset) + sizeof(uint64_t))
 
 /* ---- client_transport.c: deadlines, errors, requests and replies ------------------ */
 int64_t client_now_ms(void);

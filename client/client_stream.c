@@ -44,6 +44,60 @@ LC_EXPORT const void *lc_stream_ring(const lc_stream *s, size_t *ret_size)
     return s->map;
 }
 
+LC_EXPORT int lc_stream_ring_info_sized(const lc_stream *s, lc_ring_info *ret_info, size_t info_size)
+{
+    if (!s || !ret_info)
+        return LC_EINVAL;
+    lc_ring_info r;
+    memset(&r, 0, sizeof r);
+    r.size = s->map_size;
+    r.slot_count = s->slot_count;
+    r.slot_size = s->slot_size;
+    r.slot_header_size = sizeof(struct ld_slot_header);
+    r.field_count = s->n_fields;
+    return client_copy_struct_out(ret_info, info_size, &r, sizeof r, CLIENT_RING_INFO_V0_SIZE);
+}
+
+LC_EXPORT int lc_stream_field_layout_sized(const lc_stream *s, int i, lc_field_layout *ret_layout,
+                                           size_t layout_size)
+{
+    if (!s || !ret_layout || i < 0 || i >= s->n_fields)
+        return LC_EINVAL;
+    const struct client_field *f = &s->fields[i];
+    lc_field_layout l;
+    memset(&l, 0, sizeof l);
+    l.name = f->name;
+    l.dtype = f->dtype;
+    l.ragged = f->ragged;
+    l.ndim = f->ndim;
+    for (int d = 0; d < f->ndim; d++)
+        l.shape[d] = f->shape[d];
+    l.offset = f->offset;
+    if (f->ragged) {
+        l.offsets_offset = f->offsets_offset;
+        l.capacity = f->capacity;
+    } else {
+        l.row_bytes = f->row_bytes;
+        l.capacity = f->row_bytes * s->batch_size;
+    }
+    return client_copy_struct_out(ret_layout, layout_size, &l, sizeof l, CLIENT_FIELD_LAYOUT_V0_SIZE);
+}
+
+LC_EXPORT int64_t lc_stream_slot_offset(const lc_stream *s, int slot)
+{
+    if (!s || slot < 0 || (uint32_t)slot >= s->slot_count)
+        return LC_EINVAL;
+    return (int64_t)(s->slot_offset + (uint64_t)slot * s->slot_size);
+}
+
+LC_EXPORT int lc_stream_ring_fd(const lc_stream *s)
+{
+    if (!s || s->ring_fd < 0)
+        return LC_EBADF;
+    int fd = fcntl(s->ring_fd, F_DUPFD_CLOEXEC, 0);
+    return fd < 0 ? ld_from_errno(errno) : fd;
+}
+
 /* Reads one entry of the open reply's "fields" and checks it fits a slot. */
 static int client_parse_field(const cJSON *jf, int i, const struct lc_stream *s, struct client_field *f,
                               char *msg)
@@ -262,6 +316,9 @@ static int client_map_ring(lc_stream *s, const char *shm, uint64_t shm_size, cha
     s->map = map;
     s->map_size = shm_size;
     map = MAP_FAILED;
+    /* Kept for lc_stream_ring_fd: the name goes away once the stream delivered a batch. */
+    s->ring_fd = fd;
+    fd = -1;
     ret = 0;
 out:
     if (map != MAP_FAILED)
@@ -354,6 +411,7 @@ LC_EXPORT int lc_stream_open(lc_client *c, const char *dataset, const lc_stream_
         goto out;
     }
     s->client = c;
+    s->ring_fd = -1;
     /* Once the daemon holds a stream for us, every failure below must close it. */
     if (proto_get_int(reply, "stream", 0, LD_JSON_SAFE_INT, &sid, msg) == 0)
         remote = true;
@@ -383,7 +441,7 @@ LC_EXPORT int lc_stream_open(lc_client *c, const char *dataset, const lc_stream_
 out:
     if (remote)
         client_close_remote(c, (uint64_t)sid);
-    free(s);
+    client_stream_free(s);
     cJSON_Delete(reply);
     return ret;
 }
@@ -452,5 +510,7 @@ void client_stream_free(lc_stream *s)
         cJSON_Delete(s->ahead_reply[k]);
     if (s->map)
         munmap((void *)s->map, s->map_size);
+    if (s->ring_fd >= 0)
+        close(s->ring_fd);
     free(s);
 }

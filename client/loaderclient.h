@@ -109,8 +109,26 @@ LC_EXPORT const char *lc_limit_name(int index);
 /* The default socket, the daemon's default too: $LOADERD_SOCKET, else
  * $XDG_RUNTIME_DIR/loaderd.sock when that is an absolute path to a directory of this
  * user's with mode 0700, else /tmp/loaderd-<uid>/loaderd.sock (a private 0700
- * directory). */
+ * directory). It does not read a config file: lc_socket_resolve does. */
 LC_EXPORT const char *lc_default_socket(void);
+/* The socket a client connects to, into buf (size bytes), in this order:
+ *  1. socket_path, when not NULL (an explicit choice: `loaderctl --socket`);
+ *  2. $LOADERD_SOCKET, when set and not empty;
+ *  3. server.socket of the daemon's YAML config: config_path when not NULL
+ *     (`loaderctl --config`), else $LOADERD_CONFIG when set and not empty;
+ *  4. the default ($XDG_RUNTIME_DIR/loaderd.sock or /tmp/loaderd-<uid>/loaderd.sock, as
+ *     lc_default_socket).
+ * lc_connect(NULL, ...) connects where lc_socket_resolve(NULL, NULL, ...) says. A config
+ * that is asked for but gives no usable socket is an error, never a fall back to the
+ * default: LC_ECONFIG with "FILE:LINE:COLUMN: ..." in errbuf when server.socket is
+ * missing, not a non-empty string, a relative path (the daemon resolves those against
+ * its own working directory) or longer than a socket address holds; LC_ENOENT (or
+ * another errno code) when the file cannot be opened. */
+LC_EXPORT int lc_socket_resolve(const char *socket_path, const char *config_path, char *buf, size_t size,
+                                char *errbuf, size_t errbuf_size);
+/* Step 3 alone: server.socket of the config file at config_path, checked as above. */
+LC_EXPORT int lc_socket_from_config(const char *config_path, char *buf, size_t size, char *errbuf,
+                                    size_t errbuf_size);
 
 /* Connects (NULL socket_path: lc_default_socket()) and says hello. The socket is
  * opened close-on-exec. The daemon's identity is checked first (SO_PEERCRED): it must
@@ -146,6 +164,57 @@ LC_EXPORT uint64_t lc_stream_samples_per_epoch(const lc_stream *s);
 LC_EXPORT uint64_t lc_stream_id(const lc_stream *s);
 /* Bytes of the mapped ring: [base, base + size). For zero-copy checks. */
 LC_EXPORT const void *lc_stream_ring(const lc_stream *s, size_t *ret_size);
+
+/* ---- the ring's layout, for trainers and bindings that map slots themselves --------
+ * The library maps the ring read-only and checks its layout against the daemon's open
+ * reply; these calls hand that checked layout out, so that nobody restates it. A binding
+ * that wants views of its own (the Python one maps each slot privately, copy-on-write,
+ * so that a trainer may write into a batch without touching the daemon's memory) maps
+ * lc_stream_ring_fd() at lc_stream_slot_offset() and finds each field at the offsets of
+ * lc_stream_field_layout(). Offsets are in bytes; a slot's offset is the same in the
+ * descriptor and in lc_stream_ring()'s mapping. */
+
+/* The ring as a whole. New members are added at the end only (see lc_field). */
+typedef struct lc_ring_info {
+    uint64_t size;                /* bytes of the ring's shared memory (lc_stream_ring's mapping) */
+    uint32_t slot_count;
+    uint64_t slot_size;           /* bytes of one slot: its header, then its fields */
+    uint64_t slot_header_size;    /* bytes of a slot's header (generation, epoch, batch, rows) */
+    int field_count;              /* fields of every batch (lc_stream_field_layout) */
+} lc_ring_info;
+
+/* One field's place in every slot of a stream. New members are added at the end only. */
+typedef struct lc_field_layout {
+    const char *name;             /* valid while the stream is open */
+    int dtype;                    /* LC_DTYPE_* */
+    int ragged;                   /* 1: variable-length bytes per sample (offsets + data) */
+    int ndim;                     /* dims of one sample: 0 for a scalar (and for ragged) */
+    int64_t shape[LC_MAX_DIMS];   /* shape[0..ndim) of one sample; rows come from the batch */
+    uint64_t offset;              /* from the slot's start: fixed, rows * row_bytes of data; ragged, the bytes */
+    uint64_t row_bytes;           /* fixed: bytes of one sample; ragged: 0 */
+    uint64_t offsets_offset;      /* ragged: int64 offsets[rows + 1] into the data, from the slot's start */
+    uint64_t capacity;            /* ragged: bytes available for the data; fixed: batch_size * row_bytes */
+} lc_field_layout;
+
+/* Both are macros over _sized functions, as lc_batch_field: the library writes the
+ * caller's sizeof bytes (members it does not know are zeroed). LC_EINVAL for a NULL
+ * stream, an index out of range or a struct smaller than the first layout. */
+LC_EXPORT int lc_stream_ring_info_sized(const lc_stream *s, lc_ring_info *ret_info, size_t info_size);
+LC_EXPORT int lc_stream_field_layout_sized(const lc_stream *s, int i, lc_field_layout *ret_layout,
+                                           size_t layout_size);
+#define lc_stream_ring_info(s, r) lc_stream_ring_info_sized((s), (r), sizeof *(r))
+#define lc_stream_field_layout(s, i, l) lc_stream_field_layout_sized((s), (i), (l), sizeof *(l))
+/* The offset of slot `slot` (0 <= slot < slot_count) from the ring's start; LC_EINVAL
+ * out of range. */
+LC_EXPORT int64_t lc_stream_slot_offset(const lc_stream *s, int slot);
+/* A new descriptor of the ring's shared memory, read-only and close-on-exec, for a
+ * mapping of the caller's own (mmap it MAP_SHARED read-only, or MAP_PRIVATE with
+ * PROT_WRITE for copy-on-write views); the caller closes it. It refers to the same
+ * object as lc_stream_ring() even after the ring's name is gone (the daemon removes it
+ * once the stream delivered its first batch). The library holds one descriptor per
+ * open stream for this, closed with the stream. A negative LC_E* code on failure
+ * (LC_EMFILE when the process is out of descriptors). */
+LC_EXPORT int lc_stream_ring_fd(const lc_stream *s);
 /* Waits up to timeout_ms (<= 0: the client's default) for the next batch. LC_EEND
  * after the last epoch; LC_ESAMPLE (message names the file) when a sample could not be
  * read; LC_ETIMEDOUT when it did not come in time (the request stays outstanding and
@@ -160,6 +229,19 @@ LC_EXPORT uint64_t lc_batch_epoch(const lc_batch *b);
 LC_EXPORT uint64_t lc_batch_index(const lc_batch *b);   /* batch number within its epoch */
 LC_EXPORT int lc_batch_slot(const lc_batch *b);
 LC_EXPORT uint64_t lc_batch_generation(const lc_batch *b);
+/* Everything above in one call, for bindings that pay per call. New members are added
+ * at the end only; lc_batch_describe is a macro over the _sized function, as
+ * lc_batch_field. LC_EINVAL for a NULL batch or a struct smaller than the first layout. */
+typedef struct lc_batch_info {
+    int slot;                     /* the slot it leases */
+    uint32_t rows;
+    uint64_t generation;          /* the slot's generation when leased (lc_batch_valid compares) */
+    uint64_t epoch;
+    uint64_t index;               /* batch number within its epoch */
+    uint64_t slot_offset;         /* lc_stream_slot_offset(stream, slot) */
+} lc_batch_info;
+LC_EXPORT int lc_batch_describe_sized(const lc_batch *b, lc_batch_info *ret_info, size_t info_size);
+#define lc_batch_describe(b, r) lc_batch_describe_sized((b), (r), sizeof *(r))
 LC_EXPORT int lc_batch_field_count(const lc_batch *b);
 /* Field i (0 <= i < count) or, by name, lc_batch_field_by_name. LC_EINVAL when absent.
  * Both are macros that pass the caller's sizeof(lc_field) to the _sized functions,

@@ -13,6 +13,7 @@
 #include <cJSON.h>
 #include <errno.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -25,6 +26,7 @@
 
 struct ctl_opts {
     const char *socket;
+    const char *config;         /* --config: loaderd's config, for its server.socket */
     int timeout_ms;
     bool json;
 };
@@ -52,7 +54,11 @@ static const struct {
 
 static const char ctl_options_usage[] =
     "options (before the command):\n"
-    "  --socket PATH          loaderd's socket (default: %s)\n"
+    "  --socket PATH          loaderd's socket; without it: $LOADERD_SOCKET, else server.socket\n"
+    "                         of the --config file (or $LOADERD_CONFIG), else the default\n"
+    "                         (%s)\n"
+    "  --config FILE          loaderd's config file: connect to its server.socket (an error\n"
+    "                         when the file does not name an absolute socket path)\n"
     "  --timeout MS           per-request timeout (default: %d)\n"
     "  --daemon-uid UID       the user loaderd must run as (a number or a name; default:\n"
     "                         $LOADERD_UID, else this user or root)\n"
@@ -60,14 +66,16 @@ static const char ctl_options_usage[] =
     "  --version              print loaderctl's version (the client library's) and exit\n"
     "  --help                 print this and exit\n"
     "\nenvironment:\n"
-    "  LOADERD_SOCKET         the default socket (else $XDG_RUNTIME_DIR/loaderd.sock when\n"
-    "                         that is a private directory, else /tmp/loaderd-UID/loaderd.sock)\n"
+    "  LOADERD_SOCKET         the socket when --socket is not given (before any config)\n"
+    "  LOADERD_CONFIG         the default of --config\n"
+    "  (the default socket is $XDG_RUNTIME_DIR/loaderd.sock when that is a private\n"
+    "  directory, else /tmp/loaderd-UID/loaderd.sock)\n"
     "  LOADERD_UID            the default of --daemon-uid\n"
     "\nexit status: 0 on success, 1 when the daemon or a request failed, 2 for a bad command line\n";
 
 static void ctl_usage(FILE *f)
 {
-    fprintf(f, "usage: loaderctl [--socket PATH] [--timeout MS] [--daemon-uid UID] [--json] COMMAND [ARGS]\n"
+    fprintf(f, "usage: loaderctl [--socket PATH | --config FILE] [--timeout MS] [--daemon-uid UID] [--json] COMMAND [ARGS]\n"
                "       loaderctl COMMAND --help\n\ncommands:\n");
     for (size_t k = 0; k < sizeof ctl_commands / sizeof ctl_commands[0]; k++)
         fputs(ctl_commands[k].usage, f);
@@ -132,9 +140,12 @@ static double ctl_now(void)
 
 static lc_client *ctl_connect(const struct ctl_opts *o)
 {
-    char err[1024];
+    char err[1024], path[PATH_MAX];
     lc_client *c = NULL;
-    int r = lc_connect(o->socket, o->timeout_ms, "loaderctl", &c, err, sizeof err);
+    /* --socket, else $LOADERD_SOCKET, else the config's server.socket, else the default. */
+    int r = lc_socket_resolve(o->socket, o->config, path, sizeof path, err, sizeof err);
+    if (r == 0)
+        r = lc_connect(path, o->timeout_ms, "loaderctl", &c, err, sizeof err);
     if (r < 0) {
         fprintf(stderr, "loaderctl: %s\n", err);
         return NULL;
@@ -811,6 +822,8 @@ int main(int argc, char **argv)
         const char *a = argv[i];
         if (strcmp(a, "--socket") == 0 && i + 1 < argc) {
             o.socket = argv[++i];
+        } else if (strcmp(a, "--config") == 0 && i + 1 < argc) {
+            o.config = argv[++i];
         } else if (strcmp(a, "--timeout") == 0 && i + 1 < argc) {
             uint64_t v;
             if (ctl_parse_u64(argv[++i], 1, 86400000, &v) < 0)

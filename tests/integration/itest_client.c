@@ -25,6 +25,7 @@
 #include <sys/un.h>
 #include <time.h>
 #include <sys/stat.h>
+#include <fcntl.h>
 #include <unistd.h>
 
 #include "harness.h"
@@ -240,6 +241,264 @@ static void test_versioned_structs(void **state)
     assert_int_equal(lc_stream_open(c, "records", &o, &s), LC_EFIELD);
     snprintf(want, sizeof want, "[1, %lld]", (long long)lc_limit("prefetch_max"));
     assert_non_null(strstr(lc_client_error(c), want));
+    lc_client_close(c);
+}
+
+/* Saves and restores the environment variables the socket resolution reads. */
+struct saved_env {
+    char *sock, *config;
+};
+
+static void env_save(struct saved_env *e)
+{
+    e->sock = getenv("LOADERD_SOCKET") ? strdup(getenv("LOADERD_SOCKET")) : NULL;
+    e->config = getenv("LOADERD_CONFIG") ? strdup(getenv("LOADERD_CONFIG")) : NULL;
+    unsetenv("LOADERD_SOCKET");
+    unsetenv("LOADERD_CONFIG");
+}
+
+static void env_restore(struct saved_env *e)
+{
+    if (e->sock)
+        setenv("LOADERD_SOCKET", e->sock, 1);
+    else
+        unsetenv("LOADERD_SOCKET");
+    if (e->config)
+        setenv("LOADERD_CONFIG", e->config, 1);
+    else
+        unsetenv("LOADERD_CONFIG");
+    free(e->sock);
+    free(e->config);
+}
+
+/* Resolves with (socket, config) and expects `code`; on success the path `want`, on
+ * failure a message containing `want`. */
+static void expect_resolve(const char *sock, const char *config, int code, const char *want)
+{
+    char buf[PATH_MAX], err[1024];
+    int r = lc_socket_resolve(sock, config, buf, sizeof buf, err, sizeof err);
+    if (r != code)
+        fail_msg("lc_socket_resolve(%s, %s) = %d (%s), expected %d", sock ? sock : "NULL",
+                 config ? config : "NULL", r, r < 0 ? err : buf, code);
+    if (code == 0)
+        assert_string_equal(buf, want);
+    else if (!strstr(err, want))
+        fail_msg("message '%s' does not contain '%s'", err, want);
+}
+
+/* Where a client connects: explicit socket > LOADERD_SOCKET > the daemon's config
+ * (--config, else LOADERD_CONFIG) > the default; a config that names no usable socket
+ * is an error naming FILE:LINE:COLUMN, never a silent fall back. */
+static void test_socket_resolution(void **state)
+{
+    struct harness *h = *state;
+    struct saved_env env;
+    char good[PATH_MAX], other[PATH_MAX], path[PATH_MAX], want[PATH_MAX + 64];
+    env_save(&env);
+    static const char good_yaml[] = "server:\n  workers: 2\n  socket: /run/ld/a.sock\n";
+    static const char other_yaml[] = "server: {socket: /run/ld/b.sock}\n";
+    harness_write_file(h, "good.yaml", good_yaml, strlen(good_yaml));
+    harness_write_file(h, "other.yaml", other_yaml, strlen(other_yaml));
+    snprintf(good, sizeof good, "%s/good.yaml", h->dir);
+    snprintf(other, sizeof other, "%s/other.yaml", h->dir);
+
+    /* 1. An explicit socket beats everything. */
+    setenv("LOADERD_SOCKET", "/env.sock", 1);
+    setenv("LOADERD_CONFIG", other, 1);
+    expect_resolve("/explicit.sock", good, 0, "/explicit.sock");
+    /* 2. LOADERD_SOCKET beats any config. */
+    expect_resolve(NULL, good, 0, "/env.sock");
+    expect_resolve(NULL, NULL, 0, "/env.sock");
+    /* 3. The config: --config beats LOADERD_CONFIG. */
+    unsetenv("LOADERD_SOCKET");
+    expect_resolve(NULL, good, 0, "/run/ld/a.sock");
+    expect_resolve(NULL, NULL, 0, "/run/ld/b.sock");
+    char buf[PATH_MAX], err[1024];
+    assert_int_equal(lc_socket_from_config(good, buf, sizeof buf, err, sizeof err), 0);
+    assert_string_equal(buf, "/run/ld/a.sock");
+    /* 4. Nothing given: the daemon's default. */
+    unsetenv("LOADERD_CONFIG");
+    expect_resolve(NULL, NULL, 0, lc_default_socket());
+    setenv("LOADERD_CONFIG", "", 1); /* empty: unset */
+    expect_resolve(NULL, NULL, 0, lc_default_socket());
+
+    /* Configs that name no usable socket: FILE:LINE:COLUMN and what is wrong. */
+    static const struct {
+        const char *name, *text, *msg;
+        int code;
+    } bad[] = {
+        {"nosock.yaml", "server:\n  workers: 2\n", "nosock.yaml:2:3: no server.socket", LC_ECONFIG},
+        {"noserver.yaml", "datasets: {}\n", "noserver.yaml:1:1: no server.socket", LC_ECONFIG},
+        {"list.yaml", "server:\n  socket: [a]\n", "list.yaml:2:11: server.socket: expected a socket path, got a sequence",
+         LC_ECONFIG},
+        {"empty.yaml", "server:\n  socket: ''\n", "empty.yaml:2:11: server.socket: expected a socket path, got an "
+         "empty string", LC_ECONFIG},
+        {"rel.yaml", "server:\n  socket: run/x.sock\n", "rel.yaml:2:11: server.socket 'run/x.sock' is a relative path",
+         LC_ECONFIG},
+        {"twice.yaml", "server:\n  socket: /a\n  socket: /b\n", "twice.yaml:3:3: 'socket' appears twice", LC_ECONFIG},
+        {"server.yaml", "server: 3\n", "server.yaml:1:9: server: expected a mapping", LC_ECONFIG},
+        {"syntax.yaml", "server:\n  socket: [\n", "syntax.yaml:3:1: not valid YAML", LC_ECONFIG},
+        {"scalar.yaml", "just text\n", "scalar.yaml:1:1: not a loaderd config", LC_ECONFIG},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        harness_write_file(h, bad[i].name, bad[i].text, strlen(bad[i].text));
+        snprintf(path, sizeof path, "%s/%s", h->dir, bad[i].name);
+        snprintf(want, sizeof want, "%s/%s", h->dir, bad[i].msg);
+        expect_resolve(NULL, path, bad[i].code, want);
+    }
+    char longcfg[300];
+    int n = snprintf(longcfg, sizeof longcfg, "server:\n  socket: /%0150d\n", 0);
+    harness_write_file(h, "long.yaml", longcfg, (size_t)n);
+    snprintf(path, sizeof path, "%s/long.yaml", h->dir);
+    expect_resolve(NULL, path, LC_ECONFIG, "long.yaml:2:11: server.socket: the path is 151 bytes long");
+    snprintf(path, sizeof path, "%s/missing.yaml", h->dir);
+    expect_resolve(NULL, path, LC_ENOENT, "missing.yaml: cannot open loaderd's config");
+
+    /* lc_connect without a path takes the same road, and says why it cannot. */
+    snprintf(path, sizeof path, "%s/nosock.yaml", h->dir);
+    setenv("LOADERD_CONFIG", path, 1);
+    lc_client *c = NULL;
+    assert_int_equal(lc_connect(NULL, 1000, "t", &c, err, sizeof err), LC_ECONFIG);
+    assert_null(c);
+    assert_non_null(strstr(err, "nosock.yaml:2:3: no server.socket"));
+    env_restore(&env);
+}
+
+/* The daemon's own config file finds the daemon. */
+static void test_connect_from_config(void **state)
+{
+    struct harness *h = *state;
+    struct saved_env env;
+    char err[1024], *reply = NULL;
+    lc_client *c = NULL;
+    env_save(&env);
+    setenv("LOADERD_CONFIG", h->config, 1);
+    int r = lc_connect(NULL, 5000, "itest_client", &c, err, sizeof err);
+    if (r < 0)
+        fail_msg("lc_connect through LOADERD_CONFIG: %s", err);
+    assert_int_equal(lc_request_json(c, "{\"op\":\"status\"}", &reply), 0);
+    lc_free(reply);
+    lc_client_close(c);
+    env_restore(&env);
+}
+
+/* The layout calls hand out what the library checked: a private mapping of the ring's
+ * descriptor, read at their offsets, shows exactly the library's views. */
+static void check_layout_matches(lc_stream *s, lc_batch *b, const uint8_t *mine)
+{
+    lc_batch_info bi;
+    assert_int_equal(lc_batch_describe(b, &bi), 0);
+    assert_int_equal(bi.slot, lc_batch_slot(b));
+    assert_int_equal(bi.rows, lc_batch_rows(b));
+    assert_int_equal(bi.generation, lc_batch_generation(b));
+    assert_int_equal(bi.epoch, lc_batch_epoch(b));
+    assert_int_equal(bi.index, lc_batch_index(b));
+    assert_int_equal((int64_t)bi.slot_offset, lc_stream_slot_offset(s, bi.slot));
+    size_t ring_size = 0;
+    const uint8_t *ring = lc_stream_ring(s, &ring_size);
+    const uint8_t *slot = mine + bi.slot_offset;
+    for (int i = 0; i < lc_batch_field_count(b); i++) {
+        lc_field f;
+        lc_field_layout l;
+        assert_int_equal(lc_batch_field(b, i, &f), 0);
+        assert_int_equal(lc_stream_field_layout(s, i, &l), 0);
+        assert_string_equal(l.name, f.name);
+        assert_int_equal(l.dtype, f.dtype);
+        assert_ptr_equal(ring + bi.slot_offset + l.offset, f.data);
+        if (!l.ragged) {
+            assert_null(f.offsets);
+            assert_int_equal(l.ndim + 1, f.ndim);
+            for (int d = 0; d < l.ndim; d++)
+                assert_int_equal(l.shape[d], f.shape[d + 1]);
+            assert_int_equal(l.row_bytes * bi.rows, f.nbytes);
+            assert_memory_equal(slot + l.offset, f.data, f.nbytes);
+        } else {
+            assert_ptr_equal(ring + bi.slot_offset + l.offsets_offset, f.offsets);
+            assert_memory_equal(slot + l.offsets_offset, f.offsets, (bi.rows + 1) * sizeof(int64_t));
+            assert_true(f.nbytes <= l.capacity);
+            assert_memory_equal(slot + l.offset, f.data, f.nbytes);
+        }
+    }
+}
+
+static void test_ring_layout(void **state)
+{
+    struct harness *h = *state;
+    lc_client *c = harness_connect(h, 5000, "itest_client");
+    int fds = harness_fd_count();
+    static const char *const names[] = {"records", "varied"};
+    for (int k = 0; k < 2; k++) {
+        lc_stream_options o;
+        lc_stream *s = NULL;
+        lc_stream_options_init(&o);
+        o.batch_size = 32;
+        assert_int_equal(lc_stream_open(c, names[k], &o, &s), 0);
+        lc_ring_info ri;
+        size_t ring_size = 0;
+        (void)lc_stream_ring(s, &ring_size);
+        assert_int_equal(lc_stream_ring_info(s, &ri), 0);
+        assert_int_equal(ri.size, ring_size);
+        assert_true(ri.slot_count >= 2);
+        assert_int_equal(ri.slot_header_size, sizeof(struct ld_slot_header));
+        assert_int_equal(ri.field_count, 2);
+        for (uint32_t i = 0; i < ri.slot_count; i++) {
+            int64_t off = lc_stream_slot_offset(s, (int)i);
+            assert_true(off > 0 && (uint64_t)off + ri.slot_size <= ri.size);
+            if (i)
+                assert_int_equal(off - lc_stream_slot_offset(s, (int)i - 1), (int64_t)ri.slot_size);
+        }
+        assert_int_equal(lc_stream_slot_offset(s, -1), LC_EINVAL);
+        assert_int_equal(lc_stream_slot_offset(s, (int)ri.slot_count), LC_EINVAL);
+        lc_field_layout l;
+        assert_int_equal(lc_stream_field_layout(s, 2, &l), LC_EINVAL);
+        assert_int_equal(lc_stream_field_layout(s, -1, &l), LC_EINVAL);
+        assert_int_equal(lc_stream_field_layout_sized(s, 0, &l, offsetof(lc_field_layout, capacity)), LC_EINVAL);
+        assert_int_equal(lc_stream_ring_info_sized(s, &ri, 8), LC_EINVAL);
+        struct {
+            lc_field_layout l;
+            uint64_t device;
+        } big;
+        memset(&big, 0xff, sizeof big);
+        assert_int_equal(lc_stream_field_layout_sized(s, 1, &big.l, sizeof big), 0);
+        assert_string_equal(big.l.name, "label");
+        assert_int_equal(big.device, 0);
+        assert_int_equal(lc_stream_field_layout(s, 0, &l), 0);
+        assert_int_equal(l.ragged, k == 1);
+
+        /* The first batch removes the ring's name: the descriptor is the way in. */
+        lc_batch *b = NULL;
+        assert_int_equal(lc_stream_next(s, 0, &b), 0);
+        int fd = lc_stream_ring_fd(s);
+        assert_true(fd >= 0);
+        assert_true(fcntl(fd, F_GETFD) & FD_CLOEXEC);
+        assert_int_equal(fcntl(fd, F_GETFL) & O_ACCMODE, O_RDONLY);
+        uint8_t *mine = mmap(NULL, ri.size, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
+        assert_true(mine != MAP_FAILED);
+        close(fd);
+        for (int n = 0; n < 3; n++) {
+            check_layout_matches(s, b, mine);
+            /* Copy-on-write: a write stays in this mapping. */
+            lc_batch_info bi;
+            lc_field f;
+            assert_int_equal(lc_batch_describe(b, &bi), 0);
+            assert_int_equal(lc_batch_field(b, 0, &f), 0);
+            uint8_t *p = mine + bi.slot_offset + l.offset;
+            uint8_t before = *(const uint8_t *)f.data;
+            *p = (uint8_t)(before + 1);
+            assert_int_equal(*(const uint8_t *)f.data, before);
+            assert_int_equal(lc_batch_release(b), 0);
+            b = NULL;
+            assert_int_equal(lc_stream_next(s, 0, &b), 0);
+        }
+        lc_batch_info small;
+        assert_int_equal(lc_batch_describe_sized(b, &small, 4), LC_EINVAL);
+        assert_int_equal(lc_batch_describe(NULL, &small), LC_EINVAL);
+        munmap(mine, ri.size);
+        assert_int_equal(lc_batch_release(b), 0);
+        assert_int_equal(lc_stream_close(s), 0);
+        assert_int_equal(harness_fd_count(), fds);
+    }
+    assert_int_equal(lc_stream_ring_fd(NULL), LC_EBADF);
     lc_client_close(c);
 }
 
@@ -602,8 +861,9 @@ static void test_no_leaks(void **state)
     o.batch_size = 50;
     assert_int_equal(lc_stream_open(c, "records", &o, &s1), 0);
     assert_int_equal(lc_stream_open(c, "varied", &o, &s2), 0);
-    /* The client keeps no descriptor per stream: only its socket. */
-    assert_int_equal(harness_fd_count(), fds + 1);
+    /* The client keeps its socket and, per stream, the ring's descriptor (for
+     * lc_stream_ring_fd): closed with the stream or the client. */
+    assert_int_equal(harness_fd_count(), fds + 3);
     /* A ring's name is removed once its client asked for a batch. */
     assert_int_equal(harness_shm_count(h->pid, names, sizeof names), 2);
     assert_int_equal(lc_stream_next(s1, 0, &b), 0);
@@ -1013,6 +1273,9 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_connect_missing_socket, setup_dir, teardown),
         cmocka_unit_test(test_default_socket),
+        cmocka_unit_test_setup_teardown(test_socket_resolution, setup_dir, teardown),
+        cmocka_unit_test_setup_teardown(test_connect_from_config, setup_daemon, teardown),
+        cmocka_unit_test_setup_teardown(test_ring_layout, setup_daemon, teardown),
         cmocka_unit_test(test_error_table_and_limits),
         cmocka_unit_test_setup_teardown(test_versioned_structs, setup_daemon, teardown),
         cmocka_unit_test_setup_teardown(test_fake_reply_out_of_order, setup_dir, teardown),
