@@ -10,8 +10,8 @@ import os
 
 from typing import Dict, List, Optional, Tuple
 
-__all__ = ["lib", "libc", "LibraryNotFoundError", "library_path", "LcField", "LcStreamOptions", "LIMITS",
-           "library_version", "library_version_number"]
+__all__ = ["lib", "libc", "LibraryNotFoundError", "library_path", "LcField", "LcStreamOptions", "LcRingInfo",
+           "LcFieldLayout", "LcBatchInfo", "LIMITS", "library_version", "library_version_number"]
 
 ENV_VAR = "LOADERCLIENT_LIB"
 _SONAME = "libloaderclient.so"
@@ -72,6 +72,38 @@ class LcField(ctypes.Structure):
                 ("offsets", ctypes.c_void_p)]
 
 
+# The layout structs of loaderclient.h. The library writes as many bytes as these have
+# (the _sized calls are passed ctypes.sizeof), so a newer library with more members at
+# the end works unchanged.
+class LcRingInfo(ctypes.Structure):
+    _fields_ = [("size", ctypes.c_uint64),
+                ("slot_count", ctypes.c_uint32),
+                ("slot_size", ctypes.c_uint64),
+                ("slot_header_size", ctypes.c_uint64),
+                ("field_count", ctypes.c_int)]
+
+
+class LcFieldLayout(ctypes.Structure):
+    _fields_ = [("name", ctypes.c_char_p),
+                ("dtype", ctypes.c_int),
+                ("ragged", ctypes.c_int),
+                ("ndim", ctypes.c_int),
+                ("shape", ctypes.c_int64 * LC_MAX_DIMS),
+                ("offset", ctypes.c_uint64),
+                ("row_bytes", ctypes.c_uint64),
+                ("offsets_offset", ctypes.c_uint64),
+                ("capacity", ctypes.c_uint64)]
+
+
+class LcBatchInfo(ctypes.Structure):
+    _fields_ = [("slot", ctypes.c_int),
+                ("rows", ctypes.c_uint32),
+                ("generation", ctypes.c_uint64),
+                ("epoch", ctypes.c_uint64),
+                ("index", ctypes.c_uint64),
+                ("slot_offset", ctypes.c_uint64)]
+
+
 class LcStreamOptions(ctypes.Structure):
     # struct_size first: lc_stream_options_init sets it to the library's size, and the
     # library reads only as many bytes as this struct has (see loaderclient.h).
@@ -100,6 +132,8 @@ def _bind(l):
         "lc_limit": (ctypes.c_int64, [ctypes.c_char_p]),
         "lc_limit_name": (ctypes.c_char_p, [i]),
         "lc_default_socket": (ctypes.c_char_p, []),
+        "lc_socket_resolve": (i, [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, sz, ctypes.c_char_p, sz]),
+        "lc_socket_from_config": (i, [ctypes.c_char_p, ctypes.c_char_p, sz, ctypes.c_char_p, sz]),
         "lc_connect": (i, [ctypes.c_char_p, i, ctypes.c_char_p, ctypes.POINTER(P), ctypes.c_char_p, sz]),
         "lc_client_close": (None, [P]),
         "lc_client_error": (ctypes.c_char_p, [P]),
@@ -111,6 +145,10 @@ def _bind(l):
         "lc_stream_samples_per_epoch": (u64, [P]),
         "lc_stream_id": (u64, [P]),
         "lc_stream_ring": (P, [P, ctypes.POINTER(sz)]),
+        "lc_stream_ring_info_sized": (i, [P, ctypes.POINTER(LcRingInfo), sz]),
+        "lc_stream_field_layout_sized": (i, [P, i, ctypes.POINTER(LcFieldLayout), sz]),
+        "lc_stream_slot_offset": (ctypes.c_int64, [P, i]),
+        "lc_stream_ring_fd": (i, [P]),
         "lc_stream_next": (i, [P, i, ctypes.POINTER(P)]),
         "lc_stream_close": (i, [P]),
         "lc_batch_rows": (u32, [P]),
@@ -118,6 +156,7 @@ def _bind(l):
         "lc_batch_index": (u64, [P]),
         "lc_batch_slot": (i, [P]),
         "lc_batch_generation": (u64, [P]),
+        "lc_batch_describe_sized": (i, [P, ctypes.POINTER(LcBatchInfo), sz]),
         "lc_batch_field_count": (i, [P]),
         "lc_batch_field_sized": (i, [P, i, ctypes.POINTER(LcField), sz]),
         "lc_batch_field_by_name_sized": (i, [P, ctypes.c_char_p, ctypes.POINTER(LcField), sz]),

@@ -18,11 +18,11 @@ of the ring's file, opened read-only), made once per slot and reused:
   written is read from /proc/self/pagemap (a written page is no longer a file page), so a
   batch nobody wrote costs one small read and no page fault.
 
-The ring's file is the one the C library mapped: found in /proc/self/maps (its name exists
-until the stream's first `next`), checked by device and inode. Where it cannot be opened
-(no /proc), slots are seen through read-only aliases of the library's mapping instead
-(``mremap(slot, 0, len, MREMAP_MAYMOVE)``: same pages, no copy): numpy views are read-only
-and torch tensors are copies (a warning says so once); nothing can crash on a write.
+The ring's file is the one the C library mapped, and so is its layout: the library hands
+out a descriptor of the ring (``lc_stream_ring_fd``), each slot's offset
+(``lc_stream_slot_offset``), each field's offsets within a slot (``lc_stream_field_layout``)
+and each batch's slot, generation, epoch, index and rows (``lc_batch_describe``), all of it
+checked against the daemon's reply. Nothing here restates the ring's or a slot's header.
 
 Keeping views honest. A numpy array cannot be revoked, so "arrays of a released batch must
 not be used" cannot be enforced by checking on access. Instead (``keep_views_safe=True``,
@@ -52,15 +52,13 @@ import ctypes
 import json
 import mmap
 import os
-import struct
 import threading
-import warnings
 from typing import Any, Dict, Iterator, List, Optional, Tuple, TypeVar, Union
 
 import numpy as np
 
 from . import _lib
-from ._lib import LcField, LcStreamOptions, lib, libc
+from ._lib import LcStreamOptions, lib, libc
 from . import errors
 from .errors import (ConnectError, EndOfStream, InvalidArgument, LoaderdError, ReleasedError, Timeout,
                      make_error)
@@ -89,8 +87,6 @@ _MADV_DONTNEED = 4
 # written is an anonymous page: present or swapped, and not a file page.
 _WRITTEN_BY_TOP_BYTE = bytes(1 if (v & 0xC0) and not (v & 0x20) else 0 for v in range(256))
 _MAP_FAILED = ctypes.c_void_p(-1).value
-_RING_MAGIC = 0x474E524C  # "LRNG", proto/proto.h
-_RING_VERSION = 1
 
 # LC_DTYPE_* -> (numpy dtype, wire name)
 _DTYPES = {
@@ -106,22 +102,11 @@ _TORCH_DTYPES = frozenset(np.dtype(t) for t in (np.uint8, np.int32, np.int64, np
 _INT64 = np.dtype(np.int64)
 _UINT8 = np.dtype(np.uint8)
 
+_BATCH_INFO_SIZE = ctypes.sizeof(_lib.LcBatchInfo)
 _torch = None
 _check_signals = ctypes.pythonapi.PyErr_CheckSignals   # PyDLL: raises what a handler raised
 _check_signals.restype = ctypes.c_int
 _check_signals.argtypes = []
-_unpack_slot_header = struct.Struct("=QQQI").unpack_from   # struct ld_slot_header's first fields
-_unpack_generation = struct.Struct("=Q").unpack_from
-
-
-_warned_no_private = []
-
-
-def _warn_no_private():
-    if not _warned_no_private:
-        _warned_no_private.append(True)
-        warnings.warn("loaderclient: the ring's shared memory cannot be mapped privately here (no /proc?): "
-                      "torch tensors are copies, numpy views read-only", RuntimeWarning, stacklevel=3)
 
 
 def _import_torch():
@@ -132,11 +117,27 @@ def _import_torch():
     return _torch
 
 
+def _resolve_socket(config=None):
+    """(code, path or message) from the C library's lc_socket_resolve."""
+    buf = ctypes.create_string_buffer(4096)
+    err = ctypes.create_string_buffer(1024)
+    rc = lib.lc_socket_resolve(None, None if config is None else os.fsencode(config), buf, len(buf), err, len(err))
+    if rc < 0:
+        return rc, err.value.decode(errors="replace")
+    return 0, os.fsdecode(buf.value)
+
+
 def default_socket() -> str:
-    """The socket the C library (and the daemon) uses when none is given: $LOADERD_SOCKET,
-    else $XDG_RUNTIME_DIR/loaderd.sock when that directory is ours with mode 0700, else
-    /tmp/loaderd-<uid>/loaderd.sock."""
-    return lib.lc_default_socket().decode()
+    """The socket a Client connects to when none is given, as the C library resolves it:
+    $LOADERD_SOCKET, else ``server.socket`` of the daemon's config named by
+    $LOADERD_CONFIG, else $XDG_RUNTIME_DIR/loaderd.sock when that directory is ours with
+    mode 0700, else /tmp/loaderd-<uid>/loaderd.sock (the daemon's default). A config that
+    names no usable socket raises (LoaderdError, ``name`` "bad_config", the message
+    naming FILE:LINE:COLUMN)."""
+    rc, out = _resolve_socket()
+    if rc < 0:
+        raise make_error(rc, out)
+    return out
 
 
 def _ms(seconds, what):
@@ -152,33 +153,6 @@ def _uint(name, v, bits):
         raise InvalidArgument(errors.EFIELD, "field '%s': expected an integer in [0, %d], got %r"
                               % (name, (1 << bits) - 1, v))
     return int(v)
-
-
-def _open_ring_file(base, size):
-    """(fd, None): the shared memory the C library mapped at `base`, opened read-only; or
-    (None, why) when it cannot be (no /proc, or the name is gone). Found by its address in
-    /proc/self/maps and checked by device and inode, so it is the very object mapped."""
-    try:
-        with open("/proc/self/maps") as f:
-            for line in f:
-                parts = line.split(None, 5)
-                if int(parts[0].split("-", 1)[0], 16) == base:
-                    break
-            else:
-                return None, "the ring is not listed in /proc/self/maps"
-        if len(parts) < 6 or not parts[5].startswith("/"):
-            return None, "the ring's mapping has no file name in /proc/self/maps"
-        path = parts[5].rstrip("\n")
-        major, minor = (int(x, 16) for x in parts[3].split(":"))
-        inode = int(parts[4])
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except (OSError, ValueError, IndexError) as e:
-        return None, str(e)
-    st = os.fstat(fd)
-    if (st.st_ino, os.major(st.st_dev), os.minor(st.st_dev)) != (inode, major, minor) or st.st_size < size:
-        os.close(fd)
-        return None, "%s is not the ring's shared memory any more" % path
-    return fd, None
 
 
 _pagemap = {"pid": None, "fd": -1}
@@ -251,29 +225,20 @@ class _SlotMapping:
             pass
 
 
-class _RingHeader(ctypes.Structure):
-    # struct ld_ring_header (proto/proto.h): documented wire layout of the ring's first bytes.
-    _fields_ = [("magic", ctypes.c_uint32), ("version", ctypes.c_uint32), ("slot_count", ctypes.c_uint32),
-                ("reserved0", ctypes.c_uint32), ("slot_size", ctypes.c_uint64), ("slot_offset", ctypes.c_uint64),
-                ("total_size", ctypes.c_uint64), ("stream_id", ctypes.c_uint64)]
-
-
 class _FieldLayout:
-    """One field of a stream's slots, relative to the slot's start (constant per stream)."""
+    """One field of a stream's slots, relative to the slot's start (constant per stream), as
+    the C library's lc_stream_field_layout gives it."""
     __slots__ = ("name", "index", "dtype", "wire", "shape", "ragged", "offset", "offsets_offset", "row_bytes")
 
-    def __init__(self, index, f, slot_start):
+    def __init__(self, index, f):
         self.name = f.name.decode()
         self.index = index
         self.dtype, self.wire = _DTYPES[f.dtype]
-        self.ragged = bool(f.offsets)
-        self.shape = tuple(f.shape[d] for d in range(1, f.ndim)) if not self.ragged else ()
-        self.offset = f.data - slot_start
-        self.offsets_offset = (f.offsets - slot_start) if self.ragged else None
-        n = 1
-        for d in self.shape:
-            n *= d
-        self.row_bytes = n * self.dtype.itemsize
+        self.ragged = bool(f.ragged)
+        self.shape = tuple(f.shape[d] for d in range(f.ndim)) if not self.ragged else ()
+        self.offset = f.offset
+        self.offsets_offset = f.offsets_offset if self.ragged else None
+        self.row_bytes = f.row_bytes
 
     def describe(self):
         return {"name": self.name, "dtype": self.wire, "shape": list(self.shape), "ragged": self.ragged}
@@ -465,10 +430,7 @@ class Batch(_Closes):
         """True while the slot still holds this batch (its generation matches)."""
         if self.released:
             return False
-        return self._header_generation() == self.generation
-
-    def _header_generation(self):
-        return _unpack_generation(self._lease, self._stream._delta[self.slot])[0]
+        return bool(lib.lc_batch_valid(self._state.bptr))
 
     # -- fields -------------------------------------------------------------------------
 
@@ -491,9 +453,10 @@ class Batch(_Closes):
         f = self._stream._by_name.get(name)
         if f is None:
             raise KeyError("no field %r in this batch (fields: %s)" % (name, ", ".join(self.fields)))
-        if self._header_generation() != self.generation:
-            raise LoaderdError(-4007, "slot %d no longer holds batch %d of epoch %d (generation %d, expected %d)"
-                               % (self.slot, self.index, self.epoch, self._header_generation(), self.generation))
+        if not lib.lc_batch_valid(self._state.bptr):
+            raise make_error(errors.NAME_CODES["stale_generation"],
+                             "slot %d no longer holds batch %d of epoch %d (generation %d)"
+                             % (self.slot, self.index, self.epoch, self.generation))
         return f
 
     def _make(self, f, buf):
@@ -515,7 +478,7 @@ class Batch(_Closes):
             return v
         f = self._field(name)
         if self._ro is None:
-            self._ro = self._lease if self._stream._private else memoryview(self._lease).toreadonly()
+            self._ro = self._lease
         v = self._make(f, self._ro)
         self._views[name] = v
         return v
@@ -530,9 +493,6 @@ class Batch(_Closes):
         t = _import_torch()
         if self._lease is None or self._state.given_back:
             self._check()
-        if not copy and not self._stream._private:
-            _warn_no_private()
-            copy = True
         if not copy:
             v = self._tensors.get(name)
             if v is not None:
@@ -562,17 +522,13 @@ class Batch(_Closes):
         (the checks of torch() done once per batch, no per-field cache)."""
         t = _torch or _import_torch()
         self._check()
-        if self._header_generation() != self.generation:
+        if not lib.lc_batch_valid(self._state.bptr):
             self._field(plan[0][0].name)   # raises the stale-generation error
         lease = self._lease
         base = self._stream._delta[self.slot]
         rows = self.rows
-        private = self._stream._private
-        if not private:
-            _warn_no_private()
         out = []
         for f, own in plan:
-            own = own or not private
             if f.ragged:
                 out.append(self.torch(f.name, copy=own))
                 continue
@@ -618,32 +574,37 @@ class Stream(_ContextManaged):
         size = ctypes.c_size_t()
         self._ring_base = lib.lc_stream_ring(handle, ctypes.byref(size))
         self._ring_size = size.value
-        hdr = _RingHeader.from_address(self._ring_base)
-        if (hdr.magic != _RING_MAGIC or hdr.version != _RING_VERSION or hdr.slot_count == 0 or
-                hdr.slot_offset + hdr.slot_count * hdr.slot_size > self._ring_size):
-            raise LoaderdError(-71, "ring of stream %d has an unexpected header (magic 0x%08x version %d)"
-                               % (self.id, hdr.magic, hdr.version))
-        self.slot_count = hdr.slot_count
-        self._slot_size = hdr.slot_size
-        self._slot_offset = hdr.slot_offset
-        starts = [self._ring_base + hdr.slot_offset + s * hdr.slot_size for s in range(hdr.slot_count)]
-        self._delta = [st % _PAGE for st in starts]               # slot start within its alias
-        self._alias_src = [st - st % _PAGE for st in starts]
-        self._alias_len = max(-(-(d + hdr.slot_size) // _PAGE) * _PAGE for d in self._delta)
-        self._alias = [None] * hdr.slot_count                    # warm, idle slot mappings
-        self._slot_maps = [None] * hdr.slot_count                # unguarded: _SlotMapping by slot
-        self._fd, self.private_reason = _open_ring_file(self._ring_base, self._ring_size)
-        self._private = self._fd is not None                     # private copy-on-write mappings
-        self.dropped_pages = 0                                   # pages given to MADV_DONTNEED
+        info = _lib.LcRingInfo()
+        if lib.lc_stream_ring_info_sized(handle, ctypes.byref(info), ctypes.sizeof(info)) < 0:
+            raise LoaderdError(errors.EINVAL, "the layout of stream %d's ring cannot be read" % self.id)
+        self.slot_count = info.slot_count
+        self._slot_size = info.slot_size
+        # Each slot is mapped from the page holding its start: its offset in the ring, and
+        # where the slot starts within that mapping.
+        offsets = [lib.lc_stream_slot_offset(handle, s) for s in range(info.slot_count)]
+        self._delta = [off % _PAGE for off in offsets]             # slot start within its mapping
+        self._map_off = [off - off % _PAGE for off in offsets]     # the mapping's offset in the ring
+        self._alias_len = max(-(-(d + info.slot_size) // _PAGE) * _PAGE for d in self._delta)
+        self._alias = [None] * info.slot_count                     # warm, idle slot mappings
+        self._slot_maps = [None] * info.slot_count                 # unguarded: _SlotMapping by slot
+        self._layout = self._read_layout(handle, info.field_count)
+        self._by_name = {fl.name: fl for fl in self._layout}
+        self.private_reason = None
+        self.dropped_pages = 0                                     # pages given to MADV_DONTNEED
+        fd = lib.lc_stream_ring_fd(handle)                         # last: nothing below can fail
+        if fd < 0:
+            raise make_error(fd, "cannot get a descriptor of stream %d's ring: %s"
+                             % (self.id, errors.MESSAGES.get(fd, "error %d" % fd)))
+        self._fd = fd                                              # for private copy-on-write mappings
         self._lease_type = type("_Lease", (ctypes.c_uint8 * self._alias_len,),
                                 {"__slots__": ("state",), "__del__": _lease_del})
-        self._layout = None
-        self._by_name = {}
         self._held = collections.OrderedDict()                   # id(state) -> state, not given back
         self._current = None
         self._closed = False
         self._bp = ctypes.c_void_p()
         self._bp_ref = ctypes.byref(self._bp)
+        self._binfo = _lib.LcBatchInfo()
+        self._binfo_ref = ctypes.byref(self._binfo)
         self.position = (epoch, start_batch)                     # (epoch, batch) of the next batch
 
     # -- info -------------------------------------------------------------------------------
@@ -659,21 +620,15 @@ class Stream(_ContextManaged):
 
     @property
     def writable_views(self) -> bool:
-        """True when views are private copy-on-write mappings (writes work, stay in this
-        process); False where the ring's file could not be opened (``private_reason``
-        says why): numpy views are then read-only and torch tensors copies."""
-        return self._private
+        """True: views are private copy-on-write mappings of the ring's descriptor (from the
+        C library), so writes work and stay in this process. Kept for compatibility
+        (``private_reason`` is None)."""
+        return True
 
     @property
     def fields(self) -> List[Dict[str, Any]]:
         """[{name, dtype, shape, ragged}] of the dataset, in its order."""
-        if self._layout is not None:
-            return [f.describe() for f in self._layout]
-        for d in self._client.datasets():
-            if d.get("name") == self.dataset:
-                return [{"name": f["name"], "dtype": f["dtype"], "shape": list(f["shape"]),
-                         "ragged": bool(f.get("ragged"))} for f in d.get("fields", [])]
-        return []
+        return [f.describe() for f in self._layout]
 
     def held_batches(self) -> int:
         """Batches of this stream whose slot is still leased (including released batches
@@ -748,14 +703,11 @@ class Stream(_ContextManaged):
         return b
 
     def _wrap(self, bptr):
-        # Under the client lock.
-        slot = lib.lc_batch_slot(bptr)
-        if self._layout is None:
-            try:
-                self._learn_layout(bptr, slot)
-            except BaseException:
-                lib.lc_batch_release(bptr)
-                raise
+        # Under the client lock. The batch's slot and header, which the library has just
+        # checked against the daemon's reply: one call.
+        info = self._binfo
+        lib.lc_batch_describe_sized(bptr, self._binfo_ref, _BATCH_INFO_SIZE)
+        slot = info.slot
         try:
             if self.keep_views_safe:
                 addr = self._alias[slot]
@@ -769,34 +721,26 @@ class Stream(_ContextManaged):
                         libc.munmap(addr, self._alias_len)
                         raise
                 st = _LeaseState(self, bptr, slot, addr, self._alias_len, True)
-            elif self._private:
+            else:
                 m = self._slot_maps[slot]
                 if m is None:
                     m = self._slot_maps[slot] = _SlotMapping(self._map_slot(slot), self._alias_len)
                 else:
                     self._drop_written(m.addr)
                 st = _LeaseState(self, bptr, slot, m.addr, self._alias_len, False, m)
-            else:
-                st = _LeaseState(self, bptr, slot, self._alias_src[slot], self._alias_len, False)
         except BaseException:
             lib.lc_batch_release(bptr)
             raise
         self._held[id(st)] = st
         lease = self._lease_type.from_address(st.addr)
         lease.state = st
-        # The slot header (struct ld_slot_header: generation, epoch, batch, rows), which the
-        # library has just checked against the daemon's reply: one read instead of four calls.
-        gen, epoch, index, rows = _unpack_slot_header(lease, self._delta[slot])
-        return Batch(self, st, lease, epoch, index, rows, slot, gen)
+        return Batch(self, st, lease, info.epoch, info.index, info.rows, slot, info.generation)
 
     def _map_slot(self, slot):
-        # A new mapping of a slot (its pages, from the page before the slot's start): private
-        # copy-on-write of the ring's file, or a read-only alias of the library's mapping.
-        if self._private:
-            addr = libc.mmap(None, self._alias_len, _PROT_READ | _PROT_WRITE, _MAP_PRIVATE, self._fd,
-                             self._alias_src[slot] - self._ring_base)
-        else:
-            addr = libc.mremap(self._alias_src[slot], 0, self._alias_len, _MREMAP_MAYMOVE, None)
+        # A new mapping of a slot (its pages, from the page holding the slot's start): private
+        # copy-on-write of the ring's descriptor.
+        addr = libc.mmap(None, self._alias_len, _PROT_READ | _PROT_WRITE, _MAP_PRIVATE, self._fd,
+                         self._map_off[slot])
         if addr is None or addr == _MAP_FAILED:
             e = ctypes.get_errno()
             raise LoaderdError(-e if e else -12, "cannot map a view of slot %d: %s" % (slot, os.strerror(e)))
@@ -804,21 +748,18 @@ class Stream(_ContextManaged):
 
     def _drop_written(self, addr):
         # Before a slot's mapping shows its next batch: the pages written through it go.
-        if self._private:
-            self.dropped_pages += _drop_written(addr, self._alias_len)
+        self.dropped_pages += _drop_written(addr, self._alias_len)
 
-    def _learn_layout(self, bptr, slot):
-        start = self._ring_base + self._slot_offset + slot * self._slot_size
-        f = LcField()
+    def _read_layout(self, handle, n):
+        f = _lib.LcFieldLayout()
         layout = []
-        for i in range(lib.lc_batch_field_count(bptr)):
-            if lib.lc_batch_field_sized(bptr, i, ctypes.byref(f), ctypes.sizeof(f)) < 0:
-                raise LoaderdError(-71, "field %d of stream %d cannot be read" % (i, self.id))
+        for i in range(n):
+            if lib.lc_stream_field_layout_sized(handle, i, ctypes.byref(f), ctypes.sizeof(f)) < 0:
+                raise LoaderdError(errors.EINVAL, "field %d of stream %d cannot be read" % (i, self.id))
             if f.dtype not in _DTYPES:
-                raise LoaderdError(-71, "field %r has an unknown dtype %d" % (f.name, f.dtype))
-            layout.append(_FieldLayout(i, f, start))
-        self._layout = layout
-        self._by_name = {fl.name: fl for fl in layout}
+                raise LoaderdError(errors.EINVAL, "field %r has an unknown dtype %d" % (f.name, f.dtype))
+            layout.append(_FieldLayout(i, f))
+        return layout
 
     def _make_room(self):
         # Under the client lock. Released batches whose views live on: keep at most
@@ -918,7 +859,8 @@ class Stream(_ContextManaged):
 
 
 class Client(_Closes):
-    """One connection to loaderd. ``socket``: its path (default: ``default_socket()``); the
+    """One connection to loaderd. ``socket``: its path (default: ``default_socket()``, which
+    also reads the daemon's config named by $LOADERD_CONFIG); the
     daemon must run as this user, root or $LOADERD_UID; ``timeout`` in seconds
     bounds the connect and every later call; ``name`` shows in ``loaderctl streams``.
     Usable from several threads (calls are serialized); for parallel streams use one
@@ -931,7 +873,11 @@ class Client(_Closes):
         self._streams = set()   # strong: a stream lives until closed, or its client is
         self._timeout_ms = _ms(timeout, "timeout")
         self.timeout = timeout
-        self.socket = os.fspath(socket) if socket is not None else default_socket()
+        if socket is None:
+            rc, socket = _resolve_socket()     # LOADERD_SOCKET, LOADERD_CONFIG, the default
+            if rc < 0:
+                raise ConnectError(rc, socket)
+        self.socket = os.fspath(socket)
         errbuf = ctypes.create_string_buffer(1024)
         h = ctypes.c_void_p()
         rc = lib.lc_connect(self.socket.encode(), self._timeout_ms, str(name).encode()[:63], ctypes.byref(h),
