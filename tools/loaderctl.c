@@ -68,9 +68,9 @@ static const char ctl_options_usage[] =
     "\nenvironment:\n"
     "  LOADERD_SOCKET         the socket when --socket is not given (before any config)\n"
     "  LOADERD_CONFIG         the default of --config\n"
+    "  LOADERD_UID            the default of --daemon-uid\n"
     "  (the default socket is $XDG_RUNTIME_DIR/loaderd.sock when that is a private\n"
     "  directory, else /tmp/loaderd-UID/loaderd.sock)\n"
-    "  LOADERD_UID            the default of --daemon-uid\n"
     "\nexit status: 0 on success, 1 when the daemon or a request failed, 2 for a bad command line\n";
 
 static void ctl_usage(FILE *f)
