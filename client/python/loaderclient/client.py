@@ -203,7 +203,7 @@ def _drop_written(addr, size):
         return 0
     if libc.madvise(addr + first * _PAGE, (end - first) * _PAGE, _MADV_DONTNEED) != 0:
         e = ctypes.get_errno()
-        raise LoaderdError(-e if e else -22, "cannot drop the pages written in a slot's mapping: %s"
+        raise LoaderdError(-e if e else errors.EINVAL, "cannot drop the pages written in a slot's mapping: %s"
                            % os.strerror(e))
     return end - first
 
@@ -454,7 +454,7 @@ class Batch(_Closes):
         if f is None:
             raise KeyError("no field %r in this batch (fields: %s)" % (name, ", ".join(self.fields)))
         if not lib.lc_batch_valid(self._state.bptr):
-            raise make_error(errors.NAME_CODES["stale_generation"],
+            raise make_error(errors.ESTALE,
                              "slot %d no longer holds batch %d of epoch %d (generation %d)"
                              % (self.slot, self.index, self.epoch, self.generation))
         return f
@@ -743,7 +743,7 @@ class Stream(_ContextManaged):
                          self._map_off[slot])
         if addr is None or addr == _MAP_FAILED:
             e = ctypes.get_errno()
-            raise LoaderdError(-e if e else -12, "cannot map a view of slot %d: %s" % (slot, os.strerror(e)))
+            raise LoaderdError(-e if e else errors.ENOMEM, "cannot map a view of slot %d: %s" % (slot, os.strerror(e)))
         return addr
 
     def _drop_written(self, addr):
@@ -757,7 +757,7 @@ class Stream(_ContextManaged):
             if lib.lc_stream_field_layout_sized(handle, i, ctypes.byref(f), ctypes.sizeof(f)) < 0:
                 raise LoaderdError(errors.EINVAL, "field %d of stream %d cannot be read" % (i, self.id))
             if f.dtype not in _DTYPES:
-                raise LoaderdError(errors.EINVAL, "field %r has an unknown dtype %d" % (f.name, f.dtype))
+                raise LoaderdError(errors.EPROTO, "field %r has an unknown dtype %d" % (f.name, f.dtype))
             layout.append(_FieldLayout(i, f))
         return layout
 
@@ -768,7 +768,7 @@ class Stream(_ContextManaged):
         for st in deferred[:max(0, len(deferred) - MAX_DEFERRED)]:
             self._materialize(st)
         if len(self._held) >= self.slot_count:
-            raise LoaderdError(-4012, "all %d slots of stream %d are held by batches not released (auto_release="
+            raise LoaderdError(errors.ELIMIT, "all %d slots of stream %d are held by batches not released (auto_release="
                                "False?): release one before asking for the next" % (self.slot_count, self.id))
 
     def _materialize(self, st):
@@ -779,13 +779,13 @@ class Stream(_ContextManaged):
         size = st.size
         new = libc.mmap(None, size, _PROT_READ | _PROT_WRITE, _MAP_PRIVATE | _MAP_ANONYMOUS, -1, 0)
         if new is None or new == _MAP_FAILED:
-            raise LoaderdError(-12, "cannot copy a kept batch out of the ring: %s" % os.strerror(ctypes.get_errno()))
+            raise LoaderdError(errors.ENOMEM, "cannot copy a kept batch out of the ring: %s" % os.strerror(ctypes.get_errno()))
         ctypes.memmove(new, st.addr, size)
         r = libc.mremap(new, size, size, _MREMAP_MAYMOVE | _MREMAP_FIXED, st.addr)
         if r != st.addr:
             e = ctypes.get_errno()
             libc.munmap(new, size)
-            raise LoaderdError(-e if e else -12, "cannot swap a kept batch's copy in: %s" % os.strerror(e))
+            raise LoaderdError(-e if e else errors.ENOMEM, "cannot swap a kept batch's copy in: %s" % os.strerror(e))
         st.materialized = True
         self._give_back_locked(st)
 

@@ -49,6 +49,10 @@ EEND = NAME_CODES["end_of_stream"]
 EBUDGET = NAME_CODES["over_budget"]
 ESAMPLE = NAME_CODES["bad_sample"]
 ECLOSED = NAME_CODES["closed"]
+ENOMEM = NAME_CODES["out_of_memory"]
+EPROTO = NAME_CODES["protocol_error"]
+ESTALE = NAME_CODES["stale_generation"]
+ELIMIT = NAME_CODES["limit_reached"]
 
 
 def error_name(code: int) -> str:

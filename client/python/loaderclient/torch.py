@@ -29,6 +29,7 @@ from typing import Any, Callable, Dict, Iterator, Optional, Sequence, Union
 import torch
 
 from .client import Client, RaggedField, Stream, _Closes, _TORCH_DTYPES
+from . import errors
 from .errors import InvalidArgument, LoaderdError
 
 __all__ = ["LoaderdDataLoader", "ShareChanged"]
@@ -351,7 +352,7 @@ class _EpochIterator:
         ld.batches += 1
         ld._delivered = ld._share
         if b.epoch != self.epoch or b.index != self._n:
-            raise LoaderdError(-71, "expected batch %d of epoch %d, loaderd sent batch %d of epoch %d"
+            raise LoaderdError(errors.EPROTO, "expected batch %d of epoch %d, loaderd sent batch %d of epoch %d"
                                % (self._n, self.epoch, b.index, b.epoch))
         self._n += 1
         return ld._convert(b)
