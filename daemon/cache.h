@@ -1,5 +1,10 @@
 /* cache — the single-file dataset cache: build it from a dataset, open it, serve samples.
  *
+ * Files: the format and both halves' API are here; cache_build.c builds (the writer,
+ * the sweep of dead builders' temporary files, setting a bad file aside), cache.c reads
+ * (open and its checks, samples, read-ahead advice, verify), cache_report.c shows a
+ * cache as JSON, cache_keeper.c runs one dataset's cache inside the daemon.
+ *
  * A cache file packs every sample of a dataset (its first field's raw bytes and its
  * label) into one file: a header page, the sample data (each sample 64-byte aligned),
  * an index of 32 bytes per sample and a 64-byte footer. docs/cache-format.md describes
@@ -25,7 +30,6 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
-#include <cJSON.h>
 
 #include "dataset.h"
 
@@ -263,11 +267,5 @@ const struct cache_meta *cache_meta(const cache *c);
 const char *cache_path(const cache *c);
 /* Samples and bytes served by cache_sample() and cache_read() since open. */
 void cache_hits(const cache *c, uint64_t *ret_samples, uint64_t *ret_bytes);
-/* Adds the header's fields, the file's size and the hit counters to the JSON object
- * `out` (for `loaderctl cache info` and status): path, version, flags, count,
- * fingerprint (16 hex digits), kind, name, source, fields [{name, dtype, shape,
- * ragged, max_item_bytes}], label_field, build_time (ISO 8601 UTC), build_time_unix,
- * file_size, data_bytes, sample_bytes, max_sample_bytes, hits, hit_bytes. LD_ENOMEM. */
-int cache_info(const cache *c, cJSON *out);
 
 #endif

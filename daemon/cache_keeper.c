@@ -652,34 +652,30 @@ int cache_keeper_verify(cache_keeper *k, void (*done)(void *ctx, int rc, const c
     return rc;
 }
 
-void cache_keeper_describe(const cache_keeper *k, cJSON *o)
+void cache_keeper_stats(const cache_keeper *k, struct cache_keeper_stats *ret)
 {
     static const char *const modes[] = {"off", "auto", "rebuild"};
-    cJSON_AddStringToObject(o, "state", state_names[k->state]);
-    cJSON_AddStringToObject(o, "path", k->path);
-    cJSON_AddStringToObject(o, "mode", modes[k->mode]);
-    uint64_t total = atomic_load(&((cache_keeper *)k)->progress_total);
-    uint64_t done = atomic_load(&((cache_keeper *)k)->progress_done);
-    if (k->thread_live && total)
-        cJSON_AddNumberToObject(o, "progress", (double)done / (double)total);
-    uint64_t hits = k->freed_hits, bytes = k->freed_hit_bytes, mapped = 0;
+    /* The progress counters are atomics the keeper's thread writes; loading them
+     * changes nothing. */
+    cache_keeper *m = (cache_keeper *)k;
+    uint64_t total = atomic_load(&m->progress_total);
+    uint64_t done = atomic_load(&m->progress_done);
+    *ret = (struct cache_keeper_stats){
+        .state = state_names[k->state],
+        .path = k->path,
+        .mode = modes[k->mode],
+        .progress = k->thread_live && total ? (double)done / (double)total : -1,
+        .hits = k->freed_hits,
+        .hit_bytes = k->freed_hit_bytes,
+        .attached = k->attached,
+        .error = k->error[0] ? k->error : NULL,
+        .file = k->current ? k->current->c : NULL,
+    };
     for (const struct held *h = k->held; h; h = h->next) {
-        uint64_t hh, b;
-        cache_hits(h->c, &hh, &b);
-        hits += hh;
-        bytes += b;
-        mapped++;
-    }
-    cJSON_AddNumberToObject(o, "hits", (double)hits);
-    cJSON_AddNumberToObject(o, "hit_bytes", (double)bytes);
-    /* Caches attached over the run, and those still mapped (the attached one, and
-     * replaced ones that batches or a job still read). */
-    cJSON_AddNumberToObject(o, "attached", (double)k->attached);
-    cJSON_AddNumberToObject(o, "mapped", (double)mapped);
-    if (k->error[0])
-        cJSON_AddStringToObject(o, "error", k->error);
-    if (k->current) {
-        cJSON *info = cJSON_AddObjectToObject(o, "file");
-        cache_info(k->current->c, info);
+        uint64_t hits, bytes;
+        cache_hits(h->c, &hits, &bytes);
+        ret->hits += hits;
+        ret->hit_bytes += bytes;
+        ret->mapped++;
     }
 }

@@ -10,7 +10,7 @@
 #define LD_CACHE_KEEPER_H
 
 #include <stdbool.h>
-#include <cJSON.h>
+#include <stdint.h>
 #include <uv.h>
 
 #include "config.h"
@@ -63,10 +63,20 @@ int cache_keeper_build(cache_keeper *k, bool force, char *errbuf);
  * verify is already under way: done is not called then. */
 int cache_keeper_verify(cache_keeper *k, void (*done)(void *ctx, int rc, const char *message), void *ctx,
                         char *errbuf);
-/* Adds the state to o: {"state": "absent|checking|building|ready|stale|failed|off",
- * "progress": 0..1, "path", "mode", "hits", "hit_bytes", "attached" (caches attached
- * this run), "mapped" (still mapped: the attached one and replaced ones still read),
- * "error", and the header's fields when ready}. */
-void cache_keeper_describe(const cache_keeper *k, cJSON *o);
+/* What the keeper is doing, for status, datasets and `loaderctl cache info`
+ * (cache_report.c shows it as JSON). The strings and the file are the keeper's: valid
+ * until the next call into it on the loop thread. */
+struct cache_keeper_stats {
+    const char *state;              /* "absent|checking|building|ready|stale|failed|off" */
+    const char *path;               /* the cache file's path */
+    const char *mode;               /* "off|auto|rebuild" */
+    double progress;                /* a running build or verify: 0..1; else -1 */
+    uint64_t hits, hit_bytes;       /* samples and bytes served from cache files this run */
+    uint64_t attached;              /* caches attached this run */
+    uint64_t mapped;                /* still mapped: the attached one and replaced ones still read */
+    const char *error;              /* the last failure's message, or NULL */
+    const struct cache *file;       /* the attached cache (state ready), or NULL */
+};
+void cache_keeper_stats(const cache_keeper *k, struct cache_keeper_stats *ret);
 
 #endif

@@ -18,7 +18,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "proto.h"
+#include "ld_error.h"
+#include "ld_wire.h"
 #include "config.h"
 
 struct dataset_field {
@@ -68,8 +69,9 @@ struct dataset_ops {
     /* The sample's name for messages (a relative path); optional. Any thread. */
     const char *(*sample_name)(const dataset *d, uint64_t index);
 
-    /* The three members below serve the cache file (cache.c). Each is optional: a kind
-     * that leaves them NULL cannot be cached (cache_build answers LD_ENOTSUP). */
+    /* The three members below serve the cache file (cache_build.c, cache_keeper.c). Each
+     * is optional: a kind that leaves them NULL cannot be cached (cache_build answers
+     * LD_ENOTSUP). */
 
     /* A 64-bit fingerprint of the source as it is on disk now, never 0. mode is a
      * DATASET_FINGERPRINT_*: STAT covers the list of samples (relative paths), their

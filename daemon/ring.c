@@ -17,8 +17,8 @@
 
 #include "ld_error.h"
 #include "ld_format.h"
+#include "ld_wire.h"
 #include "log.h"
-#include "proto.h"
 #include "sweep.h"
 
 #include <errno.h>

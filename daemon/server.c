@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "cache_keeper.h"
+#include "cache_report.h"
 #include "dataset_watch.h"
 #include "log.h"
 #include "metrics.h"
@@ -421,7 +422,7 @@ static void op_datasets(conn *c, const cJSON *req, int64_t id)
         cJSON_AddNumberToObject(jd, "replaced_samples", (double)atomic_load(&srv->datasets[i]->replaced_samples));
         cJSON_AddNumberToObject(jd, "resource_retries", (double)atomic_load(&srv->datasets[i]->resource_retries));
         if (srv->keepers[i])
-            cache_keeper_describe(srv->keepers[i], cJSON_AddObjectToObject(jd, "cache"));
+            cache_report_keeper(srv->keepers[i], cJSON_AddObjectToObject(jd, "cache"));
         cJSON_AddItemToArray(list, jd);
     }
     reply_send(c, r);
@@ -678,7 +679,7 @@ static void op_status(conn *c, const cJSON *req, int64_t id)
             continue;
         cJSON *jc = cJSON_CreateObject();
         cJSON_AddStringToObject(jc, "dataset", srv->datasets[i]->name);
-        cache_keeper_describe(srv->keepers[i], jc);
+        cache_report_keeper(srv->keepers[i], jc);
         cJSON_DeleteItemFromObjectCaseSensitive(jc, "file");
         cJSON_AddItemToArray(caches, jc);
     }
@@ -764,7 +765,7 @@ static int server_metrics_text(server *srv, char **ret_text, size_t *ret_len)
             if (!jc)
                 goto out;
             cJSON_AddItemToArray(held, jc);
-            cache_keeper_describe(srv->keepers[i], jc);
+            cache_report_keeper(srv->keepers[i], jc);
             const cJSON *state = cJSON_GetObjectItemCaseSensitive(jc, "state");
             ds[i].cache_state = cJSON_IsString(state) ? state->valuestring : "unknown";
             ds[i].cache_samples = (uint64_t)server_json_num(jc, "hits");
@@ -846,7 +847,7 @@ static void op_cache_build(conn *c, const cJSON *req, int64_t id)
         return;
     }
     cJSON *r = proto_reply_ok(id);
-    cache_keeper_describe(k, r);
+    cache_report_keeper(k, r);
     reply_send(c, r);
 }
 
@@ -858,7 +859,7 @@ static void op_cache_info(conn *c, const cJSON *req, int64_t id)
         return;
     cJSON *r = proto_reply_ok(id);
     cJSON_AddStringToObject(r, "dataset", d->name);
-    cache_keeper_describe(k, r);
+    cache_report_keeper(k, r);
     reply_send(c, r);
 }
 

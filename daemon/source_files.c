@@ -29,8 +29,8 @@
  * shrunk since is a bad sample, one that has grown is read up to its recorded size.
  * Everything read() touches is immutable after open(), so workers share it freely.
  *
- * For the cache file (cache.c) the kind also offers read_raw(), the same read into one
- * buffer, and a fingerprint of the tree: per sample, in sample order, its relative
+ * For the cache file (cache_build.c) the kind also offers read_raw(), the same read into
+ * one buffer, and a fingerprint of the tree: per sample, in sample order, its relative
  * path, the size the scan recorded and a fresh stat's size and modification time (or,
  * in content mode, a hash of its bytes instead of the time). A file added or removed
  * changes the list at the next scan, one touched or resized changes its stat, and a

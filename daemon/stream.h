@@ -15,6 +15,7 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <cJSON.h>
 #include <uv.h>
 
 #include "dataset.h"

@@ -22,6 +22,7 @@
 #include <xxhash.h>
 
 #include "cache.h"
+#include "cache_report.h"
 #include "ld_error.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
@@ -114,7 +115,7 @@ static void read_all(cache *c, const uint8_t *f, size_t len)
     check(r == 0 || r == LD_ECACHE);
     cJSON *info = cJSON_CreateObject();
     check(info != NULL);
-    check(cache_info(c, info) == 0);
+    check(cache_report_file(c, info) == 0);
     cJSON_Delete(info);
 }
 

@@ -30,6 +30,7 @@
 
 #include "cache.h"
 #include "cache_keeper.h"
+#include "cache_report.h"
 #include "dataset.h"
 #include "log.h"
 
@@ -348,7 +349,7 @@ static void test_fixed_roundtrip(void **state)
     assert_int_equal(vl.last_total, 41);
 
     cJSON *info = cJSON_CreateObject();
-    assert_int_equal(cache_info(c, info), 0);
+    assert_int_equal(cache_report_file(c, info), 0);
     char hex[17];
     snprintf(hex, sizeof hex, "%016" PRIx64, fp);
     assert_string_equal(cJSON_GetObjectItem(info, "fingerprint")->valuestring, hex);
@@ -1370,7 +1371,7 @@ struct keeper_fixture {
 static cJSON *keeper_info(cache_keeper *k)
 {
     cJSON *o = cJSON_CreateObject();
-    cache_keeper_describe(k, o);
+    assert_int_equal(cache_report_keeper(k, o), 0);
     return o;
 }
 
@@ -1573,6 +1574,38 @@ static void test_keeper_verify_during_build_and_force(void **state)
 
 /* A failed cache (its directory missing) is retried at the next stream open once the
  * cause is gone; mode off says so. */
+/* What status and `loaderctl cache info` show of an idle keeper: its stats, and the
+ * JSON cache_report builds from them, agree. */
+static void check_report(cache_keeper *k, const char *state, const char *mode, bool has_file, bool has_error)
+{
+    struct cache_keeper_stats st;
+    cache_keeper_stats(k, &st);
+    assert_string_equal(st.state, state);
+    assert_string_equal(st.mode, mode);
+    assert_int_equal(st.file != NULL, has_file);
+    assert_int_equal(st.error != NULL, has_error);
+    assert_true(st.progress < 0);           /* idle: no job running */
+    cJSON *o = keeper_info(k);
+    assert_string_equal(cJSON_GetStringValue(cJSON_GetObjectItem(o, "state")), state);
+    assert_string_equal(cJSON_GetStringValue(cJSON_GetObjectItem(o, "mode")), mode);
+    assert_string_equal(cJSON_GetStringValue(cJSON_GetObjectItem(o, "path")), st.path);
+    assert_null(cJSON_GetObjectItem(o, "progress"));
+    assert_true(cJSON_GetNumberValue(cJSON_GetObjectItem(o, "hits")) == (double)st.hits);
+    assert_true(cJSON_GetNumberValue(cJSON_GetObjectItem(o, "attached")) == (double)st.attached);
+    assert_true(cJSON_GetNumberValue(cJSON_GetObjectItem(o, "mapped")) == (double)st.mapped);
+    const cJSON *file = cJSON_GetObjectItem(o, "file");
+    assert_int_equal(file != NULL, has_file);
+    if (file) {
+        assert_true(cJSON_GetNumberValue(cJSON_GetObjectItem(file, "count")) == (double)cache_meta(st.file)->count);
+        assert_string_equal(cJSON_GetStringValue(cJSON_GetObjectItem(file, "path")), cache_path(st.file));
+    }
+    const cJSON *error = cJSON_GetObjectItem(o, "error");
+    assert_int_equal(error != NULL, has_error);
+    if (error)
+        assert_string_equal(cJSON_GetStringValue(error), st.error);
+    cJSON_Delete(o);
+}
+
 static void test_keeper_failed_retried_and_off(void **state)
 {
     struct tdir *t = *state;
@@ -1585,16 +1618,20 @@ static void test_keeper_failed_retried_and_off(void **state)
     keeper_wait(&f, "absent");
     uint64_t t1 = cache_keeper_stream_opened(f.k);
     keeper_wait(&f, "failed");
+    check_report(f.k, "failed", "auto", false, true);
     assert_null(cache_keeper_acquire(f.k, f.d, t1, NULL));
     assert_int_equal(mkdir(dir, 0755), 0);
     uint64_t t2 = cache_keeper_stream_opened(f.k);
     cache *c = keeper_acquire_wait(&f, t2);
     cache_keeper_release(f.k, c);
     assert_true(keeper_in(f.k, "ready"));
+    keeper_wait(&f, "ready");
+    check_report(f.k, "ready", "auto", true, false);
     keeper_stop(&f);
 
     keeper_start(&f, t, CONFIG_CACHE_OFF, path);
     assert_true(keeper_in(f.k, "off"));
+    check_report(f.k, "off", "off", false, false);
     uint64_t t3 = cache_keeper_stream_opened(f.k);
     uv_run(&f.loop, UV_RUN_NOWAIT);
     assert_null(cache_keeper_acquire(f.k, f.d, t3, NULL));
