@@ -110,8 +110,7 @@ FUZZ_SECONDS ?= 60
 TEST_FUZZ_SECONDS ?= 10
 FUZZ_SAN  := address,undefined,fuzzer-no-link
 
-.PHONY: all deps test test-unit test-integration test-tsan test-python demo bench clean tests \
-        fuzz fuzzers fuzz-seeds soak
+.PHONY: all deps test demo bench clean tests fuzz fuzzers fuzz-seeds soak
 all: $(LOADERD) $(LOADERCTL) $(GENDATA) $(GENIMAGES) $(IMGFLOOR) $(CLIENT_SO) $(CLIENT_A) $(PLUGINS)
 tests: $(UNIT_BIN) $(ITEST_BIN)
 

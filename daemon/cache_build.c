@@ -197,7 +197,9 @@ static int build_plan(const dataset *d, const char *path, uint64_t fingerprint,
     h->sample_bytes = sample_bytes;
     h->max_sample_bytes = max_len;
     h->n_fields = (uint32_t)d->n_fields;
-    h->label_field = CACHE_NO_LABEL;
+    /* Field 0 is the cached bytes, so a label is one of the others. */
+    const int label = dataset_label_field(d);
+    h->label_field = label > 0 ? (uint32_t)label : CACHE_NO_LABEL;
     h->align = CACHE_ALIGN;
     copy_str(h->kind, sizeof h->kind, dataset_kind(d));
     copy_str(h->name, sizeof h->name, d->name);
@@ -219,9 +221,6 @@ static int build_plan(const dataset *d, const char *path, uint64_t fingerprint,
             cf->shape[j] = f->shape[j];
         cf->ragged = f->ragged;
         cf->max_item_bytes = f->ragged ? f->max_item_bytes : 0;
-        if (k > 0 && h->label_field == CACHE_NO_LABEL && strcmp(f->name, "label") == 0 &&
-            f->dtype == LD_DTYPE_INT64 && f->ndim == 0 && !f->ragged)
-            h->label_field = (uint32_t)k;
     }
     h->header_checksum = XXH3_64bits(h, offsetof(struct cache_header, header_checksum));
     return 0;

@@ -29,7 +29,7 @@ int ld_log_level_from_name(const char *name)
     return -1;
 }
 
-const char *ld_log_level_name(int level)
+static const char *ld_log_level_name(int level)
 {
     return level >= LD_LOG_ERROR && level <= LD_LOG_DEBUG ? level_names[level] : "?";
 }

@@ -14,7 +14,6 @@ enum ld_log_level { LD_LOG_ERROR = 0, LD_LOG_WARN = 1, LD_LOG_INFO = 2, LD_LOG_D
 
 void ld_log_set_level(int level);
 int ld_log_level_from_name(const char *name); /* LD_LOG_* or -1 */
-const char *ld_log_level_name(int level);
 void ld_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* Always checked (NDEBUG does not remove it); expr is evaluated exactly once. */
