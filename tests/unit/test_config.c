@@ -92,6 +92,7 @@ static struct config *load_ok(const char *text, char *path, size_t size)
 }
 
 #define ONE_DATASET "datasets:\n  a: {kind: files, path: x}\n"
+#define IM_HEAD "datasets:\n  im:\n    kind: image_folder\n    path: x\n    transforms:\n"
 
 /* ---- valid configs --------------------------------------------------------------- */
 
@@ -758,6 +759,54 @@ static void test_transforms(void **state)
 #undef IM
 }
 
+/* The transforms' names and parameters come from each transform's own schema
+ * (transform.h), walked by the generic loader: every name and every parameter of
+ * every schema is known to the loader, the messages list them from that one table,
+ * and each parameter's error points at its own line and column. */
+static void test_transform_schemas(void **state)
+{
+    (void)state;
+    char yaml[1024], want[512], names[256];
+    /* An unknown name lists every transform, from the one table. */
+    snprintf(want, sizeof want, "datasets.im.transforms[0]: unknown transform 'blur' (expected one of: %s)",
+             transform_names(names, sizeof names));
+    expect_error_at(IM_HEAD "      - blur: {radius: 2}\n", 6, 9, want, NULL);
+    for (int k = TRANSFORM_DECODE; k <= TRANSFORM_PLUGIN; k++) {
+        const struct transform_schema *sc = transform_schema_of((enum transform_kind)k);
+        assert_non_null(sc);
+        assert_non_null(strstr(names, sc->name));
+        /* An unknown parameter lists the schema's, in its order. */
+        char list[256] = "";
+        for (size_t i = 0; i < sc->n_params; i++)
+            snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s", i ? ", " : "", sc->params[i].name);
+        snprintf(yaml, sizeof yaml, IM_HEAD "      - %s: {nope: 1}\n", sc->name);
+        snprintf(want, sizeof want, "datasets.im.transforms[0].%s: unknown parameter 'nope' (expected one of: %s)",
+                 sc->name, list);
+        expect_error_at(yaml, 6, (int)strlen(sc->name) + 12, want, NULL);
+        /* Each parameter is known and its bad value is reported where it is, under its
+         * full name. A mapping with a sequence for a key is no valid value of any type
+         * (not even JSON, whose keys are strings). The transform sits second in the
+         * list and in block style, so the position is the parameter's own. */
+        for (size_t i = 0; i < sc->n_params; i++) {
+            const char *pn = sc->params[i].name;
+            snprintf(yaml, sizeof yaml, IM_HEAD "      - center_crop: {size: 8}\n      - %s:\n"
+                     "          # a comment line\n          %s: {[1]: 2}\n", sc->name, pn);
+            snprintf(want, sizeof want, "datasets.im.transforms[1].%s.%s: ", sc->name, pn);
+            expect_error_at(yaml, 9, (int)strlen(pn) + 13, want, NULL);
+        }
+    }
+    /* A transform that cannot follow another: the whole-list check's message keeps the
+     * position of the parameter or transform it blames, in block style too. */
+    expect_error_at(IM_HEAD "      - center_crop:\n          size: 8\n      - normalize:\n          mean: [0.5]\n"
+                            "          std:\n            - 0.2\n            - 0.3\n", 10, 11,
+                    "datasets.im.transforms[1] (normalize): std has 2 values, expected 3", NULL);
+    expect_error_at(IM_HEAD "      - random_resized_crop:\n          size: 8\n          scale: [0.5, 0.2]\n", 8, 11,
+                    "datasets.im.transforms[0] (random_resized_crop): scale [0.5, 0.2] must satisfy", NULL);
+    /* A missing height is blamed on the transform when no `size` stands for it. */
+    expect_error_at(IM_HEAD "      - center_crop:\n          width: 8\n", 6, 9,
+                    "datasets.im.transforms[0] (center_crop): height 0 and width 8 must be in [1, 16384]", NULL);
+}
+
 static void test_dataset_names(void **state)
 {
     expect_error_at("datasets:\n  a: {kind: files, path: x}\n  \"b c\": {kind: files, path: x}\n",
@@ -844,6 +893,7 @@ int main(void)
         cmocka_unit_test(test_kind_specific_keys),
         cmocka_unit_test(test_cache_section),
         cmocka_unit_test(test_transforms),
+        cmocka_unit_test(test_transform_schemas),
         cmocka_unit_test(test_dataset_names),
         cmocka_unit_test(test_too_many_datasets),
         cmocka_unit_test(test_syntax_errors),

@@ -479,6 +479,85 @@ static void test_names(void **state)
     assert_int_equal(transform_layout_from_name("NCHW"), LD_EINVAL);
 }
 
+/* Every kind publishes one schema, the single list of names and parameters that the
+ * config loader walks: the tables must be whole and consistent, and the defaults and
+ * the freeing of loaded strings go through them too. */
+static void test_schemas(void **state)
+{
+    (void)state;
+    char names[512];
+    transform_names(names, sizeof names);
+    assert_string_equal(names, "decode, resize, center_crop, random_resized_crop, random_flip, normalize, "
+                               "to_dtype, plugin");
+    size_t listed = 0;
+    for (int k = TRANSFORM_DECODE; k <= TRANSFORM_PLUGIN; k++) {
+        const struct transform_schema *sc = transform_schema_of((enum transform_kind)k);
+        assert_non_null(sc);
+        assert_int_equal(sc->kind, k);
+        assert_ptr_equal(transform_schema_find(sc->name), sc);
+        assert_string_equal(transform_kind_name((enum transform_kind)k), sc->name);
+        assert_non_null(strstr(names, sc->name));
+        listed += strlen(sc->name) + (k > TRANSFORM_DECODE ? 2 : 0);
+        assert_true(sc->n_params >= 1 && sc->n_params <= 64);
+        unsigned groups = 0;
+        for (size_t i = 0; i < sc->n_params; i++) {
+            const struct transform_param *pr = &sc->params[i];
+            assert_non_null(pr->name);
+            for (size_t j = 0; j < i; j++)
+                assert_string_not_equal(pr->name, sc->params[j].name);
+            assert_true(pr->offset >= sizeof(enum transform_kind));
+            assert_true(pr->offset + pr->width <= sizeof(struct transform_spec));
+            if (pr->type == TRANSFORM_PARAM_INT)
+                assert_true(pr->width == sizeof(int) || pr->width == sizeof(int64_t));
+            if (pr->type == TRANSFORM_PARAM_NUMBERS)
+                assert_true(pr->min >= 1 && pr->min <= pr->max && (size_t)pr->max * sizeof(double) <= pr->width);
+            if (pr->type == TRANSFORM_PARAM_ENUM)
+                assert_true(pr->from_name && pr->choices);
+            if (pr->type == TRANSFORM_PARAM_SQUARE || (pr->flags & TRANSFORM_PARAM_COUNTED))
+                assert_true(pr->offset2 >= sizeof(enum transform_kind) &&
+                            pr->offset2 + sizeof(int) <= sizeof(struct transform_spec));
+            groups |= pr->flags & (TRANSFORM_PARAM_EITHER_A | TRANSFORM_PARAM_EITHER_B);
+        }
+        /* Two groups that exclude each other, and a sentence saying so, or neither. */
+        assert_true(groups == 0 || groups == (TRANSFORM_PARAM_EITHER_A | TRANSFORM_PARAM_EITHER_B));
+        assert_true((groups != 0) == (sc->either != NULL));
+    }
+    assert_int_equal(strlen(names), listed);        /* nothing listed twice or beyond the kinds */
+    assert_null(transform_schema_of((enum transform_kind)0));
+    assert_null(transform_schema_of((enum transform_kind)(TRANSFORM_PLUGIN + 1)));
+    assert_null(transform_schema_find("blur"));
+    assert_null(transform_schema_find(NULL));
+    /* A short buffer is cut, never overrun. */
+    char small[8];
+    assert_string_equal(transform_names(small, sizeof small), "decode,");
+
+    /* The defaults come from the kind's descriptor (torchvision's values). */
+    struct transform_spec s = S(TRANSFORM_RANDOM_RESIZED_CROP);
+    assert_true(s.random_resized_crop.scale[0] == 0.08 && s.random_resized_crop.scale[1] == 1.0);
+    assert_true(s.random_resized_crop.ratio[0] == 0.75 && s.random_resized_crop.ratio[1] == 4.0 / 3.0);
+    assert_true(S(TRANSFORM_RANDOM_FLIP).random_flip.p == 0.5);
+    assert_int_equal(S(TRANSFORM_TO_DTYPE).to_dtype.dtype, LD_DTYPE_UINT8);
+    assert_int_equal(S(TRANSFORM_TO_DTYPE).to_dtype.layout, TRANSFORM_LAYOUT_CHW);
+    s = S((enum transform_kind)99);
+    assert_int_equal(s.kind, 99);
+    assert_int_equal(s.resize.size, 0);
+
+    /* transform_spec_clear frees exactly the strings the schema says were allocated
+     * (ASan reports a leak or a bad free otherwise). */
+    s = S(TRANSFORM_PLUGIN);
+    s.plugin.path = strdup("/x/ld-plugin-a.so");
+    s.plugin.params_json = strdup("{}");
+    assert_non_null(s.plugin.path);
+    assert_non_null(s.plugin.params_json);
+    transform_spec_clear(&s);
+    assert_null(s.plugin.path);
+    assert_null(s.plugin.params_json);
+    transform_spec_clear(&s);
+    s = S(TRANSFORM_NORMALIZE);
+    transform_spec_clear(&s);
+    transform_spec_clear(NULL);
+}
+
 /* ---- geometry against hand-computed pixels ------------------------------------------ */
 
 static void test_center_crop(void **state)
@@ -1630,6 +1709,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_spec_validation),
         cmocka_unit_test(test_names),
+        cmocka_unit_test(test_schemas),
         cmocka_unit_test(test_center_crop),
         cmocka_unit_test(test_flip),
         cmocka_unit_test(test_resize_reference),
