@@ -37,7 +37,7 @@ struct image_mem {
     size_t cap;
 };
 
-/* Scratch slots of struct image_buf: image.c owns IMAGE_AUX_DECODE; the transform
+/* Scratch slots of struct image_buf: the decoder's backends own IMAGE_AUX_DECODE; the transform
  * pipeline owns the others. */
 enum { IMAGE_AUX_DECODE = 0, IMAGE_AUX_COEF, IMAGE_AUX_TMP, IMAGE_AUX_IMG_A, IMAGE_AUX_IMG_B,
        IMAGE_AUX_ROW, IMAGE_AUX_COUNT };
@@ -81,7 +81,7 @@ struct image_decode_opts {
     bool fast;
     /* When region_w and region_h are > 0, only this rectangle of the image is needed
      * (full-size header coordinates). A baseline JPEG is then decoded from the rows and
-     * iMCU columns around it only (see image.c for when the whole image is decoded
+     * iMCU columns around it only (see image_jpeg.c for when the whole image is decoded
      * anyway); the scale is chosen as without a region. */
     int region_x, region_y, region_w, region_h;
 };

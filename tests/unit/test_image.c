@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "image.h"
+#include "image_backend.h"
 #include "image_fixtures.h"
 #include "ld_error.h"
 #include "proto.h"
@@ -903,6 +904,62 @@ static void test_buf_reserve(void **state)
     image_buf_close(NULL);
 }
 
+/* The decode entry point dispatches on the first bytes to one backend per format
+ * (image_backend.h): each backend claims its own signature only, its probe agrees with
+ * its decode, and one worker's buffer serves both backends in turn, every decoder
+ * handle freed by image_buf_close (ASan reports a leak otherwise). */
+static void test_backends(void **state)
+{
+    (void)state;
+    const struct image_backend *be[] = {&image_jpeg_backend, &image_png_backend};
+    int w = 67, h = 41;
+    uint8_t *px = picture_rgb(w, h);
+    struct blob jpg = jpeg_encode(px, w, h, TJPF_RGB, TJSAMP_420, 90, 0);
+    struct blob png = png_encode_rgb(px, w, h);
+    struct blob *blobs[] = {&jpg, &png};
+    char err[LD_ERRMSG_MAX];
+    struct image_buf buf;
+    image_buf_init(&buf);
+    for (size_t i = 0; i < 2; i++) {
+        assert_string_equal(image_format_name(be[i]->format), be[i]->name);
+        for (size_t j = 0; j < 2; j++)
+            assert_true(be[i]->sniff(blobs[j]->data, blobs[j]->len) == (i == j));
+        assert_int_equal(image_detect(blobs[i]->data, blobs[i]->len), be[i]->format);
+    }
+    for (int round = 0; round < 3; round++) {
+        for (size_t i = 0; i < 2; i++) {
+            struct image_info info;
+            assert_int_equal(image_probe(blobs[i]->data, blobs[i]->len, &buf, &info, err), 0);
+            assert_int_equal(info.format, be[i]->format);
+            assert_int_equal(info.width, w);
+            assert_int_equal(info.height, h);
+            /* A region for the JPEG's libjpeg path on the second round. */
+            struct image_decode_opts o = {0};
+            if (round == 1)
+                o = (struct image_decode_opts){.region_x = 20, .region_y = 20, .region_w = 10, .region_h = 10};
+            assert_int_equal(image_decode(blobs[i]->data, blobs[i]->len, &o, &buf, err), 0);
+            assert_int_equal(buf.format, be[i]->format);
+            assert_int_equal(buf.src_width, w);
+            assert_int_equal(buf.src_height, h);
+        }
+    }
+    assert_non_null(buf.tj);
+    assert_non_null(buf.jd);                   /* the region went through libjpeg */
+    image_buf_close(&buf);
+    assert_null(buf.tj);
+    assert_null(buf.jd);
+    /* The PNG header's 32-bit size, beyond 16 bits. */
+    png_patch_size(&png, 100000, 3);
+    struct image_info info;
+    assert_int_equal(image_probe(png.data, png.len, &buf, &info, err), 0);
+    assert_int_equal(info.width, 100000);
+    assert_int_equal(info.height, 3);
+    image_buf_close(&buf);
+    blob_free(&jpg);
+    blob_free(&png);
+    free(px);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -919,6 +976,7 @@ int main(void)
         cmocka_unit_test(test_jpeg_region),
         cmocka_unit_test(test_bad_jpeg_then_good),
         cmocka_unit_test(test_region_decoder_reuse),
+        cmocka_unit_test(test_backends),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
