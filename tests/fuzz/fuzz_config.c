@@ -1,4 +1,5 @@
-/* fuzz_config — libFuzzer harness for the YAML config loader (daemon/config.c).
+/* fuzz_config — libFuzzer harness for the YAML config loader (daemon/config.c,
+ * config_table.c, config_yaml.c).
  *
  * config_load() reads a path, so each input is written to one anonymous in-memory
  * file (memfd) that config_load opens as /proc/self/fd/N: no disk, nothing left behind.
