@@ -1,7 +1,8 @@
 /* Unit tests for the config loader (daemon/config.c, config_table.c, config_yaml.c): a
  * full config parses into the right values, defaults and relative paths resolve, and
  * every kind of bad file is refused with LD_ECONFIG and a message that starts with the
- * exact "file:line:column: " of the culprit. Each case writes its YAML to a temporary file (in $TMPDIR or /tmp) and removes it. */
+ * exact "file:line:column: " of the culprit. Each case writes its YAML to a temporary
+ * file (in $TMPDIR or /tmp) and removes it. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
