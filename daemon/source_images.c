@@ -4,7 +4,7 @@
  *
  * The folder is scanned by the `files` kind (sorted paths, label = sorted class
  * index), which this kind wraps: its raw bytes (the encoded image) come from the file,
- * or from the dataset's cache when one is attached, and transform.c turns them into
+ * or from the dataset's cache when one is attached, and transform_apply turns them into
  * `image[C, H, W]` (or HWC) of the configured dtype. Each worker thread keeps one
  * image_buf of scratch memory for all its samples. Augmentations draw from
  * (seed, epoch, sample index), so a batch is the same whatever thread decodes it. */
