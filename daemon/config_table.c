@@ -22,6 +22,7 @@
 #include "metrics_http.h"
 #include "proto.h"
 #include "transform.h"
+#include "transform_schema.h"
 
 #define SOCKET_PATH_MAX (sizeof(((struct sockaddr_un *)0)->sun_path) - 1)
 

@@ -13,6 +13,7 @@
 #include <stdint.h>
 
 #include "transform.h"
+#include "transform_schema.h"
 
 /* One transform of a built pipeline. */
 struct tstep {

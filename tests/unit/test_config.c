@@ -20,6 +20,7 @@
 #include "ld_error.h"
 #include "log.h"
 #include "proto.h"
+#include "transform_schema.h"
 
 /* A value that config_load must leave in *ret_config when it fails. */
 static struct config *const untouched = (struct config *)(uintptr_t)0x5a5a5a50;

@@ -28,6 +28,7 @@
 #include "proto.h"
 #include "resample.h"
 #include "transform.h"
+#include "transform_schema.h"
 
 /* ---- helpers ------------------------------------------------------------------------ */
 
