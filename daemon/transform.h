@@ -2,9 +2,10 @@
  * into the sample's row of the batch slot.
  *
  * The config module turns a dataset's `transforms:` list into an array of struct
- * transform_spec (start each with transform_spec_init for the defaults) and calls
- * transform_pipeline_new once at daemon start; workers then call transform_apply for
- * every sample, concurrently, each with its own struct image_buf.
+ * transform_spec (start each with transform_spec_init for the defaults; each kind's
+ * parameters are published in transform_schema.h) and calls transform_pipeline_new
+ * once at daemon start; workers then call transform_apply for every sample,
+ * concurrently, each with its own struct image_buf.
  *
  * The transforms (parameters and defaults; torchvision's names and semantics):
  *   decode               optional, first: max_pixels (IMAGE_DEFAULT_MAX_PIXELS), fast
