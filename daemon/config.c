@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/un.h>
+#include <pwd.h>
 #include <unistd.h>
 
 #include "config_table.h"
@@ -27,6 +28,9 @@
 #include "proto_socket.h"
 
 #define SOCKET_PATH_MAX (sizeof(((struct sockaddr_un *)0)->sun_path) - 1)
+
+/* Weights multiply (dataset x client), and the scheduler takes up to 10^6. */
+#define CONFIG_WEIGHT_MAX 1000
 
 #define KIB (UINT64_C(1) << 10)
 #define MIB (UINT64_C(1) << 20)
@@ -120,6 +124,17 @@ static const struct config_key dataset_keys[] = {
      DATASET_AT(max_sample_bytes), .kinds = FILES | PACKED},
     {.name = "read_timeout", .type = CONFIG_KEY_INT, .min = 1, .max = 86400, .def = 30, DATASET_AT(read_timeout),
      .kinds = FILES | IMAGES | PACKED},
+    {.name = "weight", .type = CONFIG_KEY_INT, .min = 1, .max = CONFIG_WEIGHT_MAX, .def = 1, DATASET_AT(weight),
+     .kinds = FILES | TOKENS | PACKED | IMAGES},
+    {.name = "max_share", .type = CONFIG_KEY_FRACTION, .def_frac = 1.0, DATASET_AT(max_share),
+     .kinds = FILES | TOKENS | PACKED | IMAGES},
+};
+
+/* clients.UID_OR_NAME (scheduling per user). */
+#define CLIENT_AT(f) .offset = offsetof(struct config_client, f), .width = sizeof(((struct config_client *)0)->f)
+static const struct config_key client_keys[] = {
+    {.name = "weight", .type = CONFIG_KEY_INT, .min = 1, .max = CONFIG_WEIGHT_MAX, .def = 1, CLIENT_AT(weight)},
+    {.name = "max_share", .type = CONFIG_KEY_FRACTION, .def_frac = 1.0, CLIENT_AT(max_share)},
 };
 
 #define N_KEYS(t) (sizeof(t) / sizeof((t)[0]))
@@ -217,6 +232,17 @@ static bool valid_dataset_name(const char *s, size_t len)
     return true;
 }
 
+/* The value node of `name` in mapping v (its mark), else v's. */
+static yaml_mark_t value_mark(const struct config_loader *l, const yaml_node_t *v, const char *name)
+{
+    for (const yaml_node_pair_t *p = v->data.mapping.pairs.start; p < v->data.mapping.pairs.top; p++) {
+        const yaml_node_t *k = config_yaml_node(l, p->key);
+        if (k->type == YAML_SCALAR_NODE && !strcmp((const char *)k->data.scalar.value, name))
+            return config_yaml_node(l, p->value)->start_mark;
+    }
+    return v->start_mark;
+}
+
 static int load_dataset(const struct config_loader *l, const yaml_node_t *key, const yaml_node_t *v,
                         struct config_dataset *d)
 {
@@ -256,6 +282,10 @@ static int load_dataset(const struct config_loader *l, const yaml_node_t *key, c
         return ret;
     if (d->kind == CONFIG_DATASET_TOKEN_WINDOWS && d->stride == 0)
         d->stride = d->context;
+    if (d->max_share <= 0)
+        return config_yaml_fail(l, value_mark(l, v, "max_share"), "%s.max_share: expected a fraction above 0 "
+                                "(1: no cap), got 0: a dataset that may use no worker time could never deliver a "
+                                "batch", where);
     return 0;
 }
 
@@ -306,6 +336,81 @@ static int load_datasets(const struct config_loader *l, const yaml_node_t *key, 
     return 0;
 }
 
+/* clients: a mapping of uid (a number) or user name to {weight, max_share}. Names are
+ * resolved now, so that a typo fails at start rather than never matching. */
+static int load_clients(const struct config_loader *l, const yaml_node_t *key, const yaml_node_t *v,
+                        struct config *c)
+{
+    char got[80], where[LD_NAME_MAX + 16];
+    int ret;
+    (void)key;
+    if (config_yaml_is_null(v))
+        return 0;
+    if (v->type != YAML_MAPPING_NODE)
+        return config_yaml_fail(l, v->start_mark, "clients: expected a mapping of uid or user name to "
+                                "{weight, max_share}, got %s", config_yaml_describe(v, got, sizeof got));
+    size_t n = (size_t)(v->data.mapping.pairs.top - v->data.mapping.pairs.start);
+    if (n > CONFIG_MAX_CLIENTS)
+        return config_yaml_fail(l, v->start_mark, "clients: more than %d entries", CONFIG_MAX_CLIENTS);
+    c->clients = calloc(n ? n : 1, sizeof *c->clients);
+    if (!c->clients) {
+        ld_errorf(l->errbuf, "%s: out of memory", l->file);
+        return LD_ENOMEM;
+    }
+    for (size_t i = 0; i < n; i++) {
+        const yaml_node_pair_t *pair = &v->data.mapping.pairs.start[i];
+        const yaml_node_t *k = config_yaml_node(l, pair->key), *val = config_yaml_node(l, pair->value);
+        const char *name = NULL;
+        if ((ret = config_yaml_key_text(l, k, "clients", &name)) < 0)
+            return ret;
+        if ((ret = config_yaml_check_duplicate(l, v, pair, name, "clients: ", "client")) < 0)
+            return ret;
+        struct config_client *cl = &c->clients[i];
+        int64_t uid;
+        if (config_yaml_parse_int(name, &uid)) {
+            if (uid < 0 || uid > UINT32_MAX - 1)
+                return config_yaml_fail(l, k->start_mark, "clients: uid %s is out of range", name);
+        } else {
+            struct passwd pw, *found = NULL;
+            char buf[4096];
+            if (getpwnam_r(name, &pw, buf, sizeof buf, &found) != 0 || !found)
+                return config_yaml_fail(l, k->start_mark, "clients: no user named '%s' (give a user name or a uid)",
+                                        name);
+            uid = found->pw_uid;
+        }
+        for (size_t j = 0; j < i; j++)
+            if (c->clients[j].uid == (uint32_t)uid)
+                return config_yaml_fail(l, k->start_mark,
+                                        "clients: '%s' is uid %lld, which an earlier entry already names", name,
+                                        (long long)uid);
+        cl->uid = (uint32_t)uid;
+        snprintf(where, sizeof where, "clients.%.*s", LD_NAME_MAX - 1, name);
+        if ((ret = config_table_defaults(l, client_keys, N_KEYS(client_keys), 0, cl)) < 0)
+            return ret;
+        if (!config_yaml_is_null(val)) {
+            if (val->type != YAML_MAPPING_NODE)
+                return config_yaml_fail(l, val->start_mark, "%s: expected a mapping with weight and max_share, got %s",
+                                        where, config_yaml_describe(val, got, sizeof got));
+            if ((ret = config_table_load(l, val, client_keys, N_KEYS(client_keys), 0, NULL, where, k->start_mark,
+                                         cl)) < 0)
+                return ret;
+            if (cl->max_share <= 0)
+                return config_yaml_fail(l, value_mark(l, val, "max_share"), "%s.max_share: expected a fraction "
+                                        "above 0 (1: no cap), got 0: its streams could never deliver a batch", where);
+        }
+        c->n_clients++;
+    }
+    return 0;
+}
+
+const struct config_client *config_client_for_uid(const struct config *c, uint32_t uid)
+{
+    for (size_t i = 0; i < c->n_clients; i++)
+        if (c->clients[i].uid == uid)
+            return &c->clients[i];
+    return NULL;
+}
+
 static const struct section {
     const char *name;
     bool required;
@@ -314,6 +419,7 @@ static const struct section {
 } sections[] = {
     {"server", false, load_server},
     {"datasets", true, load_datasets},
+    {"clients", false, load_clients},
 };
 
 static int load_root(const struct config_loader *l, struct config *c)
@@ -436,6 +542,7 @@ void config_free(struct config *c)
         free(c->datasets[i].transforms);
     }
     free(c->datasets);
+    free(c->clients);
     free(c->socket_path);
     free(c->socket_group);
     free(c->metrics_listen);

@@ -13,6 +13,7 @@
 
 #define CONFIG_MAX_FILE_BYTES (1u << 20)
 #define CONFIG_MAX_DATASETS 256
+#define CONFIG_MAX_CLIENTS 1024
 
 enum config_dataset_kind {
     CONFIG_DATASET_FILES = 1,
@@ -74,6 +75,17 @@ struct config_dataset {
     /* image_folder: the pipeline, in order (plug-in paths and params are owned here) */
     struct transform_spec *transforms;
     size_t n_transforms;
+    /* Scheduling (scheduler.h): the weight of each of its streams in the share of worker
+     * time, and the fraction of the workers all its streams together may use (1: no cap). */
+    uint32_t weight;
+    double max_share;
+};
+
+/* clients.UID_OR_NAME: the scheduling of the streams a user's connections open. */
+struct config_client {
+    uint32_t uid;
+    uint32_t weight;                /* multiplies the dataset's */
+    double max_share;               /* of the workers, for all of this uid's streams; 1: no cap */
 };
 
 struct config {
@@ -94,6 +106,8 @@ struct config {
     int log_level;                  /* LD_LOG_* */
     struct config_dataset *datasets;
     size_t n_datasets;
+    struct config_client *clients;
+    size_t n_clients;
 };
 
 /* Loads and validates `path`. On failure returns LD_ECONFIG (or -errno when the file
@@ -105,6 +119,8 @@ void config_free(struct config *c);
  * source that cannot be read, a plug-in that cannot be loaded) should point: the
  * transform that a "transforms[N]" in msg names, else the dataset's `path`. */
 struct config_pos config_dataset_error_at(const struct config_dataset *d, const char *msg);
+/* The `clients:` entry for uid, or NULL (weight 1, no cap). */
+const struct config_client *config_client_for_uid(const struct config *c, uint32_t uid);
 /* The default socket path for a user run, into buf (size bytes). */
 void config_default_socket(char *buf, size_t size);
 

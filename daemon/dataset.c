@@ -81,6 +81,8 @@ int dataset_open(const struct config_dataset *cfg, dataset **ret_dataset, char *
     }
     d->on_error = cfg->on_error;
     d->warn_fraction = cfg->on_error_warn_fraction;
+    d->weight = cfg->weight ? cfg->weight : 1;
+    d->max_share = cfg->max_share > 0 ? cfg->max_share : 1;
     if (pthread_mutex_init(&d->tally_lock, NULL) == 0)
         d->tally_ready = true;
     d->read_timeout_ns = (uint64_t)cfg->read_timeout * 1000000000u;

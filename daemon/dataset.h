@@ -135,6 +135,10 @@ struct dataset {
      * warn_fraction of the samples were replaced is logged once, loudly: a few epochs
      * at once, for streams of one dataset at different epochs. */
     double warn_fraction;
+    /* Scheduling (scheduler.h): each stream's weight and the cap on all its streams
+     * together, from the config. */
+    uint32_t weight;
+    double max_share;
     pthread_mutex_t tally_lock;
     bool tally_ready;
     struct dataset_tally {

@@ -1,12 +1,17 @@
 /* The worker pool: N threads that run the tasks the streams submit (reading, decoding
  * and collating the samples of a batch).
  *
- * Tasks are intrusive, so submitting allocates nothing and cannot fail; the queue is a
- * FIFO under one mutex, which is enough because a task is a run of samples (micro- to
- * milliseconds of work), not a single one. A closing stream takes its queued tasks back
- * with pool_cancel and then only waits for those already running. The time workers
- * spend inside tasks is summed for `loaderctl status` (busy time against wall time is
- * the pool's utilisation). Workers block all signals: the loop thread handles them. */
+ * Tasks are intrusive, so submitting allocates nothing and cannot fail. They are queued
+ * per flow (one per stream) in the scheduler (scheduler.c), which this file drives under
+ * one mutex: a free worker asks it for the next task, runs the task outside the lock,
+ * and reports the task's cost, its thread's CPU time (CLOCK_THREAD_CPUTIME_ID), so that
+ * shares are shares of the work done and not of the time spent blocked on storage. One
+ * lock is enough because a task is a run of samples (micro- to milliseconds of work),
+ * not a single one. A closing stream takes its queued tasks back with pool_cancel and
+ * closes its flow, which is freed when its last running task is done. The wall time
+ * workers spend inside tasks is summed for `loaderctl status` (busy time against wall
+ * time is the pool's utilisation). Workers block all signals: the loop thread handles
+ * them. */
 #include "pool.h"
 
 #include "ld_error.h"
@@ -23,23 +28,36 @@
 /* More threads than this is a configuration mistake, not a machine. */
 #define POOL_MAX_THREADS 1024
 
+struct pool_flow {
+    pool_flow *prev, *next;         /* every flow not yet freed, for pool_free */
+    scheduler_flow *sf;
+    bool closed;                    /* freed by the worker that finishes its last task */
+};
+
 struct pool {
     pthread_mutex_t lock;
-    pthread_cond_t wake;          /* signalled on submit and on stop */
-    struct pool_task *head, *tail;
+    pthread_cond_t wake;            /* signalled on submit and on stop */
+    scheduler *sched;               /* under lock */
+    pool_flow *flows;               /* under lock */
+    pool_flow *own;                 /* tasks submitted without a flow */
     bool stopping;
-    atomic_uint queued;           /* tasks in the queue, readable without the lock */
-    unsigned idle;                /* workers blocked in the condition variable */
-    unsigned nthreads;            /* threads started (and to be joined) */
+    atomic_uint queued;             /* tasks queued, readable without the lock */
+    unsigned idle;                  /* workers blocked in the condition variable */
+    unsigned nthreads;              /* threads started (and to be joined) */
     pthread_t *threads;
     atomic_uint_fast64_t busy_ns;
 };
 
-static uint64_t now_ns(void)
+static uint64_t clock_ns(clockid_t id)
 {
     struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
+    clock_gettime(id, &ts);
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static uint64_t now_ns(void)
+{
+    return clock_ns(CLOCK_MONOTONIC);
 }
 
 /* Before sleeping, a worker that just finished a task watches the queue for a short
@@ -57,37 +75,69 @@ static void spin_for_work(pool *p)
     }
 }
 
+/* Under the lock. */
+static void flow_free(pool *p, pool_flow *f)
+{
+    if (f->prev)
+        f->prev->next = f->next;
+    else
+        p->flows = f->next;
+    if (f->next)
+        f->next->prev = f->prev;
+    scheduler_flow_free(p->sched, f->sf);
+    free(f);
+}
+
+/* Sleeps until a submit or a stop, or for wait_ns when every queued task is held back
+ * by a cap. Under the lock. */
+static void worker_sleep(pool *p, uint64_t wait_ns)
+{
+    p->idle++;
+    if (wait_ns) {
+        uint64_t until = now_ns() + wait_ns;
+        struct timespec ts = {.tv_sec = (time_t)(until / 1000000000u), .tv_nsec = (long)(until % 1000000000u)};
+        pthread_cond_timedwait(&p->wake, &p->lock, &ts);
+    } else {
+        pthread_cond_wait(&p->wake, &p->lock);
+    }
+    p->idle--;
+}
+
 static void *worker_main(void *arg)
 {
     pool *p = arg;
+    bool spun = false;
     pthread_mutex_lock(&p->lock);
-    for (;;) {
-        if (!p->head && !p->stopping) {
-            pthread_mutex_unlock(&p->lock);
-            spin_for_work(p);
-            pthread_mutex_lock(&p->lock);
+    /* Stopping wins over a non-empty queue: pool_free drops what is queued. */
+    while (!p->stopping) {
+        struct scheduler_ticket ticket;
+        uint64_t wait = 0;
+        struct pool_task *t = (struct pool_task *)scheduler_pick(p->sched, now_ns(), &ticket, &wait);
+        if (!t) {
+            if (!wait && !spun) {
+                pthread_mutex_unlock(&p->lock);
+                spin_for_work(p);
+                pthread_mutex_lock(&p->lock);
+                spun = true;
+                continue;
+            }
+            worker_sleep(p, wait);
+            continue;
         }
-        while (!p->head && !p->stopping) {
-            p->idle++;
-            pthread_cond_wait(&p->wake, &p->lock);
-            p->idle--;
-        }
-        /* Stopping wins over a non-empty queue: pool_free drops what is queued. */
-        if (p->stopping)
-            break;
-        struct pool_task *t = p->head;
+        spun = false;
         atomic_fetch_sub_explicit(&p->queued, 1, memory_order_relaxed);
-        p->head = t->next;
-        if (!p->head)
-            p->tail = NULL;
-        t->next = NULL;
+        pool_flow *f = t->flow;
         pthread_mutex_unlock(&p->lock);
 
-        uint64_t start = now_ns();
+        uint64_t start = now_ns(), cpu = clock_ns(CLOCK_THREAD_CPUTIME_ID);
         t->run(t); /* t may be freed by now: do not touch it again */
+        uint64_t cost = clock_ns(CLOCK_THREAD_CPUTIME_ID) - cpu;
         atomic_fetch_add_explicit(&p->busy_ns, now_ns() - start, memory_order_relaxed);
 
         pthread_mutex_lock(&p->lock);
+        scheduler_done(p->sched, &ticket, cost);
+        if (f->closed && scheduler_flow_idle(f->sf))
+            flow_free(p, f);
     }
     pthread_mutex_unlock(&p->lock);
     return NULL;
@@ -98,16 +148,41 @@ static void pool_destroy(pool *p)
 {
     pthread_mutex_lock(&p->lock);
     p->stopping = true;
-    p->head = p->tail = NULL;
+    for (pool_flow *f = p->flows; f; f = f->next)
+        scheduler_flow_take(p->sched, f->sf);
     atomic_store(&p->queued, 0);
     pthread_cond_broadcast(&p->wake);
     pthread_mutex_unlock(&p->lock);
     for (unsigned i = 0; i < p->nthreads; i++)
         pthread_join(p->threads[i], NULL);
+    while (p->flows) {
+        pool_flow *f = p->flows;
+        p->flows = f->next;
+        free(f);
+    }
+    scheduler_free(p->sched); /* and the flows' scheduler halves */
     pthread_cond_destroy(&p->wake);
     pthread_mutex_destroy(&p->lock);
     free(p->threads);
     free(p);
+}
+
+static int flow_new_locked(pool *p, const struct scheduler_flow_params *params, pool_flow **ret_flow)
+{
+    pool_flow *f = calloc(1, sizeof *f);
+    if (!f)
+        return LD_ENOMEM;
+    int rc = scheduler_flow_new(p->sched, params, &f->sf);
+    if (rc < 0) {
+        free(f);
+        return rc;
+    }
+    f->next = p->flows;
+    if (p->flows)
+        p->flows->prev = f;
+    p->flows = f;
+    *ret_flow = f;
+    return 0;
 }
 
 int pool_new(unsigned threads, pool **ret_pool)
@@ -118,12 +193,22 @@ int pool_new(unsigned threads, pool **ret_pool)
     if (!p)
         return LD_ENOMEM;
     p->threads = calloc(threads, sizeof(*p->threads));
-    if (!p->threads) {
+    if (!p->threads || scheduler_new(threads, &p->sched) < 0 ||
+        flow_new_locked(p, &(struct scheduler_flow_params){.weight = 1}, &p->own) < 0) {
+        free(p->own);
+        scheduler_free(p->sched);
+        free(p->threads);
         free(p);
         return LD_ENOMEM;
     }
     pthread_mutex_init(&p->lock, NULL);
-    pthread_cond_init(&p->wake, NULL);
+    /* Timed waits (a capped flow's credit) on the monotonic clock: a clock step must
+     * not stretch them. */
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&p->wake, &ca);
+    pthread_condattr_destroy(&ca);
     atomic_init(&p->busy_ns, 0);
 
     /* New threads inherit the creator's signal mask: block everything around the
@@ -158,50 +243,68 @@ void pool_free(pool *p)
         pool_destroy(p);
 }
 
-void pool_submit(pool *p, struct pool_task *t)
+int pool_flow_new(pool *p, const struct scheduler_flow_params *params, pool_flow **ret_flow)
 {
-    t->next = NULL;
     pthread_mutex_lock(&p->lock);
-    if (p->tail)
-        p->tail->next = t;
+    int rc = flow_new_locked(p, params, ret_flow);
+    pthread_mutex_unlock(&p->lock);
+    return rc;
+}
+
+void pool_flow_close(pool *p, pool_flow *f)
+{
+    if (!f)
+        return;
+    pthread_mutex_lock(&p->lock);
+    if (scheduler_flow_take(p->sched, f->sf))
+        abort(); /* queued tasks of a closed flow would run for a stream that is gone */
+    if (scheduler_flow_idle(f->sf))
+        flow_free(p, f);
     else
-        p->head = t;
-    p->tail = t;
+        f->closed = true;
+    pthread_mutex_unlock(&p->lock);
+}
+
+void pool_flow_set_urgent(pool *p, pool_flow *f, bool urgent)
+{
+    pthread_mutex_lock(&p->lock);
+    scheduler_flow_set_urgent(f->sf, urgent);
+    pthread_mutex_unlock(&p->lock);
+}
+
+void pool_flow_get_stats(pool *p, pool_flow *f, struct scheduler_flow_stats *ret_stats)
+{
+    pthread_mutex_lock(&p->lock);
+    scheduler_flow_get_stats(f->sf, ret_stats);
+    pthread_mutex_unlock(&p->lock);
+}
+
+void pool_submit(pool *p, pool_flow *f, struct pool_task *t)
+{
+    pthread_mutex_lock(&p->lock);
+    t->flow = f ? f : p->own;
+    scheduler_push(p->sched, t->flow->sf, &t->item);
     atomic_fetch_add_explicit(&p->queued, 1, memory_order_relaxed);
     if (p->idle)
         pthread_cond_signal(&p->wake);
     pthread_mutex_unlock(&p->lock);
 }
 
-size_t pool_cancel(pool *p, void *owner, void (*cancelled)(struct pool_task *t))
+size_t pool_cancel(pool *p, pool_flow *f, void (*cancelled)(struct pool_task *t))
 {
-    struct pool_task *taken = NULL, **taken_tail = &taken;
     size_t n = 0;
-
     pthread_mutex_lock(&p->lock);
-    struct pool_task **link = &p->head, *prev = NULL;
-    while (*link) {
-        struct pool_task *t = *link;
-        if (t->owner == owner) {
-            *link = t->next;
-            t->next = NULL;
-            *taken_tail = t;
-            taken_tail = &t->next;
-            n++;
-        } else {
-            prev = t;
-            link = &t->next;
-        }
-    }
-    p->tail = prev;
+    struct scheduler_item *taken = scheduler_flow_take(p->sched, (f ? f : p->own)->sf);
+    for (struct scheduler_item *it = taken; it; it = it->next)
+        n++;
     atomic_fetch_sub_explicit(&p->queued, (unsigned)n, memory_order_relaxed);
     pthread_mutex_unlock(&p->lock);
 
     /* Outside the lock: the callback may free the task or submit others. */
     while (taken) {
-        struct pool_task *t = taken;
-        taken = t->next;
-        t->next = NULL;
+        struct pool_task *t = (struct pool_task *)taken;
+        taken = taken->next;
+        t->item.next = NULL;
         if (cancelled)
             cancelled(t);
     }

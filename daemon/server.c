@@ -76,6 +76,7 @@ struct conn {
     bool reading;                   /* in on_read: replies are written once, after the last frame */
     conn *doom_next;
     char name[LD_NAME_MAX];
+    uint32_t uid;                   /* the peer's (SO_PEERCRED), for scheduling by client */
     struct reply *out_head, *out_tail;
     uint32_t out_count;             /* replies in the outbox, sent or not */
     uint64_t queued_bytes;          /* replies queued and not yet written to the socket */
@@ -491,7 +492,13 @@ static void op_open(conn *c, const cJSON *req, int64_t id)
         .epoch = (uint64_t)epoch, .rank = (uint32_t)rank, .world_size = (uint32_t)world,
         .drop_last = drop_last, .start_batch = (uint64_t)start, .prefetch = (uint32_t)prefetch,
         .epochs = (uint64_t)epochs,
+        .uid = c->uid, .client_weight = 1, .client_max_share = 1,
     };
+    const struct config_client *cc = config_client_for_uid(srv->cfg, c->uid);
+    if (cc) {
+        p.client_weight = cc->weight;
+        p.client_max_share = cc->max_share;
+    }
     uint64_t sid = ++srv->next_stream_id;
     uint64_t budget_left = srv->cfg->memory_budget - srv->memory_used;
     err[0] = '\0';
@@ -1137,6 +1144,18 @@ static void on_frames(conn *c, int rc)
     }
 }
 
+/* The connected process's uid; our own if the kernel cannot say (it always can on a
+ * Unix socket). */
+static uint32_t server_peer_uid(uv_pipe_t *pipe)
+{
+    uv_os_fd_t fd;
+    struct ucred cred;
+    socklen_t len = sizeof cred;
+    if (uv_fileno((uv_handle_t *)pipe, &fd) == 0 && getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0)
+        return (uint32_t)cred.uid;
+    return (uint32_t)getuid();
+}
+
 static void on_connection(uv_stream_t *listener, int status)
 {
     server *srv = listener->data;
@@ -1159,6 +1178,7 @@ static void on_connection(uv_stream_t *listener, int status)
         return;
     }
     c->connected_ns = c->last_frame_ns = uv_hrtime();
+    c->uid = server_peer_uid(&c->pipe);
     c->next = srv->conns;
     if (srv->conns)
         srv->conns->prev = c;

@@ -51,6 +51,11 @@
  * its substitute has another length) is laid out and filled again; each time one more
  * sample is known bad, so this bound is only reached by a source going bad wholesale. */
 #define MAX_RELAYOUTS 1000u
+/* A chunk also carries at most about this much worker time (the flow's measured cost
+ * per row), so that a heavy stream's chunk never holds a worker for long: another
+ * stream's batch waits for a free worker at most about that long. */
+#define CHUNK_MAX_NS (2u * 1000u * 1000u)
+#define MAX_TIMED_CHUNKS 64u
 
 struct stream_set {
     hub *hub;
@@ -98,6 +103,10 @@ struct stream {
     ring *ring;
     struct field_layout layout[LD_MAX_FIELDS];
     uint32_t n_slots, max_chunks;
+    pool *workers;
+    pool_flow *flow;                /* this stream's queue in the pool (scheduler.h) */
+    bool urgent;                    /* the trainer waits and the batch is not READY */
+    uint32_t weight;                /* in the share of worker time */
     struct stream_slot *slots;
     uint64_t total_seq;             /* UINT64_MAX when unbounded */
     uint64_t next_fill, next_deliver;
@@ -246,6 +255,7 @@ static void stream_free(stream *s)
         free(s->slots);
     }
     ring_free(s->ring);
+    pool_flow_close(s->workers, s->flow); /* freed when its last running chunk returns */
     if (s->set) {
         s->set->live--;
         for (stream **link = &s->set->streams; *link; link = &(*link)->set_next) {
@@ -321,8 +331,15 @@ static void start_fill(stream *s, uint32_t slot, uint64_t seq)
     uint64_t cost = batch_bytes(s, slot, sl->rows) + (uint64_t)sl->rows * s->ds->sample_overhead;
     uint64_t n64 = cost / CHUNK_MIN_BYTES;
     uint32_t n = n64 > sl->rows ? sl->rows : (uint32_t)n64;
-    if (n > s->max_chunks)
-        n = s->max_chunks;
+    if (n > pool_threads(s->workers))
+        n = pool_threads(s->workers);
+    struct scheduler_flow_stats st;
+    pool_flow_get_stats(s->workers, s->flow, &st);
+    uint64_t nt = st.unit_cost_ns * sl->rows / CHUNK_MAX_NS;
+    if (nt > n)
+        n = (uint32_t)(nt < s->max_chunks ? nt : s->max_chunks);
+    if (n > sl->rows)
+        n = sl->rows;
     if (n == 0)
         n = 1;
     sl->n_chunks = n;
@@ -333,13 +350,12 @@ static void start_fill(stream *s, uint32_t slot, uint64_t seq)
         struct stream_task *t = &sl->tasks[c];
         t->base.run = chunk_run;
         t->done.done = chunk_done;
-        t->base.owner = s;
-        t->base.next = NULL;
         t->s = s;
         t->slot = slot;
         t->row_begin = (uint32_t)((uint64_t)sl->rows * c / n);
         t->row_end = (uint32_t)((uint64_t)sl->rows * (c + 1) / n);
-        pool_submit(s->set->workers, &t->base);
+        t->base.item.units = t->row_end - t->row_begin;
+        pool_submit(s->workers, s->flow, &t->base);
     }
 }
 
@@ -382,6 +398,15 @@ static void stream_fail(stream *s, uint64_t seq, int rc, const char *msg)
            s->ds->name, s->p.epoch + pos / bpe, pos % bpe, msg);
 }
 
+/* Tells the scheduler whether this stream's trainer is waiting (on changes only). */
+static void set_urgent(stream *s, bool urgent)
+{
+    if (s->urgent == urgent || !s->flow)
+        return;
+    s->urgent = urgent;
+    pool_flow_set_urgent(s->workers, s->flow, urgent);
+}
+
 /* Answers the waiting next requests, oldest first, as far as the answers are known. */
 static void deliver(stream *s)
 {
@@ -415,6 +440,7 @@ static void deliver(stream *s)
             }
             if (!s->wait_start_ns)
                 s->wait_start_ns = now_ns();
+            set_urgent(s, true);
             return;
         }
         struct stream_slot *sl = &s->slots[i];
@@ -439,6 +465,7 @@ static void deliver(stream *s)
         pop_waiter(s, &cb, &ctx);
         cb(ctx, 0, &b, NULL);
     }
+    set_urgent(s, false);
 }
 
 /* The slot's last chunk is back (run or cancelled): nothing reads its cache any more. */
@@ -576,7 +603,23 @@ int stream_open(stream_set *set, dataset *d, uint64_t id, const struct stream_pa
     if (rc < 0)
         goto fail;
 
+    s->workers = set->workers;
     s->max_chunks = pool_threads(set->workers);
+    if (s->max_chunks < MAX_TIMED_CHUNKS)
+        s->max_chunks = MAX_TIMED_CHUNKS;
+    char dgroup[SCHEDULER_GROUP_NAME_MAX], ugroup[32];
+    snprintf(dgroup, sizeof dgroup, "dataset:%s", d->name);
+    snprintf(ugroup, sizeof ugroup, "uid:%u", p->uid);
+    struct scheduler_flow_params fp = {
+        .weight = d->weight * (p->client_weight ? p->client_weight : 1),
+        .group = {dgroup, ugroup},
+        .cap = {d->max_share, p->client_max_share},
+    };
+    s->weight = fp.weight;
+    if ((rc = pool_flow_new(set->workers, &fp, &s->flow)) < 0) {
+        snprintf(errbuf, LD_ERRMSG_MAX, "out of memory");
+        goto fail;
+    }
     s->slots = calloc(s->n_slots, sizeof *s->slots);
     if (!s->slots) {
         rc = LD_ENOMEM;
@@ -625,7 +668,7 @@ void stream_close(stream *s)
         pop_waiter(s, &cb, &ctx);
         cb(ctx, LD_ECLOSED, NULL, "the stream was closed");
     }
-    pool_cancel(s->set->workers, s, chunk_cancelled);
+    pool_cancel(s->workers, s->flow, chunk_cancelled);
     if (s->busy_slots == 0)
         stream_free(s);
     /* else: the last running chunk's slot_filled() frees it */
@@ -726,6 +769,10 @@ void stream_describe_state(const stream *s, cJSON *o)
     cJSON_AddNumberToObject(o, "samples_served", (double)s->samples_served);
     cJSON_AddNumberToObject(o, "bytes_served", (double)s->bytes_served);
     cJSON_AddNumberToObject(o, "client_wait_s", (double)stream_wait_ns(s) / 1e9);
+    struct scheduler_flow_stats st;
+    pool_flow_get_stats(s->workers, s->flow, &st);
+    cJSON_AddNumberToObject(o, "worker_cpu_s", (double)st.cpu_ns / 1e9);
+    cJSON_AddNumberToObject(o, "weight", s->weight);
 }
 
 uint64_t stream_id(const stream *s)

@@ -44,6 +44,11 @@ struct stream_params {
     uint64_t start_batch;
     uint32_t prefetch;
     uint64_t epochs;            /* 0: unbounded */
+    /* Scheduling (scheduler.h): the opening client's uid and its `clients:` entry
+     * (weight 1 and max_share 1 when it has none); the dataset adds its own. */
+    uint32_t uid;
+    uint32_t client_weight;
+    double client_max_share;
 };
 
 /* What `next` delivers. */

@@ -1,6 +1,8 @@
 /* Unit tests for the worker pool: every submitted task runs exactly once, on the pool's
- * threads; pool_cancel takes back only the given owner's queued tasks; busy time grows
- * with the work; pool_free drops queued tasks without running them. Built also under
+ * threads; pool_cancel takes back only the given flow's queued tasks; busy time grows
+ * with the work; pool_free drops queued tasks without running them; flows are served
+ * by the scheduler (a light flow's task is not behind a heavy one's queue), charged
+ * their CPU time, capped, and freed after their last running task. Built also under
  * ThreadSanitizer, so every shared datum here is an atomic or under a lock. */
 #include <stdarg.h>
 #include <stddef.h>
@@ -78,6 +80,7 @@ struct job {
     long spin_ns;             /* busy work, for the busy-time test */
     atomic_int *order;        /* when set, records the run order */
     atomic_int my_turn;
+    pool_flow *flow;          /* NULL: the pool's own */
 };
 
 static atomic_int total_runs;
@@ -111,11 +114,11 @@ static void job_cancelled(struct pool_task *t)
     atomic_fetch_add(&j->cancels, 1);
 }
 
-static void job_init(struct job *j, void *owner, struct gate *g)
+static void job_init(struct job *j, pool_flow *owner, struct gate *g)
 {
     memset(j, 0, sizeof(*j));
     j->task.run = job_run;
-    j->task.owner = owner;
+    j->flow = owner;
     j->gate = g;
     atomic_init(&j->runs, 0);
     atomic_init(&j->cancels, 0);
@@ -160,7 +163,7 @@ static void test_all_run_once(void **state)
     assert_int_equal(pool_new(THREADS, &p), 0);
     for (int i = 0; i < N; i++) {
         job_init(&jobs[i], NULL, NULL);
-        pool_submit(p, &jobs[i].task);
+        pool_submit(p, jobs[i].flow, &jobs[i].task);
     }
     wait_runs(N);
     unsigned long me = (unsigned long)pthread_self();
@@ -185,7 +188,7 @@ static void *submit_main(void *arg)
 {
     struct submitter *s = arg;
     for (int i = 0; i < s->n; i++)
-        pool_submit(s->p, &s->jobs[i].task);
+        pool_submit(s->p, s->jobs[i].flow, &s->jobs[i].task);
     return NULL;
 }
 
@@ -229,12 +232,12 @@ static void test_fifo(void **state)
     pool *p = NULL;
     assert_int_equal(pool_new(1, &p), 0);
     job_init(&blocker, NULL, &g);
-    pool_submit(p, &blocker.task);
+    pool_submit(p, blocker.flow, &blocker.task);
     gate_wait_for(&g, 1);
     for (int i = 0; i < N; i++) {
         job_init(&jobs[i], NULL, NULL);
         jobs[i].order = &order;
-        pool_submit(p, &jobs[i].task);
+        pool_submit(p, jobs[i].flow, &jobs[i].task);
     }
     gate_open(&g);
     wait_runs(N + 1);
@@ -249,18 +252,22 @@ static void test_cancel(void **state)
     (void)state;
     enum { THREADS = 2, PER_OWNER = 30 };
     atomic_store(&total_runs, 0);
-    int owner_a, owner_b; /* their addresses are the owners */
+    pool_flow *owner_a = NULL, *owner_b = NULL, *owner_c = NULL; /* one flow each */
     struct gate g;
     gate_init(&g);
     pool *p = NULL;
     assert_int_equal(pool_new(THREADS, &p), 0);
+    const struct scheduler_flow_params fp = {.weight = 1};
+    assert_int_equal(pool_flow_new(p, &fp, &owner_a), 0);
+    assert_int_equal(pool_flow_new(p, &fp, &owner_b), 0);
+    assert_int_equal(pool_flow_new(p, &fp, &owner_c), 0);
 
     /* Occupy every worker at the gate (these belong to owner A and are running,
      * so cancel must not touch them). */
     struct job blockers[THREADS];
     for (int i = 0; i < THREADS; i++) {
-        job_init(&blockers[i], &owner_a, &g);
-        pool_submit(p, &blockers[i].task);
+        job_init(&blockers[i], owner_a, &g);
+        pool_submit(p, blockers[i].flow, &blockers[i].task);
     }
     gate_wait_for(&g, THREADS);
 
@@ -268,26 +275,26 @@ static void test_cancel(void **state)
      * the unlinking of the first and the last element is exercised. */
     struct job a[PER_OWNER], b[PER_OWNER];
     for (int i = 0; i < PER_OWNER; i++) {
-        job_init(&a[i], &owner_a, NULL);
-        job_init(&b[i], &owner_b, NULL);
+        job_init(&a[i], owner_a, NULL);
+        job_init(&b[i], owner_b, NULL);
     }
     for (int i = 0; i < PER_OWNER; i++) {
-        pool_submit(p, &a[i].task);
-        pool_submit(p, &b[i].task);
+        pool_submit(p, a[i].flow, &a[i].task);
+        pool_submit(p, b[i].flow, &b[i].task);
     }
     struct job late_a;
-    job_init(&late_a, &owner_a, NULL);
-    pool_submit(p, &late_a.task);
+    job_init(&late_a, owner_a, NULL);
+    pool_submit(p, late_a.flow, &late_a.task);
 
-    assert_int_equal(pool_cancel(p, &owner_a, job_cancelled), PER_OWNER + 1);
+    assert_int_equal(pool_cancel(p, owner_a, job_cancelled), PER_OWNER + 1);
     /* Nothing of A left to cancel; an unknown owner has nothing either. */
-    assert_int_equal(pool_cancel(p, &owner_a, job_cancelled), 0);
-    assert_int_equal(pool_cancel(p, &g, job_cancelled), 0);
+    assert_int_equal(pool_cancel(p, owner_a, job_cancelled), 0);
+    assert_int_equal(pool_cancel(p, owner_c, job_cancelled), 0);
 
     /* The queue still works after the tail was removed: a task submitted now runs. */
     struct job after;
-    job_init(&after, &owner_b, NULL);
-    pool_submit(p, &after.task);
+    job_init(&after, owner_b, NULL);
+    pool_submit(p, after.flow, &after.task);
 
     gate_open(&g);
     wait_runs(THREADS + PER_OWNER + 1);
@@ -308,13 +315,13 @@ static void test_cancel(void **state)
     gate_destroy(&g);
     gate_init(&g);
     for (int i = 0; i < THREADS; i++) {
-        job_init(&blockers[i], &owner_b, &g);
-        pool_submit(p, &blockers[i].task);
+        job_init(&blockers[i], owner_b, &g);
+        pool_submit(p, blockers[i].flow, &blockers[i].task);
     }
     gate_wait_for(&g, THREADS);
-    job_init(&a[0], &owner_a, NULL);
-    pool_submit(p, &a[0].task);
-    assert_int_equal(pool_cancel(p, &owner_a, NULL), 1);
+    job_init(&a[0], owner_a, NULL);
+    pool_submit(p, a[0].flow, &a[0].task);
+    assert_int_equal(pool_cancel(p, owner_a, NULL), 1);
     gate_open(&g);
     wait_runs(THREADS + PER_OWNER + 1 + THREADS);
     assert_int_equal(atomic_load(&a[0].runs), 0);
@@ -336,7 +343,7 @@ static void test_busy_ns(void **state)
     for (int i = 0; i < N; i++) {
         job_init(&jobs[i], NULL, NULL);
         jobs[i].spin_ns = spin_ns;
-        pool_submit(p, &jobs[i].task);
+        pool_submit(p, jobs[i].flow, &jobs[i].task);
     }
     wait_runs(N);
     /* The counter is added after the task returns, just after it counted itself. */
@@ -374,12 +381,12 @@ static void test_free_drops_queued(void **state)
     struct job blockers[THREADS], queued[QUEUED];
     for (int i = 0; i < THREADS; i++) {
         job_init(&blockers[i], NULL, &g);
-        pool_submit(p, &blockers[i].task);
+        pool_submit(p, blockers[i].flow, &blockers[i].task);
     }
     gate_wait_for(&g, THREADS);
     for (int i = 0; i < QUEUED; i++) {
         job_init(&queued[i], NULL, NULL);
-        pool_submit(p, &queued[i].task);
+        pool_submit(p, queued[i].flow, &queued[i].task);
     }
     /* pool_free waits for the running tasks, so the gate is opened from another thread
      * once pool_free has (long since) marked the pool as stopping. */
@@ -397,6 +404,161 @@ static void test_free_drops_queued(void **state)
     gate_destroy(&g);
 }
 
+/* Flows: with one worker busy, a heavy flow queues 20 tasks and then a light flow one;
+ * the light task runs next (first come, first served would run it last). */
+static void test_flow_fair_order(void **state)
+{
+    (void)state;
+    enum { N = 20 };
+    atomic_store(&total_runs, 0);
+    struct gate g;
+    gate_init(&g);
+    atomic_int order;
+    atomic_init(&order, 0);
+    pool *p = NULL;
+    pool_flow *heavy = NULL, *light = NULL;
+    assert_int_equal(pool_new(1, &p), 0);
+    const struct scheduler_flow_params fp = {.weight = 1};
+    assert_int_equal(pool_flow_new(p, &fp, &heavy), 0);
+    assert_int_equal(pool_flow_new(p, &fp, &light), 0);
+    struct job blocker, jobs[N], lone;
+    job_init(&blocker, heavy, &g);
+    blocker.spin_ns = 1000000;
+    pool_submit(p, blocker.flow, &blocker.task);
+    gate_wait_for(&g, 1);
+    for (int i = 0; i < N; i++) {
+        job_init(&jobs[i], heavy, NULL);
+        jobs[i].order = &order;
+        jobs[i].task.item.units = 1;
+        pool_submit(p, jobs[i].flow, &jobs[i].task);
+    }
+    job_init(&lone, light, NULL);
+    lone.order = &order;
+    lone.task.item.units = 1;
+    pool_submit(p, lone.flow, &lone.task);
+    gate_open(&g);
+    wait_runs(N + 2);
+    assert_int_equal(atomic_load(&lone.my_turn), 0);
+    for (int i = 0; i < N; i++)
+        assert_int_equal(atomic_load(&jobs[i].my_turn), i + 1); /* FIFO within a flow */
+    pool_free(p);
+    gate_destroy(&g);
+}
+
+static void sleep_run(struct pool_task *t)
+{
+    struct timespec ts = {0, 20 * 1000 * 1000};
+    nanosleep(&ts, NULL);
+    job_run(t);
+}
+
+/* A flow is charged its tasks' CPU time: spinning counts, sleeping does not. */
+static void test_flow_cpu_time(void **state)
+{
+    (void)state;
+    atomic_store(&total_runs, 0);
+    pool *p = NULL;
+    pool_flow *spinner = NULL, *sleeper = NULL;
+    assert_int_equal(pool_new(2, &p), 0);
+    const struct scheduler_flow_params fp = {.weight = 1};
+    assert_int_equal(pool_flow_new(p, &fp, &spinner), 0);
+    assert_int_equal(pool_flow_new(p, &fp, &sleeper), 0);
+    struct job a[4], b[4];
+    for (int i = 0; i < 4; i++) {
+        job_init(&a[i], spinner, NULL);
+        a[i].spin_ns = 10 * 1000 * 1000;
+        a[i].task.item.units = 2;
+        pool_submit(p, a[i].flow, &a[i].task);
+        job_init(&b[i], sleeper, NULL);
+        b[i].task.run = sleep_run;
+        pool_submit(p, b[i].flow, &b[i].task);
+    }
+    wait_runs(8);
+    struct scheduler_flow_stats sa, sb;
+    for (int i = 0; i < 2000; i++) { /* the last task's charge follows its count */
+        pool_flow_get_stats(p, spinner, &sa);
+        pool_flow_get_stats(p, sleeper, &sb);
+        if (sa.tasks == 4 && sb.tasks == 4)
+            break;
+        struct timespec ts = {0, 1000000};
+        nanosleep(&ts, NULL);
+    }
+    assert_int_equal(sa.tasks, 4);
+    assert_int_equal(sb.tasks, 4);
+    /* 40 ms of spinning; a preempted spinner is charged less than its wall time. */
+    assert_true(sa.cpu_ns >= 10 * 1000 * 1000);
+    assert_true(sa.unit_cost_ns > 0);
+    /* 80 ms asleep cost next to nothing. */
+    assert_true(sb.cpu_ns < 10 * 1000 * 1000);
+    pool_free(p);
+}
+
+/* A flow closed while its task runs is freed when the task is done (ASan sees a use
+ * after free or a leak otherwise); one closed while idle is freed at once. */
+static void test_flow_close_while_running(void **state)
+{
+    (void)state;
+    atomic_store(&total_runs, 0);
+    struct gate g;
+    gate_init(&g);
+    pool *p = NULL;
+    pool_flow *f = NULL, *idle = NULL;
+    assert_int_equal(pool_new(1, &p), 0);
+    const struct scheduler_flow_params fp = {.weight = 1};
+    assert_int_equal(pool_flow_new(p, &fp, &f), 0);
+    assert_int_equal(pool_flow_new(p, &fp, &idle), 0);
+    pool_flow_close(p, idle);
+    pool_flow_close(p, NULL);
+    struct job j, later;
+    job_init(&j, f, &g);
+    pool_submit(p, j.flow, &j.task);
+    gate_wait_for(&g, 1);
+    job_init(&later, f, NULL);
+    pool_submit(p, later.flow, &later.task);
+    assert_int_equal(pool_cancel(p, f, job_cancelled), 1);
+    pool_flow_close(p, f);
+    gate_open(&g);
+    wait_runs(1);
+    /* The pool goes on with other work after the closed flow's last task. */
+    struct job after;
+    job_init(&after, NULL, NULL);
+    pool_submit(p, after.flow, &after.task);
+    wait_runs(2);
+    assert_int_equal(atomic_load(&later.cancels), 1);
+    assert_int_equal(atomic_load(&later.runs), 0);
+    pool_free(p);
+    gate_destroy(&g);
+}
+
+/* A flow whose group is capped at a quarter of one worker takes about four times its
+ * work in wall time, and the workers wake up by themselves when its credit is back. */
+static void test_flow_cap(void **state)
+{
+    (void)state;
+    enum { N = 40 };
+    atomic_store(&total_runs, 0);
+    pool *p = NULL;
+    pool_flow *f = NULL;
+    assert_int_equal(pool_new(1, &p), 0);
+    const struct scheduler_flow_params fp = {.weight = 1, .group = {"dataset:capped"}, .cap = {0.25}};
+    assert_int_equal(pool_flow_new(p, &fp, &f), 0);
+    struct job jobs[N];
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (int i = 0; i < N; i++) {
+        job_init(&jobs[i], f, NULL);
+        jobs[i].spin_ns = 1000000;
+        jobs[i].task.item.units = 1;
+        pool_submit(p, jobs[i].flow, &jobs[i].task);
+    }
+    wait_runs(N);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double elapsed_ms = (double)(t1.tv_sec - t0.tv_sec) * 1e3 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e6;
+    /* 40 ms of work, 25 ms of it from the first bucket: the rest at a quarter speed. */
+    assert_true(elapsed_ms >= 50);
+    pool_free(p);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -407,6 +569,10 @@ int main(void)
         cmocka_unit_test(test_cancel),
         cmocka_unit_test(test_busy_ns),
         cmocka_unit_test(test_free_drops_queued),
+        cmocka_unit_test(test_flow_fair_order),
+        cmocka_unit_test(test_flow_cpu_time),
+        cmocka_unit_test(test_flow_close_while_running),
+        cmocka_unit_test(test_flow_cap),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,308 @@
+/* itest_sched — scheduling across streams in a real loaderd with 2 workers: two
+ * trainers reading as fast as they can, one on large JPEGs and one on small ones, get
+ * equal shares of the workers' CPU time (first come, first served gives the heavy one
+ * nearly all of it); a light stream opened while a heavy one saturates the workers gets
+ * its first batch at once instead of after the heavy one's queued batches; a `clients:`
+ * entry for our uid caps and weights our streams; bad scheduling keys stop the start
+ * with a message naming them. The JPEGs come from ld-genimages (built next to loaderd). */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <cJSON.h>
+#include <libgen.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "harness.h"
+#include "loaderclient.h"
+
+static char bindir[4096];
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static void sleep_s(double s)
+{
+    struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
+    nanosleep(&ts, NULL);
+}
+
+static int setup(void **state)
+{
+    struct harness *h = harness_new();
+    const char *bin = getenv("LOADERD_BIN") ? getenv("LOADERD_BIN") : "build/bin/loaderd";
+    char tmp[4096];
+    snprintf(tmp, sizeof tmp, "%s", bin);
+    char *abs = realpath(dirname(tmp), NULL);
+    assert_non_null(abs);
+    snprintf(bindir, sizeof bindir, "%s", abs);
+    free(abs);
+    char cmd[16384];
+    snprintf(cmd, sizeof cmd,
+             "%s/ld-genimages %s/big --count 24 --classes 2 --min 200 --max 256 >/dev/null && "
+             "%s/ld-genimages %s/small --count 64 --classes 2 --min 24 --max 32 >/dev/null",
+             bindir, h->dir, bindir, h->dir);
+    assert_int_equal(system(cmd), 0);
+    harness_gen_files(h, "rec", 256, 512, 0, false);
+    *state = h;
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    harness_free(*state);
+    return 0;
+}
+
+static const char datasets_yaml[] =
+    "  big:\n    kind: image_folder\n    path: big\n    transforms:\n"
+    "      - random_resized_crop: {size: 128}\n      - to_dtype: {dtype: uint8, layout: CHW}\n"
+    "  small:\n    kind: image_folder\n    path: small\n    transforms:\n"
+    "      - center_crop: {size: 16}\n      - to_dtype: {dtype: uint8, layout: CHW}\n"
+    "  rec:\n    kind: files\n    path: rec\n";
+
+/* A trainer on its own thread and connection: reads as fast as it can until told to stop. */
+struct trainer {
+    struct harness *h;
+    const char *dataset;
+    uint32_t batch_size, prefetch;
+    pthread_t thread;
+    atomic_bool stop;
+    atomic_uint_fast64_t batches;
+    uint64_t stream_id;
+    atomic_bool opened;
+    char error[512];
+};
+
+static void *trainer_main(void *arg)
+{
+    struct trainer *t = arg;
+    lc_client *c = NULL;
+    char err[256];
+    if (lc_connect(t->h->socket, 20000, t->dataset, &c, err, sizeof err) < 0) {
+        snprintf(t->error, sizeof t->error, "connect: %s", err);
+        return NULL;
+    }
+    lc_stream_options o;
+    lc_stream_options_init(&o);
+    o.batch_size = t->batch_size;
+    o.prefetch = t->prefetch;
+    o.seed = 1;
+    lc_stream *s = NULL;
+    if (lc_stream_open(c, t->dataset, &o, &s) < 0) {
+        snprintf(t->error, sizeof t->error, "open %s: %s", t->dataset, lc_client_error(c));
+        lc_client_close(c);
+        return NULL;
+    }
+    t->stream_id = lc_stream_id(s);
+    atomic_store(&t->opened, true);
+    while (!atomic_load(&t->stop)) {
+        lc_batch *b;
+        int r = lc_stream_next(s, 20000, &b);
+        if (r < 0) {
+            snprintf(t->error, sizeof t->error, "next on %s: %s", t->dataset, lc_client_error(c));
+            break;
+        }
+        lc_batch_release(b);
+        atomic_fetch_add(&t->batches, 1);
+    }
+    lc_stream_close(s);
+    lc_client_close(c);
+    return NULL;
+}
+
+static void trainer_start(struct trainer *t, struct harness *h, const char *dataset, uint32_t batch_size,
+                          uint32_t prefetch)
+{
+    memset(t, 0, sizeof *t);
+    t->h = h;
+    t->dataset = dataset;
+    t->batch_size = batch_size;
+    t->prefetch = prefetch;
+    assert_int_equal(pthread_create(&t->thread, NULL, trainer_main, t), 0);
+    for (int i = 0; i < 2000 && !atomic_load(&t->opened) && !t->error[0]; i++)
+        sleep_s(0.01);
+    if (t->error[0])
+        fail_msg("%s", t->error);
+    assert_true(atomic_load(&t->opened));
+}
+
+static void trainer_stop(struct trainer *t)
+{
+    atomic_store(&t->stop, true);
+    pthread_join(t->thread, NULL);
+    if (t->error[0])
+        fail_msg("%s", t->error);
+}
+
+/* The `streams` reply's entry for stream id, field key. */
+static double stream_field(struct harness *h, uint64_t id, const char *key)
+{
+    lc_client *c = harness_connect(h, 10000, "look");
+    char *reply = NULL;
+    assert_int_equal(lc_request_json(c, "{\"op\":\"streams\"}", &reply), 0);
+    cJSON *r = cJSON_Parse(reply);
+    assert_non_null(r);
+    double v = -1;
+    const cJSON *s;
+    cJSON_ArrayForEach(s, cJSON_GetObjectItem(r, "streams")) {
+        if ((uint64_t)cJSON_GetNumberValue(cJSON_GetObjectItem(s, "id")) == id) {
+            const cJSON *f = cJSON_GetObjectItem(s, key);
+            assert_true(cJSON_IsNumber(f));
+            v = cJSON_GetNumberValue(f);
+        }
+    }
+    cJSON_Delete(r);
+    lc_free(reply);
+    lc_client_close(c);
+    assert_true(v >= 0);
+    return v;
+}
+
+/* Two saturated streams, one ~20x the other's cost per batch: equal CPU shares. */
+static void test_equal_shares(void **state)
+{
+    struct harness *h = *state;
+    harness_write_config(h, "  workers: 2\n", datasets_yaml);
+    harness_start(h);
+    struct trainer big, small;
+    trainer_start(&big, h, "big", 16, 4);
+    trainer_start(&small, h, "small", 16, 4);
+    sleep_s(0.5); /* both pipelines warm, costs measured */
+    double b0 = stream_field(h, big.stream_id, "worker_cpu_s"), s0 = stream_field(h, small.stream_id, "worker_cpu_s");
+    sleep_s(2.0);
+    double b1 = stream_field(h, big.stream_id, "worker_cpu_s"), s1 = stream_field(h, small.stream_id, "worker_cpu_s");
+    trainer_stop(&big);
+    trainer_stop(&small);
+    double db = b1 - b0, dsm = s1 - s0;
+    double share = dsm / (db + dsm);
+    print_message("worker CPU over 2 s: big %.3f s, small %.3f s: small's share %.2f (batches %lu / %lu)\n", db,
+                  dsm, share, (unsigned long)atomic_load(&big.batches), (unsigned long)atomic_load(&small.batches));
+    assert_true(db + dsm > 0.2);
+    /* Equal weights: half each; first come, first served gives the small one ~5%. */
+    assert_true(share > 0.3 && share < 0.7);
+    harness_stop_clean(h);
+}
+
+/* A light stream opened while a heavy one keeps both workers busy with a deep queue:
+ * its first batch comes as soon as a worker is free, not after that queue. */
+static void test_light_first_batch(void **state)
+{
+    struct harness *h = *state;
+    harness_write_config(h, "  workers: 2\n", datasets_yaml);
+    harness_start(h);
+    struct trainer big;
+    trainer_start(&big, h, "big", 32, 8);
+    sleep_s(0.5);
+    lc_client *c = harness_connect(h, 20000, "light");
+    double first[5];
+    for (int i = 0; i < 5; i++) {
+        lc_stream_options o;
+        lc_stream_options_init(&o);
+        o.batch_size = 32;
+        lc_stream *s = NULL;
+        double t0 = now_s();
+        if (lc_stream_open(c, "rec", &o, &s) < 0)
+            fail_msg("open rec: %s", lc_client_error(c));
+        lc_batch *b;
+        assert_int_equal(lc_stream_next(s, 20000, &b), 0);
+        first[i] = now_s() - t0;
+        lc_batch_release(b);
+        lc_stream_close(s);
+        sleep_s(0.05);
+    }
+    lc_client_close(c);
+    trainer_stop(&big);
+    /* The median of five. */
+    for (int i = 0; i < 5; i++)
+        for (int j = i + 1; j < 5; j++)
+            if (first[j] < first[i]) {
+                double x = first[i];
+                first[i] = first[j];
+                first[j] = x;
+            }
+    print_message("light first batch: median %.1f ms (min %.1f, max %.1f) behind %lu heavy batches\n",
+                  first[2] * 1e3, first[0] * 1e3, first[4] * 1e3, (unsigned long)atomic_load(&big.batches));
+    /* First come, first served: behind 8 queued batches of 32 large JPEGs (hundreds of ms). */
+    assert_true(first[2] < 0.08);
+    harness_stop_clean(h);
+}
+
+/* clients: our uid weighted and capped: the stream's weight is the dataset's times the
+ * client's, and its worker time stays under the cap while workers are free. */
+static void test_client_cap_and_weight(void **state)
+{
+    struct harness *h = *state;
+    char ds[2048];
+    snprintf(ds, sizeof ds,
+             "  big:\n    kind: image_folder\n    path: big\n    weight: 3\n    transforms:\n"
+             "      - random_resized_crop: {size: 128}\n      - to_dtype: {dtype: uint8, layout: CHW}\n"
+             "clients:\n  \"%u\": {weight: 2, max_share: 0.1}\n",
+             (unsigned)getuid());
+    harness_write_config(h, "  workers: 2\n", ds);
+    harness_start(h);
+    struct trainer big;
+    trainer_start(&big, h, "big", 8, 4);
+    assert_int_equal((int)stream_field(h, big.stream_id, "weight"), 6);
+    sleep_s(0.3);
+    double c0 = stream_field(h, big.stream_id, "worker_cpu_s"), t0 = now_s();
+    sleep_s(1.5);
+    double c1 = stream_field(h, big.stream_id, "worker_cpu_s"), t1 = now_s();
+    trainer_stop(&big);
+    double used = c1 - c0, allowed = 0.1 * 2 * (t1 - t0);
+    print_message("capped at 0.1 of 2 workers: %.3f s of worker CPU in %.2f s (cap %.3f s)\n", used, t1 - t0,
+                  allowed);
+    assert_true(used > 0);
+    /* The cap, plus one bucket (0.1 x 2 x 100 ms) and the chunks running when it ran out. */
+    assert_true(used < allowed * 1.3 + 0.05);
+    harness_stop_clean(h);
+}
+
+static void test_bad_keys(void **state)
+{
+    struct harness *h = *state;
+    const char *const none[] = {NULL};
+    harness_write_config(h, "  workers: 2\n", "  rec:\n    kind: files\n    path: rec\n    max_share: 0\n");
+    assert_int_equal(harness_run_to_exit(h, none), 1);
+    char *log = harness_log(h);
+    if (!strstr(log, "datasets.rec.max_share: expected a fraction above 0"))
+        fail_msg("%s", log);
+    free(log);
+    harness_write_config(h, "  workers: 2\n",
+                         "  rec:\n    kind: files\n    path: rec\nclients:\n  no-such-user-here: {weight: 2}\n");
+    assert_int_equal(harness_run_to_exit(h, none), 1);
+    log = harness_log(h);
+    if (!strstr(log, "clients: no user named 'no-such-user-here'"))
+        fail_msg("%s", log);
+    free(log);
+    harness_write_config(h, "  workers: 2\n", "  rec:\n    kind: files\n    path: rec\nclients:\n  \"0\": {weight: 0}\n");
+    assert_int_equal(harness_run_to_exit(h, none), 1);
+    log = harness_log(h);
+    if (!strstr(log, "clients.0.weight: expected an integer in [1, 1000]"))
+        fail_msg("%s", log);
+    free(log);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_equal_shares, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_light_first_batch, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_client_cap_and_weight, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_bad_keys, setup, teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
