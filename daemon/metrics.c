@@ -185,6 +185,42 @@ static void metrics_streams(struct metrics_buf *b, const struct metrics_snapshot
     }
 }
 
+/* The scheduling and data-stall series of a stream: one family each. */
+enum metrics_stream_gauge { MG_CPU, MG_STALL, MG_RATE_NOW, MG_RATE, MG_DEPTH, MG_COUNT };
+
+static const struct {
+    const char *name, *type, *help;
+} metrics_stream_gauges[MG_COUNT] = {
+    [MG_CPU] = {"loaderd_stream_worker_cpu_seconds_total", "counter",
+                "CPU seconds the workers spent preparing the stream's batches."},
+    [MG_STALL] = {"loaderd_stream_stall_ratio", "gauge",
+                  "Fraction of the time since the trainer's first next spent waiting inside next (data stall)."},
+    [MG_RATE_NOW] = {"loaderd_stream_samples_per_second", "gauge", "Samples delivered per second, the last seconds."},
+    [MG_RATE] = {"loaderd_stream_samples_per_second_average", "gauge",
+                 "Samples delivered per second since the trainer's first next."},
+    [MG_DEPTH] = {"loaderd_stream_prefetch_depth", "gauge", "Batches being prepared or ready ahead of the trainer."},
+};
+
+static void metrics_stream_sched(struct metrics_buf *b, const struct metrics_snapshot *s)
+{
+    for (int g = 0; g < MG_COUNT; g++) {
+        const char *name = metrics_stream_gauges[g].name;
+        metrics_family(b, name, metrics_stream_gauges[g].type, metrics_stream_gauges[g].help);
+        for (size_t i = 0; i < s->n_streams; i++) {
+            const struct metrics_stream *st = &s->stream[i];
+            char sid[24], cid[24];
+            snprintf(sid, sizeof sid, "%" PRIu64, st->id);
+            snprintf(cid, sizeof cid, "%" PRIu64, st->client_id);
+            const char *kv[] = {"dataset", st->dataset, "stream", sid, "client", cid, NULL};
+            if (g == MG_DEPTH)
+                metrics_u64(b, name, kv, st->prefetch_depth);
+            else
+                metrics_f64(b, name, kv, g == MG_CPU ? st->worker_cpu_s : g == MG_STALL ? st->stall
+                                         : g == MG_RATE_NOW ? st->samples_per_s_now : st->samples_per_s);
+        }
+    }
+}
+
 static void metrics_clients(struct metrics_buf *b, const struct metrics_snapshot *s)
 {
     char name[96], cid[24];
@@ -212,6 +248,33 @@ static void metrics_clients(struct metrics_buf *b, const struct metrics_snapshot
             else
                 metrics_u64(b, name, kv, f == MF_BATCHES ? c->batches : f == MF_SAMPLES ? c->samples : c->bytes);
         }
+    }
+}
+
+static void metrics_clients_sched(struct metrics_buf *b, const struct metrics_snapshot *s)
+{
+    char cid[24];
+    metrics_family(b, "loaderd_client_worker_cpu_seconds_total", "counter",
+                   "CPU seconds the workers spent on the client's streams, closed ones included.");
+    for (size_t i = 0; i < s->n_clients; i++) {
+        snprintf(cid, sizeof cid, "%" PRIu64, s->client[i].id);
+        const char *kv[] = {"client", cid, NULL};
+        metrics_f64(b, "loaderd_client_worker_cpu_seconds_total", kv, s->client[i].worker_cpu_s);
+    }
+    metrics_family(b, "loaderd_client_stall_ratio", "gauge",
+                   "Seconds the client's streams waited inside next per second connected (data stall).");
+    for (size_t i = 0; i < s->n_clients; i++) {
+        snprintf(cid, sizeof cid, "%" PRIu64, s->client[i].id);
+        const char *kv[] = {"client", cid, NULL};
+        const struct metrics_client *c = &s->client[i];
+        metrics_f64(b, "loaderd_client_stall_ratio", kv, c->connected_s > 0 ? c->wait_s / c->connected_s : 0);
+    }
+    metrics_family(b, "loaderd_client_samples_per_second", "gauge",
+                   "Samples delivered per second to the client's open streams, the last seconds.");
+    for (size_t i = 0; i < s->n_clients; i++) {
+        snprintf(cid, sizeof cid, "%" PRIu64, s->client[i].id);
+        const char *kv[] = {"client", cid, NULL};
+        metrics_f64(b, "loaderd_client_samples_per_second", kv, s->client[i].samples_per_s_now);
     }
 }
 
@@ -292,7 +355,9 @@ int metrics_format(const struct metrics_snapshot *s, char **ret_text, size_t *re
     }
     metrics_datasets(&b, s);
     metrics_streams(&b, s);
+    metrics_stream_sched(&b, s);
     metrics_clients(&b, s);
+    metrics_clients_sched(&b, s);
     if (b.failed || !b.p) {
         free(b.p);
         return LD_ENOMEM;

@@ -30,6 +30,10 @@ struct metrics_stream {
     uint64_t batches, samples, bytes;
     double wait_s;                            /* the client waited for a batch */
     uint32_t slots[RING_STATES];              /* by enum ring_state */
+    double worker_cpu_s;                      /* workers' CPU time on its batches */
+    double stall;                             /* wait_s over the time since its first next */
+    double samples_per_s_now, samples_per_s;  /* the last seconds; since its first next */
+    uint32_t prefetch_depth;                  /* batches FILLING or READY */
 };
 
 struct metrics_client {
@@ -38,6 +42,9 @@ struct metrics_client {
     uint32_t streams;
     uint64_t batches, samples, bytes;         /* over the connection's life */
     double wait_s;                            /* its streams' wait, closed ones included */
+    double worker_cpu_s;                      /* the same for the workers' CPU time */
+    double connected_s;
+    double samples_per_s_now;                 /* its open streams' together */
 };
 
 struct metrics_dataset {

@@ -83,6 +83,7 @@ struct conn {
     uint64_t peak_queued_bytes;
     uint64_t connected_ns, last_frame_ns; /* for the hello deadline and the idle timeout */
     uint64_t batches_served, samples_served, bytes_served, closed_wait_ns; /* for metrics */
+    double closed_cpu_s;            /* workers' CPU time on streams already closed */
     struct conn_stream *streams;
     char rbuf[READ_BUF_SIZE];
 };
@@ -311,6 +312,9 @@ static void conn_stream_close(conn *c, struct conn_stream *cs)
         *pp = cs->next;
     srv->closed_wait_ns += stream_wait_ns(cs->s);
     c->closed_wait_ns += stream_wait_ns(cs->s);
+    struct stream_stats st;
+    stream_get_stats(cs->s, &st);
+    c->closed_cpu_s += st.worker_cpu_s;
     srv->memory_used -= cs->ring_bytes;
     srv->n_streams--;
     ld_log(LD_LOG_INFO, "stream %" PRIu64 " closed (client %" PRIu64 ")", cs->id, c->id);
@@ -737,6 +741,8 @@ static int server_metrics_text(server *srv, char **ret_text, size_t *ret_len)
         mc->batches = k->batches_served;
         mc->samples = k->samples_served;
         mc->bytes = k->bytes_served;
+        mc->worker_cpu_s = k->closed_cpu_s;
+        mc->connected_s = (double)(uv_hrtime() - k->connected_ns) / 1e9;
         for (struct conn_stream *cs = k->streams; cs && m.n_streams < srv->n_streams; cs = cs->next) {
             cJSON *js = cJSON_CreateObject();
             if (!js)
@@ -752,6 +758,15 @@ static int server_metrics_text(server *srv, char **ret_text, size_t *ret_len)
             ms->samples = (uint64_t)server_json_num(js, "samples_served");
             ms->bytes = (uint64_t)server_json_num(js, "bytes_served");
             ms->wait_s = (double)stream_wait_ns(cs->s) / 1e9;
+            struct stream_stats sst;
+            stream_get_stats(cs->s, &sst);
+            ms->worker_cpu_s = sst.worker_cpu_s;
+            ms->stall = sst.stall;
+            ms->samples_per_s_now = sst.samples_per_s_now;
+            ms->samples_per_s = sst.samples_per_s;
+            ms->prefetch_depth = sst.prefetch_depth;
+            mc->worker_cpu_s += sst.worker_cpu_s;
+            mc->samples_per_s_now += sst.samples_per_s_now;
             for (int state = 0; state < METRICS_SLOT_STATES; state++) {
                 ms->slots[state] = ring_count(stream_ring(cs->s), (enum ring_state)state);
                 m.slots[state] += ms->slots[state];

@@ -123,6 +123,10 @@ struct stream {
     uint32_t w_head, w_count;
     uint64_t wait_start_ns;
     uint64_t batches_served, samples_served, bytes_served, wait_ns;
+    uint64_t first_next_ns;         /* 0 until the trainer first asks */
+    struct stats_mark {
+        uint64_t ns, samples, wait_ns;
+    } mark, last;                   /* the window being measured, and the one before */
 };
 
 static uint64_t now_ns(void)
@@ -335,7 +339,9 @@ static void start_fill(stream *s, uint32_t slot, uint64_t seq)
         n = pool_threads(s->workers);
     struct scheduler_flow_stats st;
     pool_flow_get_stats(s->workers, s->flow, &st);
-    uint64_t nt = st.unit_cost_ns * sl->rows / CHUNK_MAX_NS;
+    /* Until a chunk has come back the cost is unknown: cut finely, so that the first
+     * batches of a heavy stream (all queued at open) hold no worker for long either. */
+    uint64_t nt = st.tasks ? st.unit_cost_ns * sl->rows / CHUNK_MAX_NS : sl->rows;
     if (nt > n)
         n = (uint32_t)(nt < s->max_chunks ? nt : s->max_chunks);
     if (n > sl->rows)
@@ -398,6 +404,21 @@ static void stream_fail(stream *s, uint64_t seq, int rc, const char *msg)
            s->ds->name, s->p.epoch + pos / bpe, pos % bpe, msg);
 }
 
+/* Starts a new statistics window when the current one is old enough: `last` keeps the
+ * previous window's rate and stall as counts over its length. */
+static void stats_roll(stream *s, uint64_t now)
+{
+    if (!s->mark.ns) {
+        s->mark = (struct stats_mark){now, s->samples_served, stream_wait_ns(s)};
+        return;
+    }
+    if (now - s->mark.ns < STREAM_STATS_WINDOW_NS)
+        return;
+    uint64_t wait = stream_wait_ns(s);
+    s->last = (struct stats_mark){now - s->mark.ns, s->samples_served - s->mark.samples, wait - s->mark.wait_ns};
+    s->mark = (struct stats_mark){now, s->samples_served, wait};
+}
+
 /* Tells the scheduler whether this stream's trainer is waiting (on changes only). */
 static void set_urgent(stream *s, bool urgent)
 {
@@ -458,6 +479,7 @@ static void deliver(stream *s)
         s->batches_served++;
         s->samples_served += b.rows;
         s->bytes_served += b.bytes;
+        stats_roll(s, now_ns());
         if (s->wait_start_ns) {
             s->wait_ns += now_ns() - s->wait_start_ns;
             s->wait_start_ns = 0;
@@ -686,6 +708,9 @@ int stream_next(stream *s, stream_next_cb cb, void *ctx)
         ring_unlink(s->ring);
         s->unlinked = true;
     }
+    if (!s->first_next_ns)
+        s->first_next_ns = now_ns();
+    stats_roll(s, now_ns());
     uint32_t tail = (s->w_head + s->w_count) % STREAM_MAX_WAITING;
     s->waiters[tail].cb = cb;
     s->waiters[tail].ctx = ctx;
@@ -768,11 +793,48 @@ void stream_describe_state(const stream *s, cJSON *o)
     cJSON_AddNumberToObject(o, "batches_served", (double)s->batches_served);
     cJSON_AddNumberToObject(o, "samples_served", (double)s->samples_served);
     cJSON_AddNumberToObject(o, "bytes_served", (double)s->bytes_served);
-    cJSON_AddNumberToObject(o, "client_wait_s", (double)stream_wait_ns(s) / 1e9);
-    struct scheduler_flow_stats st;
-    pool_flow_get_stats(s->workers, s->flow, &st);
-    cJSON_AddNumberToObject(o, "worker_cpu_s", (double)st.cpu_ns / 1e9);
+    struct stream_stats st;
+    stream_get_stats(s, &st);
+    cJSON_AddNumberToObject(o, "client_wait_s", st.wait_s);
+    cJSON_AddNumberToObject(o, "active_s", st.active_s);
+    cJSON_AddNumberToObject(o, "stall", st.stall);
+    cJSON_AddNumberToObject(o, "stall_now", st.stall_now);
+    cJSON_AddNumberToObject(o, "samples_per_s", st.samples_per_s);
+    cJSON_AddNumberToObject(o, "samples_per_s_now", st.samples_per_s_now);
+    cJSON_AddNumberToObject(o, "worker_cpu_s", st.worker_cpu_s);
+    cJSON_AddNumberToObject(o, "prefetch_depth", st.prefetch_depth);
     cJSON_AddNumberToObject(o, "weight", s->weight);
+}
+
+void stream_get_stats(const stream *s, struct stream_stats *ret)
+{
+    uint64_t now = now_ns(), wait = stream_wait_ns(s);
+    uint64_t active = s->first_next_ns ? now - s->first_next_ns : 0;
+    struct scheduler_flow_stats fs;
+    pool_flow_get_stats(s->workers, s->flow, &fs);
+    *ret = (struct stream_stats){
+        .batches = s->batches_served, .samples = s->samples_served, .bytes = s->bytes_served,
+        .active_s = (double)active / 1e9, .wait_s = (double)wait / 1e9,
+        .worker_cpu_s = (double)fs.cpu_ns / 1e9,
+        .prefetch_depth = ring_count(s->ring, RING_FILLING) + ring_count(s->ring, RING_READY),
+    };
+    if (active) {
+        ret->stall = (double)wait / (double)active;
+        ret->samples_per_s = (double)s->samples_served * 1e9 / (double)active;
+    }
+    /* Now: the current window once it is long enough (a trainer that stopped asking
+     * decays towards 0), else the previous one, else everything so far. */
+    struct stats_mark w = s->last;
+    if (s->mark.ns && (now - s->mark.ns >= STREAM_STATS_WINDOW_NS || !w.ns))
+        w = (struct stats_mark){now - s->mark.ns, s->samples_served - s->mark.samples, wait - s->mark.wait_ns};
+    if (w.ns) {
+        ret->stall_now = (double)w.wait_ns / (double)w.ns;
+        ret->samples_per_s_now = (double)w.samples * 1e9 / (double)w.ns;
+    }
+    if (ret->stall > 1)
+        ret->stall = 1; /* rounding: a wait is one interval, never longer than the time */
+    if (ret->stall_now > 1)
+        ret->stall_now = 1;
 }
 
 uint64_t stream_id(const stream *s)

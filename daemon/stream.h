@@ -91,6 +91,21 @@ void stream_describe_layout(const stream *s, cJSON *obj);
 /* Adds the `streams` entry fields (progress, occupancy, counters) to obj. */
 void stream_describe_state(const stream *s, cJSON *obj);
 
+/* What the trainer got from the stream and what it cost, for `streams`, metrics and
+ * `loaderctl top`. "Now" values are over the last STREAM_STATS_WINDOW_NS or so; the
+ * others over the time since the trainer's first `next`. */
+#define STREAM_STATS_WINDOW_NS (1000u * 1000u * 1000u)
+struct stream_stats {
+    uint64_t batches, samples, bytes;
+    double active_s;                /* since the first next */
+    double wait_s;                  /* inside next, waiting for a batch not READY yet */
+    double stall, stall_now;        /* wait_s / active_s: the data-stall fraction */
+    double samples_per_s, samples_per_s_now;
+    double worker_cpu_s;            /* the workers' CPU time spent on its batches */
+    uint32_t prefetch_depth;        /* batches FILLING or READY now */
+};
+void stream_get_stats(const stream *s, struct stream_stats *ret_stats);
+
 uint64_t stream_id(const stream *s);
 uint64_t stream_ring_bytes(const stream *s);
 const ring *stream_ring(const stream *s);

@@ -9,6 +9,7 @@
  * Errors print "loaderctl: <what failed>: <message>" on stderr and exit 1; a bad
  * command line prints the usage and exits 2. */
 #include "loaderclient.h"
+#include "loaderctl_top.h"
 
 #include <cJSON.h>
 #include <errno.h>
@@ -41,6 +42,7 @@ static const struct {
     {"datasets", "  datasets [--json]      the configured datasets and their fields\n"},
     {"streams", "  streams [--json]       the open streams\n"},
     {"metrics", "  metrics [--json]       the counters in the Prometheus text format (0.0.4)\n"},
+    {"top", CTL_TOP_USAGE},
     {"read", "  read DATASET [--epochs N] [--batch-size B] [--no-shuffle] [--seed S] [--epoch E]\n"
              "       [--rank R] [--world-size W] [--drop-last] [--start-batch K] [--prefetch P]\n"
              "       [--touch] [--json]\n"
@@ -859,6 +861,13 @@ int main(int argc, char **argv)
         }
     if (strcmp(cmd, "read") == 0) {
         ret = ctl_cmd_read(&c, &o, cargc, cargv);
+        lc_client_close(c);
+        return ret;
+    }
+    if (strcmp(cmd, "top") == 0) {
+        if (!(c = ctl_connect(&o)))
+            return 1;
+        ret = ctl_top(c, cargc, cargv, o.json);
         lc_client_close(c);
         return ret;
     }

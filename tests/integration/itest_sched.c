@@ -40,6 +40,15 @@ static void sleep_s(double s)
     nanosleep(&ts, NULL);
 }
 
+static bool tsan_build(void)
+{
+#if defined(__SANITIZE_THREAD__)
+    return true;
+#else
+    return false;
+#endif
+}
+
 static int setup(void **state)
 {
     struct harness *h = harness_new();
@@ -52,8 +61,8 @@ static int setup(void **state)
     free(abs);
     char cmd[16384];
     snprintf(cmd, sizeof cmd,
-             "%s/ld-genimages %s/big --count 24 --classes 2 --min 200 --max 256 >/dev/null && "
-             "%s/ld-genimages %s/small --count 64 --classes 2 --min 24 --max 32 >/dev/null",
+             "%s/ld-genimages %s/big --count 24 --classes 2 --min 320 --max 400 >/dev/null && "
+             "%s/ld-genimages %s/small --count 256 --classes 2 --min 24 --max 32 >/dev/null",
              bindir, h->dir, bindir, h->dir);
     assert_int_equal(system(cmd), 0);
     harness_gen_files(h, "rec", 256, 512, 0, false);
@@ -79,6 +88,7 @@ struct trainer {
     struct harness *h;
     const char *dataset;
     uint32_t batch_size, prefetch;
+    double step_s;                  /* time "training" on each batch */
     pthread_t thread;
     atomic_bool stop;
     atomic_uint_fast64_t batches;
@@ -116,6 +126,8 @@ static void *trainer_main(void *arg)
             snprintf(t->error, sizeof t->error, "next on %s: %s", t->dataset, lc_client_error(c));
             break;
         }
+        if (t->step_s > 0)
+            sleep_s(t->step_s);
         lc_batch_release(b);
         atomic_fetch_add(&t->batches, 1);
     }
@@ -125,9 +137,10 @@ static void *trainer_main(void *arg)
 }
 
 static void trainer_start(struct trainer *t, struct harness *h, const char *dataset, uint32_t batch_size,
-                          uint32_t prefetch)
+                          uint32_t prefetch, double step_s)
 {
     memset(t, 0, sizeof *t);
+    t->step_s = step_s;
     t->h = h;
     t->dataset = dataset;
     t->batch_size = batch_size;
@@ -172,15 +185,15 @@ static double stream_field(struct harness *h, uint64_t id, const char *key)
     return v;
 }
 
-/* Two saturated streams, one ~20x the other's cost per batch: equal CPU shares. */
+/* Two saturated streams, one ~5x the other's cost per batch: equal CPU shares. */
 static void test_equal_shares(void **state)
 {
     struct harness *h = *state;
     harness_write_config(h, "  workers: 2\n", datasets_yaml);
     harness_start(h);
     struct trainer big, small;
-    trainer_start(&big, h, "big", 16, 4);
-    trainer_start(&small, h, "small", 16, 4);
+    trainer_start(&big, h, "big", 32, 4, 0);
+    trainer_start(&small, h, "small", 128, 4, 0);
     sleep_s(0.5); /* both pipelines warm, costs measured */
     double b0 = stream_field(h, big.stream_id, "worker_cpu_s"), s0 = stream_field(h, small.stream_id, "worker_cpu_s");
     sleep_s(2.0);
@@ -192,8 +205,8 @@ static void test_equal_shares(void **state)
     print_message("worker CPU over 2 s: big %.3f s, small %.3f s: small's share %.2f (batches %lu / %lu)\n", db,
                   dsm, share, (unsigned long)atomic_load(&big.batches), (unsigned long)atomic_load(&small.batches));
     assert_true(db + dsm > 0.2);
-    /* Equal weights: half each; first come, first served gives the small one ~5%. */
-    assert_true(share > 0.3 && share < 0.7);
+    /* Equal weights: half each; first come, first served gives the small one ~15%. */
+    assert_true(share > 0.35 && share < 0.65);
     harness_stop_clean(h);
 }
 
@@ -205,7 +218,7 @@ static void test_light_first_batch(void **state)
     harness_write_config(h, "  workers: 2\n", datasets_yaml);
     harness_start(h);
     struct trainer big;
-    trainer_start(&big, h, "big", 32, 8);
+    trainer_start(&big, h, "big", 32, 8, 0);
     sleep_s(0.5);
     lc_client *c = harness_connect(h, 20000, "light");
     double first[5];
@@ -236,8 +249,9 @@ static void test_light_first_batch(void **state)
             }
     print_message("light first batch: median %.1f ms (min %.1f, max %.1f) behind %lu heavy batches\n",
                   first[2] * 1e3, first[0] * 1e3, first[4] * 1e3, (unsigned long)atomic_load(&big.batches));
-    /* First come, first served: behind 8 queued batches of 32 large JPEGs (hundreds of ms). */
-    assert_true(first[2] < 0.08);
+    /* First come, first served: behind 8 queued batches of 32 large JPEGs (hundreds of
+     * ms; seconds under ThreadSanitizer, where everything is 5-15 times slower). */
+    assert_true(first[2] < (tsan_build() ? 0.5 : 0.08));
     harness_stop_clean(h);
 }
 
@@ -255,7 +269,7 @@ static void test_client_cap_and_weight(void **state)
     harness_write_config(h, "  workers: 2\n", ds);
     harness_start(h);
     struct trainer big;
-    trainer_start(&big, h, "big", 8, 4);
+    trainer_start(&big, h, "big", 8, 4, 0);
     assert_int_equal((int)stream_field(h, big.stream_id, "weight"), 6);
     sleep_s(0.3);
     double c0 = stream_field(h, big.stream_id, "worker_cpu_s"), t0 = now_s();
@@ -268,6 +282,72 @@ static void test_client_cap_and_weight(void **state)
     assert_true(used > 0);
     /* The cap, plus one bucket (0.1 x 2 x 100 ms) and the chunks running when it ran out. */
     assert_true(used < allowed * 1.3 + 0.05);
+    harness_stop_clean(h);
+}
+
+/* The stall metrics: a trainer that asks as fast as the workers can prepare waits most
+ * of the time; one that trains 20 ms per batch of cheap samples never waits. Both in
+ * `streams`, in `loaderctl top` (worst stall first) and in the Prometheus text. */
+static void test_stall_metrics(void **state)
+{
+    struct harness *h = *state;
+    harness_write_config(h, "  workers: 2\n", datasets_yaml);
+    harness_start(h);
+    struct trainer big, light;
+    trainer_start(&big, h, "big", 16, 2, 0);
+    trainer_start(&light, h, "rec", 32, 3, 0.02);
+    sleep_s(2.5); /* a whole statistics window (1 s) after the start */
+    double big_stall = stream_field(h, big.stream_id, "stall_now");
+    double light_stall = stream_field(h, light.stream_id, "stall_now");
+    double light_rate = stream_field(h, light.stream_id, "samples_per_s_now");
+    double light_avg = stream_field(h, light.stream_id, "samples_per_s");
+    print_message("stall now: big %.2f, light %.2f; light %.0f samples/s now, %.0f average\n", big_stall,
+                  light_stall, light_rate, light_avg);
+    assert_true(big_stall > 0.5 && big_stall <= 1.0);
+    assert_true(light_stall < 0.2);
+    /* 32 samples per 20 ms step (and the time next and release take): at most 1600/s. */
+    assert_true(light_rate > 300 && light_rate < 1700);
+    assert_true(light_avg > 0 && light_avg < 1700);
+    assert_true(stream_field(h, light.stream_id, "worker_cpu_s") > 0);
+    assert_true(stream_field(h, big.stream_id, "worker_cpu_s") > stream_field(h, light.stream_id, "worker_cpu_s"));
+    assert_true(stream_field(h, light.stream_id, "bytes_served") > 0);
+    assert_true(stream_field(h, light.stream_id, "active_s") > 2.0);
+    /* The light trainer is slower than its prefetch: the ring is kept full ahead of it. */
+    assert_true(stream_field(h, light.stream_id, "prefetch_depth") >= 2);
+
+    char out[16384];
+    assert_int_equal(harness_ctl(h, out, sizeof out, "top", "--once", NULL), 0);
+    const char *hdr = strstr(out, "STREAM DATASET");
+    assert_non_null(hdr);
+    const char *first = strchr(hdr, '\n');
+    assert_non_null(first);
+    char expect[64];
+    snprintf(expect, sizeof expect, "\n%6lu big ", (unsigned long)big.stream_id);
+    if (strncmp(first, expect, strlen(expect)) != 0)
+        fail_msg("the most stalled stream (big, %lu) is not first:\n%s", (unsigned long)big.stream_id, out);
+    assert_non_null(strstr(out, "CLIENT NAME"));
+    assert_int_equal(harness_ctl(h, out, sizeof out, "top", "--once", "--json", NULL), 0);
+    cJSON *arr = cJSON_Parse(out);
+    assert_true(cJSON_IsArray(arr));
+    assert_int_equal(cJSON_GetArraySize(arr), 2);
+    assert_int_equal((int)cJSON_GetNumberValue(cJSON_GetObjectItem(cJSON_GetArrayItem(arr, 0), "id")),
+                     (int)big.stream_id);
+    cJSON_Delete(arr);
+    assert_int_equal(harness_ctl(h, out, sizeof out, "top", "--interval", "0", NULL), 2);
+
+    assert_int_equal(harness_ctl(h, out, sizeof out, "metrics", NULL), 0);
+    char line[128];
+    snprintf(line, sizeof line, "loaderd_stream_stall_ratio{dataset=\"big\",stream=\"%lu\"",
+             (unsigned long)big.stream_id);
+    assert_non_null(strstr(out, line));
+    snprintf(line, sizeof line, "loaderd_stream_worker_cpu_seconds_total{dataset=\"rec\",stream=\"%lu\"",
+             (unsigned long)light.stream_id);
+    assert_non_null(strstr(out, line));
+    assert_non_null(strstr(out, "loaderd_stream_prefetch_depth{dataset=\"rec\""));
+    assert_non_null(strstr(out, "loaderd_client_stall_ratio{client="));
+    assert_non_null(strstr(out, "loaderd_client_worker_cpu_seconds_total{client="));
+    trainer_stop(&big);
+    trainer_stop(&light);
     harness_stop_clean(h);
 }
 
@@ -302,6 +382,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_equal_shares, setup, teardown),
         cmocka_unit_test_setup_teardown(test_light_first_batch, setup, teardown),
         cmocka_unit_test_setup_teardown(test_client_cap_and_weight, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_stall_metrics, setup, teardown),
         cmocka_unit_test_setup_teardown(test_bad_keys, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -18,13 +18,15 @@
 
 static const struct metrics_stream two_streams[] = {
     {.id = 7, .dataset = "imagenet", .client_id = 3, .batches = 10, .samples = 640, .bytes = 123456789012ull,
-     .wait_s = 1.5, .slots = {1, 2, 3, 4}},
+     .wait_s = 1.5, .slots = {1, 2, 3, 4}, .worker_cpu_s = 2.5, .stall = 0.25, .samples_per_s_now = 1000,
+     .samples_per_s = 812.5, .prefetch_depth = 5},
     {.id = 9, .dataset = "tokens", .client_id = 4, .batches = 0, .samples = 0, .bytes = 0, .wait_s = 0,
      .slots = {4, 0, 0, 0}},
 };
 
 static const struct metrics_client two_clients[] = {
-    {.id = 3, .name = "we\"ird\\name\nx", .streams = 1, .batches = 12, .samples = 700, .bytes = 900, .wait_s = 2.25},
+    {.id = 3, .name = "we\"ird\\name\nx", .streams = 1, .batches = 12, .samples = 700, .bytes = 900, .wait_s = 2.25,
+     .worker_cpu_s = 3.5, .connected_s = 9, .samples_per_s_now = 1000},
     {.id = 4, .name = "", .streams = 1},
 };
 
@@ -125,6 +127,17 @@ static void test_values(void **state)
     assert_line(t, "loaderd_client_streams{client=\"3\"} 1");
     assert_line(t, "loaderd_client_samples_served_total{client=\"3\"} 700");
     assert_line(t, "loaderd_client_wait_seconds_total{client=\"3\"} 2.25");
+    /* Scheduling and data stall. */
+    assert_line(t, "loaderd_stream_worker_cpu_seconds_total{dataset=\"imagenet\",stream=\"7\",client=\"3\"} 2.5");
+    assert_line(t, "loaderd_stream_stall_ratio{dataset=\"imagenet\",stream=\"7\",client=\"3\"} 0.25");
+    assert_line(t, "loaderd_stream_samples_per_second{dataset=\"imagenet\",stream=\"7\",client=\"3\"} 1000");
+    assert_line(t, "loaderd_stream_samples_per_second_average{dataset=\"imagenet\",stream=\"7\",client=\"3\"} 812.5");
+    assert_line(t, "loaderd_stream_prefetch_depth{dataset=\"imagenet\",stream=\"7\",client=\"3\"} 5");
+    assert_line(t, "loaderd_stream_stall_ratio{dataset=\"tokens\",stream=\"9\",client=\"4\"} 0");
+    assert_line(t, "loaderd_client_worker_cpu_seconds_total{client=\"3\"} 3.5");
+    assert_line(t, "loaderd_client_stall_ratio{client=\"3\"} 0.25");
+    assert_line(t, "loaderd_client_stall_ratio{client=\"4\"} 0"); /* not connected for any time yet */
+    assert_line(t, "loaderd_client_samples_per_second{client=\"3\"} 1000");
     free(t);
 }
 
