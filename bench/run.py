@@ -5,8 +5,9 @@ of README.md and bench/README.md are quoted from.
 Runs, in this order, each as its own process with Debian's /usr/bin/python3:
 bench/bench.py (loaderd vs DataLoader), bench/bench_cache.py (the single-file cache),
 bench/bench_images.py (the image pipeline and its floor), bench/bench_python.py --spawn
-(the Python client in a training loop). Each writes its own files under bench/results/
-(latest.*, cache.*, images.*, python.*, raw outputs; none of them committed). Then this
+(the Python client in a training loop), bench/bench_fair.py (a light job next to a heavy
+one on the same workers). Each writes its own files under bench/results/ (latest.*,
+cache.*, images.*, python.*, fair.*, raw outputs; none of them committed). Then this
 script gathers them into
 
     bench/results/<date>-<host>.json   machine (CPU model, cores, RAM, kernel, versions of
@@ -22,8 +23,8 @@ CPUs and RAM, e.g. 2c-24g), never its hostname. These two files are small and ar
 ones committed with a README update: the README's table names the file it comes from.
 
 Options for the benchmarks come from the environment as before (BENCH_ARGS,
-BENCH_CACHE_ARGS, BENCH_IMAGES_ARGS, BENCH_PYTHON_ARGS); `--quick` in BENCH_ARGS makes
-all four small. Exits non-zero when any benchmark failed (the result files are written
+BENCH_CACHE_ARGS, BENCH_IMAGES_ARGS, BENCH_PYTHON_ARGS, BENCH_FAIR_ARGS); `--quick` in
+BENCH_ARGS makes all five small. Exits non-zero when any benchmark failed (the result files are written
 anyway, with the failures in them).
 """
 import datetime
@@ -52,6 +53,7 @@ def steps():
         ("images", ["bench/bench_images.py"], "BENCH_IMAGES_ARGS", ("images.json", "images.md")),
         ("python", ["bench/bench_python.py", "--spawn", *py_args], "BENCH_PYTHON_ARGS",
          ("python.json", "python.md")),
+        ("fair", ["bench/bench_fair.py"], "BENCH_FAIR_ARGS", ("fair.json", "fair.md")),
     ]
 
 

@@ -436,10 +436,10 @@ static void test_unknown_keys(void **state)
                     "    kind: files\n"
                     "    path: x\n"
                     "    patern: \"*.bin\"\n",
-                    5, 5, "unknown key 'patern' in 'datasets.a' (expected one of: kind, path, pattern, on_error, on_error_warn_fraction, cache, follow_links, max_sample_bytes, read_timeout)",
+                    5, 5, "unknown key 'patern' in 'datasets.a' (expected one of: kind, path, pattern, on_error, on_error_warn_fraction, cache, follow_links, max_sample_bytes, read_timeout, weight, max_share)",
                     NULL);
     expect_error_at(ONE_DATASET "servers:\n  workers: 1\n", 3, 1,
-                    "unknown top-level key 'servers' (expected one of: server, datasets)", NULL);
+                    "unknown top-level key 'servers' (expected one of: server, datasets, clients)", NULL);
 }
 
 static void test_wrong_types(void **state)
@@ -586,7 +586,7 @@ static void test_kind_specific_keys(void **state)
                     "    path: x\n"
                     "    context: 8\n",
                     5, 5, "datasets.records: key 'context' is not valid for kind 'files'",
-                    "(expected one of: kind, path, pattern, on_error, on_error_warn_fraction, cache, follow_links, max_sample_bytes, read_timeout)", NULL);
+                    "(expected one of: kind, path, pattern, on_error, on_error_warn_fraction, cache, follow_links, max_sample_bytes, read_timeout, weight, max_share)", NULL);
     /* The kind is read first even when it comes last. */
     expect_error_at("datasets:\n"
                     "  t:\n"
@@ -874,9 +874,60 @@ static void test_empty_file(void **state)
     expect_error_at("---\n", 2, 1, "the top level must be a mapping", "null", NULL);
 }
 
+/* Scheduling keys: a dataset's weight and max_share, and clients by uid or user name. */
+static void test_scheduling_keys(void **state)
+{
+    char path[PATH_MAX];
+    struct config *c = load_ok("datasets:\n"
+                               "  a: {kind: files, path: x, weight: 7, max_share: 0.5}\n"
+                               "  b: {kind: files, path: x}\n"
+                               "clients:\n"
+                               "  \"1234\": {weight: 3, max_share: 0.25}\n"
+                               "  root: {weight: 2}\n"
+                               "  \"77\":\n",
+                               path, sizeof path);
+    assert_int_equal(c->datasets[0].weight, 7);
+    assert_true(c->datasets[0].max_share == 0.5);
+    assert_int_equal(c->datasets[1].weight, 1);
+    assert_true(c->datasets[1].max_share == 1.0);
+    assert_int_equal(c->n_clients, 3);
+    const struct config_client *cl = config_client_for_uid(c, 1234);
+    assert_non_null(cl);
+    assert_int_equal(cl->weight, 3);
+    assert_true(cl->max_share == 0.25);
+    cl = config_client_for_uid(c, 0); /* root, by name */
+    assert_non_null(cl);
+    assert_int_equal(cl->weight, 2);
+    assert_true(cl->max_share == 1.0);
+    cl = config_client_for_uid(c, 77); /* no mapping: the defaults */
+    assert_non_null(cl);
+    assert_int_equal(cl->weight, 1);
+    assert_null(config_client_for_uid(c, 4321));
+    config_free(c);
+
+    expect_error_at(ONE_DATASET "clients:\n  \"0\": {weight: 2}\n  root: {weight: 3}\n", 5, 3,
+                    "clients: 'root' is uid 0, which an earlier entry already names", NULL);
+    expect_error_at(ONE_DATASET "clients:\n  \"1\": {max_share: 0}\n", 4, 20,
+                    "clients.1.max_share: expected a fraction above 0", NULL);
+    expect_error_at(ONE_DATASET "clients:\n  \"1\": {weight: 1001}\n", 4, 17,
+                    "clients.1.weight: expected an integer in [1, 1000], got '1001'", NULL);
+    expect_error_at(ONE_DATASET "clients:\n  \"1\": {wieght: 2}\n", 4, 9,
+                    "unknown key 'wieght' in 'clients.1' (expected one of: weight, max_share)", NULL);
+    expect_error_at(ONE_DATASET "clients:\n  \"-5\": {}\n", 4, 3, "clients: uid -5 is out of range", NULL);
+    expect_error_at(ONE_DATASET "clients:\n  - 1000\n", 4, 3, "clients: expected a mapping of uid or user name",
+                    NULL);
+    expect_error_at("datasets:\n  a: {kind: files, path: x, max_share: 0}\n", 2, 40,
+                    "datasets.a.max_share: expected a fraction above 0", NULL);
+    expect_error_at("datasets:\n  a: {kind: files, path: x, max_share: 1.5}\n", 2, 40,
+                    "datasets.a.max_share: expected a number in [0, 1], got '1.5'", NULL);
+    expect_error_at("datasets:\n  a: {kind: files, path: x, weight: 0}\n", 2, 37,
+                    "datasets.a.weight: expected an integer in [1, 1000], got '0'", NULL);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_scheduling_keys),
         cmocka_unit_test(test_full_config),
         cmocka_unit_test(test_defaults),
         cmocka_unit_test(test_sizes),
