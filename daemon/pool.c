@@ -15,6 +15,7 @@
 #include "pool.h"
 
 #include "ld_error.h"
+#include "log.h"
 
 #include <pthread.h>
 #include <signal.h>
@@ -256,8 +257,9 @@ void pool_flow_close(pool *p, pool_flow *f)
     if (!f)
         return;
     pthread_mutex_lock(&p->lock);
-    if (scheduler_flow_take(p->sched, f->sf))
-        abort(); /* queued tasks of a closed flow would run for a stream that is gone */
+    /* Queued tasks of a closed flow would run for a stream that is gone. */
+    const struct scheduler_item *left = scheduler_flow_take(p->sched, f->sf);
+    ld_require(!left);
     if (scheduler_flow_idle(f->sf))
         flow_free(p, f);
     else

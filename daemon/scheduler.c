@@ -32,6 +32,7 @@
 #include <string.h>
 
 #include "ld_error.h"
+#include "log.h"
 
 struct scheduler_group {
     struct scheduler_group *next;
@@ -164,8 +165,8 @@ void scheduler_flow_free(scheduler *s, scheduler_flow *f)
 {
     if (!f)
         return;
-    if (f->queued || f->running)
-        abort(); /* its tasks would settle their charges on freed memory */
+    /* Its tasks would settle their charges on freed memory. */
+    ld_require(!f->queued && !f->running);
     if (f->prev)
         f->prev->next = f->next;
     else
