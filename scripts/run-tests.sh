@@ -91,9 +91,11 @@ for group in "$@"; do
     integration)
       for t in "$build"/test/itest_*; do [ -x "$t" ] && run_cmocka "$t"; done ;;
     tsan)
-      # The concurrent parts: the worker pool, datasets read from many threads, and
-      # the whole daemon (workers + loop thread) driven by the integration tests.
-      for t in "$build"/test/test_pool "$build"/test/test_hub "$build"/test/test_dataset "$build"/test/test_cache "$build"/test/itest_*; do
+      # The concurrent parts: the worker pool, datasets read from many threads, the
+      # cache keeper's thread, and the whole daemon (workers + loop thread) driven by
+      # the integration tests.
+      for t in "$build"/test/test_pool "$build"/test/test_hub "$build"/test/test_dataset "$build"/test/test_cache \
+               "$build"/test/test_cache_keeper "$build"/test/itest_*; do
         [ -x "$t" ] && run_cmocka "$t"
       done ;;
     fuzz)

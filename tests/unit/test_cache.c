@@ -1,16 +1,17 @@
-/* Unit tests for cache (the single-file dataset cache) and for the `files` kind's cache
- * hooks (fingerprint, raw_bytes, read_raw). Each test writes a small tree of files in
- * its own temporary directory, opens it through dataset_open(), builds a cache next to
- * it and reads it back; then it damages the file in every section, cuts it short,
- * kills builders at several points, changes the source, and checks that each case is
- * refused with its own code and message. */
+/* Unit tests for the single-file dataset cache (cache_build.c, cache.c, the file part
+ * of cache_report.c) and for the `files` kind's cache hooks (fingerprint, raw_bytes,
+ * read_raw). Each test writes a small tree of files in its own temporary directory,
+ * opens it through dataset_open(), builds a cache next to it and reads it back; then it
+ * damages the file in every section, cuts it short, kills builders at several points,
+ * changes the source, and checks that each case is refused with its own code and
+ * message. The keeper has its own tests (test_cache_keeper.c). */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <setjmp.h>
 #include <cmocka.h>
 
-#include "testfs.h"
+#include "cache_fixtures.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -29,66 +30,9 @@
 #include <xxhash.h>
 
 #include "cache.h"
-#include "cache_keeper.h"
 #include "cache_report.h"
 #include "dataset.h"
 #include "log.h"
-
-struct tdir {
-    char root[256];
-    char src[300];                  /* the dataset's files */
-    char out[300];                  /* where caches go */
-    char cache[400];                /* out/ds.ldcache */
-};
-
-static int setup(void **state)
-{
-    struct tdir *t = calloc(1, sizeof *t);
-    if (testfs_mkdtemp("ld-test-cache", t->root, sizeof t->root) < 0) {
-        free(t);
-        return -1;
-    }
-    snprintf(t->src, sizeof t->src, "%s/src", t->root);
-    snprintf(t->out, sizeof t->out, "%s/out", t->root);
-    snprintf(t->cache, sizeof t->cache, "%s/ds.ldcache", t->out);
-    if (mkdir(t->src, 0755) < 0 || mkdir(t->out, 0755) < 0)
-        return -1;
-    *state = t;
-    return 0;
-}
-
-static int teardown(void **state)
-{
-    struct tdir *t = *state;
-    chmod(t->out, 0755);
-    int r = testfs_rmtree(t->root);
-    free(t);
-    return r;
-}
-
-/* ---- the source ---------------------------------------------------------------------- */
-
-/* n files of `size` bytes in three class folders. */
-static void write_fixed_tree(const char *root, unsigned n, size_t size)
-{
-    char rel[64];
-    for (unsigned i = 0; i < n; i++) {
-        snprintf(rel, sizeof rel, "class_%u/%04u.bin", i % 3, i);
-        testfs_write(root, rel, i, size);
-    }
-}
-
-static dataset *open_dataset(struct tdir *t)
-{
-    struct config_dataset cfg = {.name = "ds", .kind = CONFIG_DATASET_FILES, .path = t->src,
-                                 .pattern = "*"};
-    char err[LD_ERRMSG_MAX] = "";
-    dataset *d = NULL;
-    int r = dataset_open(&cfg, &d, err);
-    if (r != 0)
-        fail_msg("dataset_open: %d %s", r, err);
-    return d;
-}
 
 static uint64_t fingerprint(const dataset *d, int mode)
 {
@@ -169,30 +113,8 @@ static void check_equal(const dataset *d, cache *c)
     }
 }
 
-/* File surgery: read, patch and write back bytes of a cache file. */
-static void file_read_at(const char *path, uint64_t off, void *buf, size_t len)
-{
-    int fd = open(path, O_RDONLY);
-    assert_true(fd >= 0);
-    assert_int_equal(pread(fd, buf, len, (off_t)off), (ssize_t)len);
-    close(fd);
-}
 
-static void file_write_at(const char *path, uint64_t off, const void *buf, size_t len)
-{
-    int fd = open(path, O_WRONLY);
-    assert_true(fd >= 0);
-    assert_int_equal(pwrite(fd, buf, len, (off_t)off), (ssize_t)len);
-    close(fd);
-}
 
-static void flip_byte(const char *path, uint64_t off)
-{
-    uint8_t b;
-    file_read_at(path, off, &b, 1);
-    b ^= 0x5a;
-    file_write_at(path, off, &b, 1);
-}
 
 static uint64_t file_size(const char *path)
 {
@@ -201,11 +123,6 @@ static uint64_t file_size(const char *path)
     return (uint64_t)st.st_size;
 }
 
-static bool exists(const char *path)
-{
-    struct stat st;
-    return lstat(path, &st) == 0;
-}
 
 /* The whole file, to restore it between damages. */
 static uint8_t *slurp(const char *path, uint64_t *ret_size)
@@ -966,35 +883,16 @@ static void test_unwritable_dir(void **state)
     dataset_free(d);
 }
 
-static pid_t dead_pid(void)
-{
-    pid_t pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0)
-        _exit(0);
-    assert_int_equal(waitpid(pid, NULL, 0), pid);
-    return pid;
-}
-
-static void touch(const char *dir, const char *name)
-{
-    char path[600];
-    snprintf(path, sizeof path, "%s/%s", dir, name);
-    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    assert_true(fd >= 0);
-    close(fd);
-}
-
 static void test_sweep(void **state)
 {
     struct tdir *t = *state;
     char err[LD_ERRMSG_MAX] = "";
     char name[600], path[4096];
     const char *hex = "0123456789abcdef";
-    pid_t dead = dead_pid();
+    pid_t dead = testfs_dead_pid();
 
     snprintf(name, sizeof name, "a.ldcache.tmp.%d.%s", (int)dead, hex);
-    touch(t->out, name);                                 /* removed */
+    testfs_write(t->out, name, 0, 0);                             /* removed */
     char keep[8][300];
     int nk = 0;
     snprintf(keep[nk++], 300, "a.ldcache.tmp.%d.%s", (int)getpid(), hex);   /* alive */
@@ -1004,7 +902,7 @@ static void test_sweep(void **state)
     snprintf(keep[nk++], 300, ".tmp.%d.%s", (int)dead, hex);
     snprintf(keep[nk++], 300, "a.ldcache");
     for (int i = 0; i < nk; i++)
-        touch(t->out, keep[i]);
+        testfs_write(t->out, keep[i], 0, 0);
     snprintf(keep[nk], 300, "b.ldcache.tmp.%d.%s", (int)dead, hex);   /* a directory */
     snprintf(path, sizeof path, "%s/%s", t->out, keep[nk++]);
     assert_int_equal(mkdir(path, 0755), 0);
@@ -1218,22 +1116,7 @@ static void test_concurrent_reads(void **state)
     dataset_free(d);
 }
 
-static uint64_t align_to(uint64_t v)
-{
-    return (v + CACHE_ALIGN - 1) / CACHE_ALIGN * CACHE_ALIGN;
-}
 
-/* The index of write_fixed_tree's file i in the dataset (sorted paths, not numbers). */
-static uint64_t sample_of(const dataset *d, unsigned i)
-{
-    char rel[64];
-    snprintf(rel, sizeof rel, "class_%u/%04u.bin", i % 3, i);
-    for (uint64_t k = 0; k < d->count; k++)
-        if (strcmp(dataset_sample_name(d, k), rel) == 0)
-            return k;
-    fail_msg("no sample %s", rel);
-    return 0;
-}
 
 /* ---- two builders, and files cut short under a reader ---------------------------------- */
 
@@ -1358,325 +1241,6 @@ static void test_tokens_shrunk(void **state)
     dataset_free(d);
 }
 
-/* ---- the keeper -------------------------------------------------------------------------- */
-
-struct keeper_fixture {
-    uv_loop_t loop;
-    dataset *d;
-    cache_keeper *k;
-    struct config_dataset cfg;
-    bool closed;
-};
-
-static cJSON *keeper_info(cache_keeper *k)
-{
-    cJSON *o = cJSON_CreateObject();
-    assert_int_equal(cache_report_keeper(k, o), 0);
-    return o;
-}
-
-static bool keeper_in(cache_keeper *k, const char *state)
-{
-    cJSON *o = keeper_info(k);
-    bool r = strcmp(cJSON_GetStringValue(cJSON_GetObjectItem(o, "state")), state) == 0;
-    cJSON_Delete(o);
-    return r;
-}
-
-static double keeper_num(cache_keeper *k, const char *key)
-{
-    cJSON *o = keeper_info(k);
-    double v = cJSON_GetNumberValue(cJSON_GetObjectItem(o, key));
-    cJSON_Delete(o);
-    return v;
-}
-
-/* Runs the loop until the keeper is in `state` with no job running (10 s at most). */
-static void keeper_wait(struct keeper_fixture *f, const char *state)
-{
-    for (int i = 0; i < 2000; i++) {
-        uv_run(&f->loop, UV_RUN_NOWAIT);
-        cJSON *o = keeper_info(f->k);
-        bool idle = !cJSON_GetObjectItem(o, "progress");
-        bool in = strcmp(cJSON_GetStringValue(cJSON_GetObjectItem(o, "state")), state) == 0;
-        cJSON_Delete(o);
-        if (in && idle && i > 0)
-            return;
-        usleep(5000);
-    }
-    cJSON *o = keeper_info(f->k);
-    fail_msg("keeper never became %s: %s", state, cJSON_PrintUnformatted(o));
-}
-
-/* Runs the loop until `ticket` may read the cache; returns the reference. */
-static cache *keeper_acquire_wait(struct keeper_fixture *f, uint64_t ticket)
-{
-    for (int i = 0; i < 2000; i++) {
-        cache *c = cache_keeper_acquire(f->k, f->d, ticket, NULL);
-        if (c)
-            return c;
-        uv_run(&f->loop, UV_RUN_NOWAIT);
-        usleep(5000);
-    }
-    fail_msg("ticket %" PRIu64 " never got the cache", ticket);
-    return NULL;
-}
-
-static void keeper_start(struct keeper_fixture *f, struct tdir *t, int mode, const char *cache_path)
-{
-    memset(f, 0, sizeof *f);
-    assert_int_equal(uv_loop_init(&f->loop), 0);
-    f->d = open_dataset(t);
-    f->cfg = (struct config_dataset){.name = "ds", .kind = CONFIG_DATASET_FILES, .path = t->src,
-                                     .pattern = "*", .cache_path = (char *)cache_path, .cache_mode = mode};
-    char err[LD_ERRMSG_MAX] = "";
-    if (cache_keeper_new(&f->loop, f->d, &f->cfg, &f->k, err) != 0)
-        fail_msg("cache_keeper_new: %s", err);
-    assert_ptr_equal(f->d->keeper, f->k);
-}
-
-static void keeper_closed_cb(void *ctx)
-{
-    ((struct keeper_fixture *)ctx)->closed = true;
-}
-
-static void keeper_stop(struct keeper_fixture *f)
-{
-    cache_keeper_close(f->k, keeper_closed_cb, f);
-    while (!f->closed)
-        uv_run(&f->loop, UV_RUN_NOWAIT);
-    cache_keeper_free(f->k);
-    assert_null(f->d->keeper);
-    assert_int_equal(uv_loop_close(&f->loop), 0);
-    dataset_free(f->d);
-}
-
-/* Rewrites file i of write_fixed_tree with the same size, new bytes and a new mtime. */
-static void rewrite_file(const char *root, unsigned i, unsigned seed, time_t mtime)
-{
-    char rel[64], path[600];
-    snprintf(rel, sizeof rel, "class_%u/%04u.bin", i % 3, i);
-    testfs_write(root, rel, seed, 1000);
-    snprintf(path, sizeof path, "%s/%s", root, rel);
-    struct timespec ts[2] = {{.tv_sec = mtime}, {.tv_sec = mtime}};
-    assert_int_equal(utimensat(AT_FDCWD, path, ts, 0), 0);
-}
-
-/* A stream opened after a change never gets the old cache; a replaced cache stays
- * mapped while a batch holds it and is unmapped after; far more than 16 rebuilds in
- * one run work (no attach limit). */
-static void test_keeper_tickets_and_reclaim(void **state)
-{
-    struct tdir *t = *state;
-    struct keeper_fixture f;
-    write_fixed_tree(t->src, 30, 1000);
-    keeper_start(&f, t, CONFIG_CACHE_AUTO, t->cache);
-    keeper_wait(&f, "absent");
-    uint64_t t1 = cache_keeper_stream_opened(f.k);
-    assert_null(cache_keeper_acquire(f.k, f.d, t1, NULL));    /* building: the source */
-    keeper_wait(&f, "ready");
-    cache *c1 = cache_keeper_acquire(f.k, f.d, t1, NULL);     /* built after t1 opened */
-    assert_non_null(c1);
-
-    /* A new stream waits for its own check, even with nothing changed. */
-    uint64_t t2 = cache_keeper_stream_opened(f.k);
-    assert_null(cache_keeper_acquire(f.k, f.d, t2, NULL));
-    cache *c2 = keeper_acquire_wait(&f, t2);
-    assert_ptr_equal(c2, c1);
-    cache_keeper_release(f.k, c2);
-
-    /* Same size, new bytes: the stream opened after it reads the source, and once the
-     * rebuild is attached, the new bytes. */
-    rewrite_file(t->src, 4, 777, 1500000000);
-    uint64_t t3 = cache_keeper_stream_opened(f.k);
-    assert_null(cache_keeper_acquire(f.k, f.d, t3, NULL));
-    cache *c3 = keeper_acquire_wait(&f, t3);
-    assert_ptr_not_equal(c3, c1);
-    uint8_t buf[1000];
-    uint64_t len;
-    int64_t label;
-    char err[LD_ERRMSG_MAX] = "";
-    const uint64_t s4 = sample_of(f.d, 4);
-    assert_int_equal(cache_read(c3, s4, buf, sizeof buf, &len, &label, true, err), 0);
-    assert_int_equal(buf[0], testfs_byte(777, 0));
-    assert_int_equal(buf[999], testfs_byte(777, 999));
-    cache_keeper_release(f.k, c3);
-    /* c1 is still held by a batch of stream 1: mapped and readable until released. */
-    assert_int_equal((int)keeper_num(f.k, "mapped"), 2);
-    assert_int_equal(cache_read(c1, s4, buf, sizeof buf, &len, &label, true, err), 0);
-    assert_int_equal(buf[0], testfs_byte(4, 0));
-    cache_keeper_release(f.k, c1);
-    assert_int_equal((int)keeper_num(f.k, "mapped"), 1);
-
-    /* 20 more changes and rebuilds in one run: each attaches, none stays mapped. */
-    for (unsigned n = 0; n < 20; n++) {
-        rewrite_file(t->src, n % 30, 1000 + n, 1500000001 + n);
-        uint64_t tk = cache_keeper_stream_opened(f.k);
-        cache *c = keeper_acquire_wait(&f, tk);
-        assert_int_equal(cache_read(c, sample_of(f.d, n % 30), buf, sizeof buf, &len, &label, true, err), 0);
-        assert_int_equal(buf[7], testfs_byte(1000 + n, 7));
-        cache_keeper_release(f.k, c);
-        assert_int_equal((int)keeper_num(f.k, "mapped"), 1);
-    }
-    assert_true(keeper_num(f.k, "attached") >= 22);
-    assert_true(keeper_in(f.k, "ready"));
-    keeper_stop(&f);
-}
-
-struct verify_result {
-    bool called;
-    int rc;
-    char msg[LD_ERRMSG_MAX];
-};
-
-static void verify_cb(void *ctx, int rc, const char *message)
-{
-    struct verify_result *v = ctx;
-    v->called = true;
-    v->rc = rc;
-    snprintf(v->msg, sizeof v->msg, "%s", message ? message : "");
-}
-
-/* A verify asked for while a build runs waits for the build and checks its result; a
- * second verify meanwhile is refused; a forced rebuild is rate-limited. */
-static void test_keeper_verify_during_build_and_force(void **state)
-{
-    struct tdir *t = *state;
-    struct keeper_fixture f;
-    char err[LD_ERRMSG_MAX] = "";
-    write_fixed_tree(t->src, 200, 1000);
-    keeper_start(&f, t, CONFIG_CACHE_AUTO, t->cache);
-    keeper_wait(&f, "absent");
-    assert_int_equal(cache_keeper_build(f.k, false, err), 0);
-    assert_true(keeper_in(f.k, "building")); /* the loop has not run: still building */
-    struct verify_result v = {0}, v2 = {0};
-    assert_int_equal(cache_keeper_verify(f.k, verify_cb, &v, err), 0);
-    assert_int_equal(cache_keeper_verify(f.k, verify_cb, &v2, err), LD_EBUSY);
-    assert_non_null(strstr(err, "already running"));
-    for (int i = 0; i < 2000 && !v.called; i++) {
-        uv_run(&f.loop, UV_RUN_NOWAIT);
-        usleep(5000);
-    }
-    assert_true(v.called);
-    if (v.rc != 0)
-        fail_msg("verify after the build: %d %s", v.rc, v.msg);
-    assert_false(v2.called);
-    assert_true(keeper_in(f.k, "ready"));
-
-    /* Not forced over a valid cache: refused; forced: once, then limited. */
-    assert_int_equal(cache_keeper_build(f.k, false, err), LD_EEXIST);
-    assert_int_equal(cache_keeper_build(f.k, true, err), 0);
-    keeper_wait(&f, "ready");
-    assert_int_equal(cache_keeper_build(f.k, true, err), LD_EAGAIN);
-    assert_non_null(strstr(err, "limited to one per 60 s"));
-    keeper_stop(&f);
-}
-
-/* A failed cache (its directory missing) is retried at the next stream open once the
- * cause is gone; mode off says so. */
-/* What status and `loaderctl cache info` show of an idle keeper: its stats, and the
- * JSON cache_report builds from them, agree. */
-static void check_report(cache_keeper *k, const char *state, const char *mode, bool has_file, bool has_error)
-{
-    struct cache_keeper_stats st;
-    cache_keeper_stats(k, &st);
-    assert_string_equal(st.state, state);
-    assert_string_equal(st.mode, mode);
-    assert_int_equal(st.file != NULL, has_file);
-    assert_int_equal(st.error != NULL, has_error);
-    assert_true(st.progress < 0);           /* idle: no job running */
-    cJSON *o = keeper_info(k);
-    assert_string_equal(cJSON_GetStringValue(cJSON_GetObjectItem(o, "state")), state);
-    assert_string_equal(cJSON_GetStringValue(cJSON_GetObjectItem(o, "mode")), mode);
-    assert_string_equal(cJSON_GetStringValue(cJSON_GetObjectItem(o, "path")), st.path);
-    assert_null(cJSON_GetObjectItem(o, "progress"));
-    assert_true(cJSON_GetNumberValue(cJSON_GetObjectItem(o, "hits")) == (double)st.hits);
-    assert_true(cJSON_GetNumberValue(cJSON_GetObjectItem(o, "attached")) == (double)st.attached);
-    assert_true(cJSON_GetNumberValue(cJSON_GetObjectItem(o, "mapped")) == (double)st.mapped);
-    const cJSON *file = cJSON_GetObjectItem(o, "file");
-    assert_int_equal(file != NULL, has_file);
-    if (file) {
-        assert_true(cJSON_GetNumberValue(cJSON_GetObjectItem(file, "count")) == (double)cache_meta(st.file)->count);
-        assert_string_equal(cJSON_GetStringValue(cJSON_GetObjectItem(file, "path")), cache_path(st.file));
-    }
-    const cJSON *error = cJSON_GetObjectItem(o, "error");
-    assert_int_equal(error != NULL, has_error);
-    if (error)
-        assert_string_equal(cJSON_GetStringValue(error), st.error);
-    cJSON_Delete(o);
-}
-
-static void test_keeper_failed_retried_and_off(void **state)
-{
-    struct tdir *t = *state;
-    struct keeper_fixture f;
-    char path[600], dir[500], err[LD_ERRMSG_MAX] = "";
-    snprintf(dir, sizeof dir, "%s/later", t->root);
-    snprintf(path, sizeof path, "%s/ds.ldcache", dir);
-    write_fixed_tree(t->src, 10, 100);
-    keeper_start(&f, t, CONFIG_CACHE_AUTO, path);
-    keeper_wait(&f, "absent");
-    uint64_t t1 = cache_keeper_stream_opened(f.k);
-    keeper_wait(&f, "failed");
-    check_report(f.k, "failed", "auto", false, true);
-    assert_null(cache_keeper_acquire(f.k, f.d, t1, NULL));
-    assert_int_equal(mkdir(dir, 0755), 0);
-    uint64_t t2 = cache_keeper_stream_opened(f.k);
-    cache *c = keeper_acquire_wait(&f, t2);
-    cache_keeper_release(f.k, c);
-    assert_true(keeper_in(f.k, "ready"));
-    keeper_wait(&f, "ready");
-    check_report(f.k, "ready", "auto", true, false);
-    keeper_stop(&f);
-
-    keeper_start(&f, t, CONFIG_CACHE_OFF, path);
-    assert_true(keeper_in(f.k, "off"));
-    check_report(f.k, "off", "off", false, false);
-    uint64_t t3 = cache_keeper_stream_opened(f.k);
-    uv_run(&f.loop, UV_RUN_NOWAIT);
-    assert_null(cache_keeper_acquire(f.k, f.d, t3, NULL));
-    assert_int_equal(cache_keeper_build(f.k, true, err), LD_ENOTSUP);
-    assert_non_null(strstr(err, "cache.mode: off"));
-    struct verify_result v = {0};
-    assert_int_equal(cache_keeper_verify(f.k, verify_cb, &v, err), LD_ENOTSUP);
-    assert_non_null(strstr(err, "cache.mode: off"));
-    keeper_stop(&f);
-}
-
-/* A sample found corrupt while served: the batch got the source's bytes, and at the
- * next batch the keeper sets the file aside, stops handing it out and rebuilds. */
-static void test_keeper_drops_bad_cache(void **state)
-{
-    struct tdir *t = *state;
-    struct keeper_fixture f;
-    char bad[600], err[LD_ERRMSG_MAX] = "";
-    snprintf(bad, sizeof bad, "%s.bad", t->cache);
-    write_fixed_tree(t->src, 30, 1000);
-    keeper_start(&f, t, CONFIG_CACHE_AUTO, t->cache);
-    keeper_wait(&f, "absent");
-    uint64_t t1 = cache_keeper_stream_opened(f.k);
-    cache *c = keeper_acquire_wait(&f, t1);
-    flip_byte(t->cache, CACHE_HEADER_SIZE + 5 * align_to(1000) + 3);
-    uint8_t buf[1000];
-    int64_t label = -7;
-    void *dst[2] = {buf, &label};
-    struct dataset_read_ctx ctx = {.cache = c};
-    for (uint64_t i = 0; i < 30; i++)
-        assert_int_equal(dataset_read(f.d, i, &ctx, dst, NULL, err), 0);
-    assert_int_equal(dataset_read(f.d, 5, &ctx, dst, NULL, err), 0);
-    unsigned file5 = 0;
-    while (sample_of(f.d, file5) != 5)
-        file5++;
-    assert_int_equal(buf[3], testfs_byte(file5, 3));
-    cache_keeper_release(f.k, c);
-    assert_null(cache_keeper_acquire(f.k, f.d, t1, NULL)); /* found bad: set aside, rebuilding */
-    assert_true(exists(bad));
-    c = keeper_acquire_wait(&f, t1);
-    assert_int_equal(cache_verify(c, NULL, NULL, NULL, err), 0);
-    cache_keeper_release(f.k, c);
-    keeper_stop(&f);
-}
-
 int main(void)
 {
     ld_log_set_level(LD_LOG_WARN);
@@ -1703,10 +1267,6 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_truncated_under_reader, setup, teardown),
         cmocka_unit_test_setup_teardown(test_checked_when_served, setup, teardown),
         cmocka_unit_test_setup_teardown(test_tokens_shrunk, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_keeper_tickets_and_reclaim, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_keeper_verify_during_build_and_force, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_keeper_failed_retried_and_off, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_keeper_drops_bad_cache, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -22,6 +22,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "testfs.h"
+
 #include "ld_error.h"
 #include "proto.h"
 #include "ring.h"
@@ -563,14 +565,7 @@ static void make_obj(const char *name)
 static void test_sweep(void **state)
 {
     (void)state;
-    /* A pid that surely belongs to no process: a child we have reaped. */
-    pid_t child = fork();
-    assert_true(child >= 0);
-    if (child == 0)
-        _exit(0);
-    int status;
-    assert_int_equal(waitpid(child, &status, 0), child);
-    long dead = (long)child, self = (long)getpid();
+    long dead = (long)testfs_dead_pid(), self = (long)getpid();
 
     char names[8][160];
     snprintf(names[0], sizeof(names[0]), "%s.%ld.1.x", prefix, dead);       /* swept */

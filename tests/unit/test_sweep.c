@@ -17,22 +17,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "testfs.h"
+
 #include "ld_error.h"
 #include "proto.h"
 #include "sweep.h"
-
-/* A pid no process has: a child we have reaped (reuse within the test is unlikely and
- * would only keep a file). */
-static pid_t dead_pid(void)
-{
-    pid_t child = fork();
-    assert_true(child >= 0);
-    if (child == 0)
-        _exit(0);
-    int status;
-    assert_int_equal(waitpid(child, &status, 0), child);
-    return child;
-}
 
 /* Names "own.<pid>" belong to us; everything else does not. */
 static pid_t own_owner(const char *name, void *ctx)
@@ -42,15 +31,6 @@ static pid_t own_owner(const char *name, void *ctx)
     if (strncmp(name, "own.", 4) != 0)
         return 0;
     return (pid_t)atol(name + 4);
-}
-
-static void touch(const char *dir, const char *name)
-{
-    char path[512];
-    snprintf(path, sizeof path, "%s/%s", dir, name);
-    int fd = open(path, O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, 0600);
-    assert_true(fd >= 0);
-    close(fd);
 }
 
 static int exists(const char *dir, const char *name)
@@ -68,29 +48,29 @@ static void test_pid_dead(void **state)
     assert_false(sweep_pid_dead(1));           /* init: alive, maybe not ours (EPERM) */
     assert_false(sweep_pid_dead(0));           /* a process group, not a process */
     assert_false(sweep_pid_dead(-1));
-    assert_true(sweep_pid_dead(dead_pid()));
+    assert_true(sweep_pid_dead(testfs_dead_pid()));
 }
 
 static void test_sweep_dir(void **state)
 {
     (void)state;
-    char dir[] = "/tmp/ld-test-sweep-XXXXXX";
-    assert_non_null(mkdtemp(dir));
+    char dir[256];
+    assert_int_equal(testfs_mkdtemp("ld-test-sweep", dir, sizeof dir), 0);
     char dead[32], dead2[32], live[32], dead_dir[32];
-    snprintf(dead, sizeof dead, "own.%ld", (long)dead_pid());
-    snprintf(dead2, sizeof dead2, "own.%ld", (long)dead_pid());
+    snprintf(dead, sizeof dead, "own.%ld", (long)testfs_dead_pid());
+    snprintf(dead2, sizeof dead2, "own.%ld", (long)testfs_dead_pid());
     snprintf(live, sizeof live, "own.%ld", (long)getpid());
-    touch(dir, dead);
-    touch(dir, dead2);
-    touch(dir, live);
-    touch(dir, "stranger.1");
-    touch(dir, "target");
+    testfs_write(dir, dead, 0, 0);
+    testfs_write(dir, dead2, 0, 0);
+    testfs_write(dir, live, 0, 0);
+    testfs_write(dir, "stranger.1", 0, 0);
+    testfs_write(dir, "target", 0, 0);
     /* A dead owner's link and directory are not regular files: kept, not followed. */
     char path[512], name[64];
-    snprintf(name, sizeof name, "own.%ld", (long)dead_pid());
+    snprintf(name, sizeof name, "own.%ld", (long)testfs_dead_pid());
     snprintf(path, sizeof path, "%s/%s", dir, name);
     assert_int_equal(symlink("target", path), 0);
-    snprintf(dead_dir, sizeof dead_dir, "own.%ld", (long)dead_pid());
+    snprintf(dead_dir, sizeof dead_dir, "own.%ld", (long)testfs_dead_pid());
     snprintf(path, sizeof path, "%s/%s", dir, dead_dir);
     assert_int_equal(mkdir(path, 0700), 0);
 

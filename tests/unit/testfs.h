@@ -1,6 +1,7 @@
 /* testfs — what unit tests that read real files share: a private temporary directory
- * that is removed afterwards, and files whose every byte is a known function of
- * (seed, position). Include after <cmocka.h>; everything here is static. */
+ * that is removed afterwards, files whose every byte is a known function of (seed,
+ * position), and the pid of a process that is gone (for the sweeps of files that dead
+ * processes leave). Include after <cmocka.h>; everything here is static. */
 #ifndef LD_TESTFS_H
 #define LD_TESTFS_H
 
@@ -12,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 /* Creates $TMPDIR/<prefix>-XXXXXX (or under /tmp) into buf. 0 or -1. */
@@ -45,7 +47,7 @@ static inline uint8_t testfs_byte(unsigned seed, size_t j)
 static inline void testfs_make_dirs(const char *root, const char *rel)
 {
     char path[1024];
-    snprintf(path, sizeof path, "%s/%s", root, rel);
+    assert_true(snprintf(path, sizeof path, "%s/%s", root, rel) < (int)sizeof path);
     for (char *p = path + strlen(root) + 1; (p = strchr(p, '/')); p++) {
         *p = '\0';
         if (mkdir(path, 0755) < 0)
@@ -59,7 +61,7 @@ static inline void testfs_write(const char *root, const char *rel, unsigned seed
 {
     char path[1024];
     testfs_make_dirs(root, rel);
-    snprintf(path, sizeof path, "%s/%s", root, rel);
+    assert_true(snprintf(path, sizeof path, "%s/%s", root, rel) < (int)sizeof path);
     uint8_t *buf = malloc(size + 1);
     for (size_t j = 0; j < size; j++)
         buf[j] = testfs_byte(seed, j);
@@ -68,6 +70,18 @@ static inline void testfs_write(const char *root, const char *rel, unsigned seed
     assert_int_equal(write(fd, buf, size), (ssize_t)size);
     close(fd);
     free(buf);
+}
+
+/* A pid that no process has: a child forked and reaped (its pid being reused within a
+ * test is unlikely, and would only keep a file that should have gone). */
+static inline pid_t testfs_dead_pid(void)
+{
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0)
+        _exit(0);
+    assert_int_equal(waitpid(pid, NULL, 0), pid);
+    return pid;
 }
 
 #endif
