@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "config_table.h"
+#include "cpus.h"
 #include "config_yaml.h"
 #include "ld_error.h"
 #include "log.h"
@@ -73,7 +74,8 @@ static const struct config_key metrics_keys[] = {
  * per online core; config_default_socket). */
 static const struct config_key server_keys[] = {
     {.name = "socket", .type = CONFIG_KEY_SOCKET, SERVER_AT(socket_path)},
-    {.name = "workers", .type = CONFIG_KEY_INT, .min = 0, .max = LD_WORKERS_MAX, .def = 0, SERVER_AT(workers)},
+    {.name = "workers", .type = CONFIG_KEY_INT, .min = 0, .max = LD_WORKERS_MAX, .def = 0, SERVER_AT(workers),
+     .flags = CONFIG_KEY_AUTO},
     {.name = "memory_budget", .type = CONFIG_KEY_SIZE, .min = (int64_t)MIB, .max = (int64_t)TIB,
      .def = (int64_t)GIB, SERVER_AT(memory_budget)},
     {.name = "max_clients", .type = CONFIG_KEY_INT, .min = 1, .max = 4096, .def = 64,
@@ -491,8 +493,10 @@ static int resolve_server(const struct config_loader *l, struct config *c)
         }
     }
     if (c->workers == 0) {
-        long n = sysconf(_SC_NPROCESSORS_ONLN);
-        c->workers = n < 1 ? 1 : n > LD_WORKERS_MAX ? LD_WORKERS_MAX : (uint32_t)n;
+        /* auto: the CPUs this process may use (affinity, cgroup quota), not the host's */
+        struct cpus_info ci;
+        cpus_probe(&ci);
+        c->workers = ci.usable > LD_WORKERS_MAX ? LD_WORKERS_MAX : ci.usable;
     }
     return 0;
 }

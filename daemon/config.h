@@ -91,7 +91,7 @@ struct config_client {
 struct config {
     char *file;                     /* the path it was loaded from */
     char *socket_path;              /* default: $LOADERD_SOCKET, else $XDG_RUNTIME_DIR/loaderd.sock, else /tmp/loaderd-$UID.sock */
-    uint32_t workers;               /* worker threads; 0 in YAML means one per online core */
+    uint32_t workers;               /* worker threads; 0 or auto in YAML: one per usable CPU (cpus.h) */
     uint64_t memory_budget;         /* bytes of shared-memory rings across all streams */
     uint32_t max_clients;
     uint32_t max_streams;           /* per daemon */

@@ -82,9 +82,14 @@ int config_table_value(const struct config_loader *l, const struct config_key *k
 
     switch (k->type) {
     case CONFIG_KEY_INT:
+        if (text && (k->flags & CONFIG_KEY_AUTO) && strcmp(text, "auto") == 0) {
+            store_uint(base, k, 0);
+            return 0;
+        }
         if (!text || !config_yaml_parse_int(text, &num) || num < k->min || num > k->max)
-            return config_yaml_fail(l, v->start_mark, "%s.%s: expected an integer in [%lld, %lld], got %s",
+            return config_yaml_fail(l, v->start_mark, "%s.%s: expected an integer in [%lld, %lld]%s, got %s",
                                     where, k->name, (long long)k->min, (long long)k->max,
+                                    (k->flags & CONFIG_KEY_AUTO) ? " or auto" : "",
                                     config_yaml_describe(v, got, sizeof got));
         store_uint(base, k, (uint64_t)num);
         return 0;

@@ -24,6 +24,7 @@ enum config_key_type {
 };
 
 #define CONFIG_KEY_REQUIRED 1u
+#define CONFIG_KEY_AUTO 2u          /* INT: also "auto", stored as 0 */
 
 /* One key of a mapping: its type, bounds, default and target field. */
 struct config_key {
@@ -36,7 +37,7 @@ struct config_key {
     size_t offset, width;               /* the target field in struct config(_dataset) */
     int (*from_name)(const char *name); /* ENUM: the value, or <0 when unknown */
     const char *choices;                /* ENUM: the accepted names, for messages */
-    unsigned flags;                     /* CONFIG_KEY_REQUIRED */
+    unsigned flags;                     /* CONFIG_KEY_REQUIRED, CONFIG_KEY_AUTO */
     unsigned kinds;                     /* dataset keys: bit (1 << kind) per accepting kind */
     const struct config_key *sub;       /* TABLE: the nested mapping's keys */
     size_t n_sub;

@@ -3,8 +3,8 @@
  * equal shares of the workers' CPU time (first come, first served gives the heavy one
  * nearly all of it); a light stream opened while a heavy one saturates the workers gets
  * its first batch at once instead of after the heavy one's queued batches; a `clients:`
- * entry for our uid caps and weights our streams; bad scheduling keys stop the start
- * with a message naming them. The JPEGs come from ld-genimages (built next to loaderd). */
+ * entry for our uid caps and weights our streams; `workers: auto` follows the affinity
+ * mask; bad scheduling keys stop the start with a message naming them. The JPEGs come from ld-genimages (built next to loaderd). */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -14,6 +14,7 @@
 #include <cJSON.h>
 #include <libgen.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -351,6 +352,32 @@ static void test_stall_metrics(void **state)
     harness_stop_clean(h);
 }
 
+/* server.workers: auto starts one worker per CPU the daemon may use: started with an
+ * affinity mask of one CPU (inherited from us), it runs one worker, not one per core. */
+static void test_workers_auto(void **state)
+{
+    struct harness *h = *state;
+    cpu_set_t saved, one;
+    assert_int_equal(sched_getaffinity(0, sizeof saved, &saved), 0);
+    int first = -1;
+    for (int i = 0; i < CPU_SETSIZE && first < 0; i++)
+        if (CPU_ISSET(i, &saved))
+            first = i;
+    assert_true(first >= 0);
+    CPU_ZERO(&one);
+    CPU_SET(first, &one);
+    harness_write_config(h, "  workers: auto\n", "  rec:\n    kind: files\n    path: rec\n");
+    assert_int_equal(sched_setaffinity(0, sizeof one, &one), 0);
+    harness_start(h);
+    assert_int_equal(sched_setaffinity(0, sizeof saved, &saved), 0);
+    assert_int_equal((int)harness_status_num(h, "workers", NULL), 1);
+    harness_stop_clean(h);
+    /* Without the mask: one per CPU of ours. */
+    harness_start(h);
+    assert_int_equal((int)harness_status_num(h, "workers", NULL), CPU_COUNT(&saved));
+    harness_stop_clean(h);
+}
+
 static void test_bad_keys(void **state)
 {
     struct harness *h = *state;
@@ -383,6 +410,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_light_first_batch, setup, teardown),
         cmocka_unit_test_setup_teardown(test_client_cap_and_weight, setup, teardown),
         cmocka_unit_test_setup_teardown(test_stall_metrics, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_workers_auto, setup, teardown),
         cmocka_unit_test_setup_teardown(test_bad_keys, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

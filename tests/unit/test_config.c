@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "config.h"
+#include "cpus.h"
 #include "ld_error.h"
 #include "log.h"
 #include "proto.h"
@@ -188,8 +189,10 @@ static void test_defaults(void **state)
     struct config *c = load_ok(ONE_DATASET, path, sizeof path);
     assert_string_equal(c->socket_path, xdg_sock);
     rmdir(xdg);
-    long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    assert_int_equal(c->workers, cores < 1 ? 1 : cores);
+    /* workers left out: auto, one per CPU this process may use */
+    struct cpus_info ci;
+    cpus_probe(&ci);
+    assert_int_equal(c->workers, ci.usable);
     assert_true(c->memory_budget == (UINT64_C(1) << 30));
     assert_int_equal(c->max_clients, 64);
     assert_int_equal(c->max_streams, 64);
@@ -207,8 +210,13 @@ static void test_defaults(void **state)
     assert_string_equal(c->socket_path, want);
     config_free(c);
     c = load_ok("server:\n  workers: 0\n" ONE_DATASET, path, sizeof path);
-    assert_int_equal(c->workers, cores < 1 ? 1 : cores);
+    assert_int_equal(c->workers, ci.usable);
     config_free(c);
+    c = load_ok("server:\n  workers: auto\n" ONE_DATASET, path, sizeof path);
+    assert_int_equal(c->workers, ci.usable);
+    config_free(c);
+    expect_error_at("server:\n  workers: automatic\n" ONE_DATASET, 2, 12,
+                    "server.workers: expected an integer in [0, 1024] or auto, got 'automatic'", NULL);
 
     /* A relative XDG_RUNTIME_DIR is ignored, as the XDG spec asks. */
     setenv("XDG_RUNTIME_DIR", "run/user", 1);
@@ -447,7 +455,7 @@ static void test_wrong_types(void **state)
     expect_error_at("server:\n  - workers\n" ONE_DATASET, 2, 3,
                     "server: expected a mapping, got a sequence", NULL);
     expect_error_at("server:\n  workers: [1, 2]\n" ONE_DATASET, 2, 12,
-                    "server.workers: expected an integer in [0, 1024], got a sequence", NULL);
+                    "server.workers: expected an integer in [0, 1024] or auto, got a sequence", NULL);
     expect_error_at("server:\n  socket: {a: 1}\n" ONE_DATASET, 2, 11,
                     "server.socket: expected a non-empty string, got a mapping", NULL);
     expect_error_at("server:\n  socket:\n" ONE_DATASET, 2, 10, "server.socket",
@@ -468,7 +476,7 @@ static void test_wrong_types(void **state)
 static void test_bad_values(void **state)
 {
     expect_error_at("server:\n  workers: two\n" ONE_DATASET, 2, 12,
-                    "server.workers: expected an integer in [0, 1024], got 'two'", NULL);
+                    "server.workers: expected an integer in [0, 1024] or auto, got 'two'", NULL);
     expect_error_at("server:\n  prefetch: -1\n" ONE_DATASET, 2, 13,
                     "server.prefetch: expected an integer in [1, 64], got '-1'", NULL);
     expect_error_at("server:\n  max_clients: 4097\n" ONE_DATASET, 2, 16,
