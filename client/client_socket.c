@@ -1,9 +1,9 @@
 /* client_socket — which socket a client connects to when the caller names none.
  *
- * The order, from the most explicit to the least: a path the caller gives
- * (lc_connect's socket_path, `loaderctl --socket`), then $LOADERD_SOCKET, then
- * `server.socket` of the daemon's config file (`loaderctl --config FILE`, else
- * $LOADERD_CONFIG), then the default. The default itself ($XDG_RUNTIME_DIR or
+ * The order, from the most explicit to the least, flags before the environment: a path
+ * the caller gives (lc_connect's socket_path, `loaderctl --socket`), then `server.socket`
+ * of a config file the caller names (`loaderctl --config FILE`), then $LOADERD_SOCKET,
+ * then `server.socket` of $LOADERD_CONFIG, then the default. The default itself ($XDG_RUNTIME_DIR or
  * /tmp/loaderd-<uid>) is computed by proto_socket_default, the very function the daemon
  * uses, so that both ends agree; the config step lets a client find a daemon that
  * listens elsewhere from the same file the daemon was started with.
@@ -185,22 +185,21 @@ LC_EXPORT int lc_socket_resolve(const char *socket_path, const char *config_path
     if (!buf || size == 0)
         return client_socket_fail(errbuf, errbuf_size, LC_EINVAL, "lc_socket_resolve: a buffer is required");
     buf[0] = '\0';
-    const char *env_socket = getenv("LOADERD_SOCKET");
-    if (!socket_path && (!env_socket || !*env_socket)) {
-        if (!config_path) {
-            config_path = getenv("LOADERD_CONFIG");
-            if (config_path && !*config_path)
-                config_path = NULL;
-        }
-        if (config_path)
-            return lc_socket_from_config(config_path, buf, size, errbuf, errbuf_size);
-    }
     if (socket_path) {
         if (strlen(socket_path) >= size)
             return client_socket_fail(errbuf, errbuf_size, LC_ENAMETOOLONG, "socket path too long: %s",
                                       socket_path);
         memcpy(buf, socket_path, strlen(socket_path) + 1);
         return 0;
+    }
+    /* A config the caller names is a flag (--config): it beats the environment. */
+    if (config_path)
+        return lc_socket_from_config(config_path, buf, size, errbuf, errbuf_size);
+    const char *env_socket = getenv("LOADERD_SOCKET");
+    if (!env_socket || !*env_socket) {
+        config_path = getenv("LOADERD_CONFIG");
+        if (config_path && *config_path)
+            return lc_socket_from_config(config_path, buf, size, errbuf, errbuf_size);
     }
     /* $LOADERD_SOCKET when set, else the daemon's own default. */
     int ret = proto_socket_default(buf, size);

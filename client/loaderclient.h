@@ -111,12 +111,14 @@ LC_EXPORT const char *lc_limit_name(int index);
  * user's with mode 0700, else /tmp/loaderd-<uid>/loaderd.sock (a private 0700
  * directory). It does not read a config file: lc_socket_resolve does. */
 LC_EXPORT const char *lc_default_socket(void);
-/* The socket a client connects to, into buf (size bytes), in this order:
- *  1. socket_path, when not NULL (an explicit choice: `loaderctl --socket`);
- *  2. $LOADERD_SOCKET, when set and not empty;
- *  3. server.socket of the daemon's YAML config: config_path when not NULL
- *     (`loaderctl --config`), else $LOADERD_CONFIG when set and not empty;
- *  4. the default ($XDG_RUNTIME_DIR/loaderd.sock or /tmp/loaderd-<uid>/loaderd.sock, as
+/* The socket a client connects to, into buf (size bytes), in this order (what the
+ * caller names, as command-line flags, before the environment):
+ *  1. socket_path, when not NULL (`loaderctl --socket`);
+ *  2. server.socket of the daemon's YAML config at config_path, when not NULL
+ *     (`loaderctl --config`);
+ *  3. $LOADERD_SOCKET, when set and not empty;
+ *  4. server.socket of the config named by $LOADERD_CONFIG, when set and not empty;
+ *  5. the default ($XDG_RUNTIME_DIR/loaderd.sock or /tmp/loaderd-<uid>/loaderd.sock, as
  *     lc_default_socket).
  * lc_connect(NULL, ...) connects where lc_socket_resolve(NULL, NULL, ...) says. A config
  * that is asked for but gives no usable socket is an error, never a fall back to the
@@ -126,7 +128,7 @@ LC_EXPORT const char *lc_default_socket(void);
  * another errno code) when the file cannot be opened. */
 LC_EXPORT int lc_socket_resolve(const char *socket_path, const char *config_path, char *buf, size_t size,
                                 char *errbuf, size_t errbuf_size);
-/* Step 3 alone: server.socket of the config file at config_path, checked as above. */
+/* Steps 2 and 4 alone: server.socket of the config file at config_path, checked as above. */
 LC_EXPORT int lc_socket_from_config(const char *config_path, char *buf, size_t size, char *errbuf,
                                     size_t errbuf_size);
 

@@ -56,11 +56,12 @@ static const struct {
 
 static const char ctl_options_usage[] =
     "options (before the command):\n"
-    "  --socket PATH          loaderd's socket; without it: $LOADERD_SOCKET, else server.socket\n"
-    "                         of the --config file (or $LOADERD_CONFIG), else the default\n"
-    "                         (%s)\n"
+    "  --socket PATH          loaderd's socket; without it: server.socket of the --config\n"
+    "                         file, else $LOADERD_SOCKET, else server.socket of\n"
+    "                         $LOADERD_CONFIG, else the default (%s)\n"
     "  --config FILE          loaderd's config file: connect to its server.socket (an error\n"
-    "                         when the file does not name an absolute socket path)\n"
+    "                         when the file does not name an absolute socket path); like\n"
+    "                         --socket, it beats the environment\n"
     "  --timeout MS           per-request timeout (default: %d)\n"
     "  --daemon-uid UID       the user loaderd must run as (a number or a name; default:\n"
     "                         $LOADERD_UID, else this user or root)\n"
@@ -144,7 +145,8 @@ static lc_client *ctl_connect(const struct ctl_opts *o)
 {
     char err[1024], path[PATH_MAX];
     lc_client *c = NULL;
-    /* --socket, else $LOADERD_SOCKET, else the config's server.socket, else the default. */
+    /* --socket, else --config's server.socket, else $LOADERD_SOCKET, else
+     * $LOADERD_CONFIG's server.socket, else the default. */
     int r = lc_socket_resolve(o->socket, o->config, path, sizeof path, err, sizeof err);
     if (r == 0)
         r = lc_connect(path, o->timeout_ms, "loaderctl", &c, err, sizeof err);

@@ -286,9 +286,10 @@ static void expect_resolve(const char *sock, const char *config, int code, const
         fail_msg("message '%s' does not contain '%s'", err, want);
 }
 
-/* Where a client connects: explicit socket > LOADERD_SOCKET > the daemon's config
- * (--config, else LOADERD_CONFIG) > the default; a config that names no usable socket
- * is an error naming FILE:LINE:COLUMN, never a silent fall back. */
+/* Where a client connects: explicit socket > explicit config (--config) >
+ * LOADERD_SOCKET > LOADERD_CONFIG > the default (flags before the environment); a
+ * config that names no usable socket is an error naming FILE:LINE:COLUMN, never a
+ * silent fall back. */
 static void test_socket_resolution(void **state)
 {
     struct harness *h = *state;
@@ -306,17 +307,18 @@ static void test_socket_resolution(void **state)
     setenv("LOADERD_SOCKET", "/env.sock", 1);
     setenv("LOADERD_CONFIG", other, 1);
     expect_resolve("/explicit.sock", good, 0, "/explicit.sock");
-    /* 2. LOADERD_SOCKET beats any config. */
-    expect_resolve(NULL, good, 0, "/env.sock");
+    /* 2. An explicit config (--config) beats the environment, LOADERD_SOCKET included. */
+    expect_resolve(NULL, good, 0, "/run/ld/a.sock");
+    /* 3. LOADERD_SOCKET beats LOADERD_CONFIG. */
     expect_resolve(NULL, NULL, 0, "/env.sock");
-    /* 3. The config: --config beats LOADERD_CONFIG. */
+    /* 4. LOADERD_CONFIG alone. */
     unsetenv("LOADERD_SOCKET");
     expect_resolve(NULL, good, 0, "/run/ld/a.sock");
     expect_resolve(NULL, NULL, 0, "/run/ld/b.sock");
     char buf[PATH_MAX], err[1024];
     assert_int_equal(lc_socket_from_config(good, buf, sizeof buf, err, sizeof err), 0);
     assert_string_equal(buf, "/run/ld/a.sock");
-    /* 4. Nothing given: the daemon's default. */
+    /* 5. Nothing given: the daemon's default. */
     unsetenv("LOADERD_CONFIG");
     expect_resolve(NULL, NULL, 0, lc_default_socket());
     setenv("LOADERD_CONFIG", "", 1); /* empty: unset */

@@ -198,8 +198,9 @@ def test_default_socket_from_the_daemons_config(daemon, scratch, monkeypatch):
 
 
 def test_loaderctl_finds_the_daemon_by_its_config(daemon, scratch):
-    """loaderctl --config FILE (or LOADERD_CONFIG) connects to FILE's server.socket; an
-    explicit --socket or LOADERD_SOCKET comes first; --help says so."""
+    """loaderctl --config FILE (or LOADERD_CONFIG) connects to FILE's server.socket; flags
+    beat the environment: --socket beats --config, --config beats LOADERD_SOCKET, which
+    beats LOADERD_CONFIG; --help says so."""
     import subprocess
     ctl = os.path.join(os.path.dirname(support.binaries()[0]), "loaderctl")
     env = {k: v for k, v in os.environ.items() if k not in ("LOADERD_SOCKET", "LOADERD_CONFIG")}
@@ -214,7 +215,9 @@ def test_loaderctl_finds_the_daemon_by_its_config(daemon, scratch):
     nowhere = str(scratch / "nowhere.sock")
     r = run("--socket", nowhere, "--config", daemon.config, "status")
     assert r.returncode == 1 and nowhere in r.stderr
-    r = run("--config", daemon.config, "status", LOADERD_SOCKET=nowhere)
+    r = run("--config", daemon.config, "status", "--json", LOADERD_SOCKET=nowhere)
+    assert r.returncode == 0 and json.loads(r.stdout)["pid"] == daemon.pid, r.stderr
+    r = run("status", LOADERD_SOCKET=nowhere, LOADERD_CONFIG=daemon.config)
     assert r.returncode == 1 and nowhere in r.stderr
     rel = scratch / "rel.yaml"
     rel.write_text("server:\n  socket: here.sock\n")
@@ -222,6 +225,7 @@ def test_loaderctl_finds_the_daemon_by_its_config(daemon, scratch):
     assert r.returncode == 1 and "rel.yaml:2:11: server.socket 'here.sock' is a relative path" in r.stderr, r.stderr
     r = run("--help")
     assert r.returncode == 0 and "--config FILE" in r.stdout and "LOADERD_CONFIG" in r.stdout
+    assert "it beats the environment" in r.stdout
 
 
 def test_daemon_of_another_user_refused(daemon, monkeypatch):
