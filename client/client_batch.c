@@ -78,7 +78,7 @@ LC_EXPORT int lc_batch_describe_sized(const lc_batch *b, lc_batch_info *ret_info
     r.generation = b->generation;
     r.epoch = b->epoch;
     r.index = b->index;
-    r.slot_offset = (uint64_t)lc_stream_slot_offset(b->stream, b->slot);
+    r.slot_offset = b->slot_offset;
     return client_copy_struct_out(ret_info, info_size, &r, sizeof r, CLIENT_BATCH_INFO_V0_SIZE);
 }
 
@@ -106,7 +106,8 @@ LC_EXPORT int lc_batch_valid(const lc_batch *b)
 {
     if (!b)
         return 0;
-    const struct ld_slot_header *h = client_stream_slot(b->stream, b->slot);
+    /* Its own ring's header, which may be a ring of a connection gone since. */
+    const struct ld_slot_header *h = (const struct ld_slot_header *)(const void *)b->base;
     return __atomic_load_n(&h->generation, __ATOMIC_ACQUIRE) == b->generation;
 }
 
@@ -118,6 +119,13 @@ LC_EXPORT int lc_batch_release(lc_batch *b)
     lc_stream *s = b->stream;
     lc_client *c = s->client;
     client_unlink_batch(b);
+    if (b->old || c->lost) {
+        /* A batch of a connection that is gone: the daemon that leased it is gone too,
+         * and nothing is owed to the new one. Its ring stays mapped while other batches
+         * of it are held. */
+        client_batch_free(b);
+        return client_take_release_failure(c);
+    }
     if (!c->broken) {
         int64_t deadline = client_now_ms() + c->timeout_ms;
         int64_t id = -1;
@@ -153,6 +161,6 @@ LC_EXPORT int lc_batch_release(lc_batch *b)
     } else {
         ret = client_check_usable(c);
     }
-    free(b);
+    client_batch_free(b);
     return ret < 0 ? ret : client_take_release_failure(c);
 }

@@ -173,7 +173,7 @@ static int client_check_peer(int fd, const char *path, uid_t *ret_uid, char *err
 
 /* Frees the client and every stream of it, without a word to the daemon: closing the
  * connection makes it tear everything down. */
-static void client_free(lc_client *c)
+void client_free(lc_client *c)
 {
     if (!c)
         return;
@@ -187,34 +187,20 @@ static void client_free(lc_client *c)
     proto_reader_free(c->reader);
     free(c->pending);
     free(c->deferred);
+    free(c->socket_path);
+    free(c->name);
     free(c);
 }
 
-LC_EXPORT int lc_connect(const char *socket_path, int timeout_ms, const char *client_name,
-                         lc_client **ret_client, char *errbuf, size_t errbuf_size)
+/* A new connection to path: connect, check who listens, say hello. Used by lc_connect
+ * and, after the daemon went away, by client_reconnect (which takes the connection over
+ * from the client returned here). */
+int client_dial(const char *socket_path, int64_t deadline, int timeout_ms, const char *client_name,
+                lc_client **ret_client, char *errbuf, size_t errbuf_size)
 {
-    char scratch[8];
     lc_client *c = NULL;
     cJSON *hello = NULL, *reply = NULL;
     int ret;
-    if (!errbuf || errbuf_size == 0) {
-        errbuf = scratch;
-        errbuf_size = sizeof scratch;
-    }
-    errbuf[0] = '\0';
-    if (!ret_client) {
-        snprintf(errbuf, errbuf_size, "lc_connect: ret_client is NULL");
-        return LC_EINVAL;
-    }
-    /* No path: $LOADERD_SOCKET, the config's server.socket, or the default
-     * (client_socket.c). */
-    char resolved[PATH_MAX];
-    if (!socket_path) {
-        ret = lc_socket_resolve(NULL, NULL, resolved, sizeof resolved, errbuf, errbuf_size);
-        if (ret < 0)
-            return ret;
-        socket_path = resolved;
-    }
     /* The default socket's directory must be ours alone; a missing one is left to the
      * connect, whose message says whether loaderd runs. */
     char dirmsg[LD_ERRMSG_MAX];
@@ -223,10 +209,6 @@ LC_EXPORT int lc_connect(const char *socket_path, int timeout_ms, const char *cl
         snprintf(errbuf, errbuf_size, "%s", dirmsg);
         return ret;
     }
-    if (timeout_ms <= 0)
-        timeout_ms = CLIENT_DEFAULT_TIMEOUT_MS;
-    int64_t deadline = client_now_ms() + timeout_ms;
-
     c = calloc(1, sizeof *c);
     if (!c) {
         ret = LC_ENOMEM;
@@ -301,6 +283,55 @@ out:
     return ret;
 }
 
+LC_EXPORT int lc_connect(const char *socket_path, int timeout_ms, const char *client_name,
+                         lc_client **ret_client, char *errbuf, size_t errbuf_size)
+{
+    char scratch[8];
+    lc_client *c = NULL;
+    int ret;
+    if (!errbuf || errbuf_size == 0) {
+        errbuf = scratch;
+        errbuf_size = sizeof scratch;
+    }
+    errbuf[0] = '\0';
+    if (!ret_client) {
+        snprintf(errbuf, errbuf_size, "lc_connect: ret_client is NULL");
+        return LC_EINVAL;
+    }
+    /* No path: $LOADERD_SOCKET, the config's server.socket, or the default
+     * (client_socket.c). */
+    char resolved[PATH_MAX];
+    if (!socket_path) {
+        ret = lc_socket_resolve(NULL, NULL, resolved, sizeof resolved, errbuf, errbuf_size);
+        if (ret < 0)
+            return ret;
+        socket_path = resolved;
+    }
+    if (timeout_ms <= 0)
+        timeout_ms = CLIENT_DEFAULT_TIMEOUT_MS;
+    int64_t deadline = client_now_ms() + timeout_ms;
+    ret = client_dial(socket_path, deadline, timeout_ms, client_name, &c, errbuf, errbuf_size);
+    if (ret < 0)
+        return ret;
+    /* What a reconnection needs: the same socket (not resolved again: the environment
+     * may have changed), the same name. */
+    c->socket_path = strdup(socket_path);
+    c->name = client_name ? strdup(client_name) : NULL;
+    if (!c->socket_path || (client_name && !c->name)) {
+        ret = LC_ENOMEM;
+        snprintf(errbuf, errbuf_size, "out of memory");
+        goto out;
+    }
+    ret = client_reconnect_init(c, errbuf, errbuf_size);
+    if (ret < 0)
+        goto out;
+    *ret_client = c;
+    c = NULL;
+out:
+    client_free(c);
+    return ret;
+}
+
 LC_EXPORT void lc_client_close(lc_client *c)
 {
     /* No close per stream: the daemon tears down every stream and lease of a
@@ -326,6 +357,11 @@ LC_EXPORT int lc_request_json(lc_client *c, const char *request_json, char **ret
         return LC_EINVAL;
     }
     cJSON_DeleteItemFromObjectCaseSensitive(req, "id");
+    /* A daemon that went away since the last call: connect again first. */
+    if ((ret = client_reconnect(c, client_now_ms() + c->timeout_ms, c->timeout_ms)) < 0) {
+        cJSON_Delete(req);
+        return ret;
+    }
     const cJSON *jop = cJSON_GetObjectItemCaseSensitive(req, "op");
     if (cJSON_IsString(jop))
         snprintf(op, sizeof op, "%s", jop->valuestring);

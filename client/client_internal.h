@@ -27,6 +27,7 @@ enum client_pending_kind {
     CLIENT_PENDING_RELEASE,     /* pipelined release: an error is recorded, not returned */
     CLIENT_PENDING_NEXT,        /* a next that timed out: its reply is kept for the stream */
     CLIENT_PENDING_IGNORE,      /* its caller gave up (timeout): the reply is dropped */
+    CLIENT_PENDING_REOPEN,      /* a stream's open after a reconnect: applied to it on arrival */
 };
 
 struct client_pending {
@@ -52,14 +53,26 @@ struct client_field {
     uint64_t capacity;          /* ragged: bytes available at offset */
 };
 
+/* The ring of a connection that died while the trainer still held batches of it. No
+ * daemon writes it any more; it stays mapped until the last of those batches is
+ * released (client_reconnect.c). */
+struct client_old_ring {
+    const uint8_t *map;
+    size_t map_size;
+    int fd;
+    unsigned refs;              /* held batches that point into it */
+};
+
 struct lc_batch {
     lc_stream *stream;
+    struct client_old_ring *old; /* NULL: a batch of the stream's current ring */
     lc_batch *prev, *next;      /* the stream's list of held batches */
     int slot;
     uint64_t generation;
     uint64_t epoch;
     uint64_t index;
     uint32_t rows;
+    uint64_t slot_offset;       /* of the slot in its ring */
     const uint8_t *base;        /* the slot's first byte (its struct ld_slot_header) */
     lc_field fields[LD_MAX_FIELDS];
 };
@@ -86,6 +99,16 @@ struct lc_stream {
     cJSON *ahead_reply[CLIENT_READ_AHEAD];
     unsigned ahead_head, ahead_count;
     bool ahead_stop;            /* an error answered a next: ask no more ahead */
+    /* What a reopen after a daemon restart needs (client_reconnect.c): the stream as
+     * opened, and the position of the next batch to hand out. */
+    char *dataset;
+    lc_stream_options opts;     /* as opened: first epoch, epochs, seed, ... */
+    uint64_t next_epoch, next_batch;
+    bool needs_reopen;          /* the connection died: open it again once reconnected */
+    int64_t reopen_id;          /* the reopen request awaiting its reply, or -1 */
+    uint64_t reopens;           /* times it was reopened on a new connection */
+    int failed;                 /* 0, or why it cannot go on (a reopen failed) */
+    char failed_msg[CLIENT_ERRMSG_MAX];
 };
 
 struct lc_client {
@@ -108,6 +131,17 @@ struct lc_client {
     unsigned deferred_frames;
     char error[CLIENT_ERRMSG_MAX];
     char broken_msg[CLIENT_ERRMSG_MAX];
+    /* Reconnecting after the daemon went away (client_reconnect.c). */
+    char *socket_path;          /* the resolved path connected to */
+    char *name;                 /* the hello's client name, or NULL */
+    int reconnect_ms;           /* how long to keep trying; 0: never */
+    bool lost;                  /* the connection is gone and not yet made again */
+    int64_t lost_since;         /* when the outage began (0: none); ends once every stream is reopened */
+    int64_t next_try;           /* earliest time of the next attempt */
+    unsigned attempts;          /* failed attempts of this outage */
+    uint64_t reconnects;        /* successful reconnections */
+    char lost_msg[CLIENT_ERRMSG_MAX];  /* what ended the connection */
+    char retry_msg[CLIENT_ERRMSG_MAX]; /* why the last attempt failed */
 };
 
 /* The first published layouts of the versioned structs: a caller's size may not be
@@ -128,7 +162,7 @@ void client_seterr(lc_client *c, const char *fmt, ...) __attribute__((format(pri
 /* Marks the connection broken (closing the fd) and returns code: later calls fail with
  * LC_ECLOSED quoting this message. */
 int client_break(lc_client *c, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-int client_check_usable(lc_client *c);                 /* LC_ECLOSED once broken */
+int client_check_usable(lc_client *c);                 /* LC_ECLOSED once broken, LC_ECONNRESET while lost */
 struct client_pending *client_pending_find(lc_client *c, int64_t id);
 void client_pending_forget_stream(lc_client *c, const lc_stream *s);
 int client_flush_deferred(lc_client *c, int64_t deadline, int timeout_ms);
@@ -147,6 +181,39 @@ int client_wait(lc_client *c, int64_t want, int64_t deadline, int timeout_ms, cJ
 int client_call(lc_client *c, cJSON *msg, const char *op, int timeout_ms, cJSON **ret_reply);
 int client_take_release_failure(lc_client *c);
 
+/* ---- client_connect.c ------------------------------------------------------------- */
+/* A new connection to path (connect, identity check, hello) before deadline: a client
+ * with no stream. On failure errbuf says why. */
+int client_dial(const char *path, int64_t deadline, int timeout_ms, const char *name, lc_client **ret_client,
+                char *errbuf, size_t errbuf_size);
+void client_free(lc_client *c);
+
+/* ---- client_reconnect.c: surviving a daemon restart -------------------------------- */
+/* The daemon hung up (EOF, reset, broken pipe): with reconnection on, the connection is
+ * marked lost (every stream detached from its ring and due for a reopen) and the next
+ * call reconnects; with it off, this is client_break. Returns LC_ECONNRESET. */
+int client_lost(lc_client *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Reads LOADERD_RECONNECT into c->reconnect_ms (default CLIENT_RECONNECT_DEFAULT_MS). */
+int client_reconnect_init(lc_client *c, char *errbuf, size_t errbuf_size);
+/* Makes the connection again if it was lost, before deadline (LC_ETIMEDOUT, to be
+ * resumed by a later call), or gives up once the reconnect time is over. */
+int client_reconnect(lc_client *c, int64_t deadline, int timeout_ms);
+/* The stream is usable: connected, reopened, not failed. May wait for the reopen. */
+int client_stream_ready(lc_stream *s, int64_t deadline, int timeout_ms);
+/* Applies the reply to a stream's reopen (any caller that reads it). Takes reply. */
+void client_stream_reopened(lc_stream *s, cJSON *reply);
+/* The same for a reply read by another call; a stream closed meanwhile (NULL) has the
+ * daemon's new stream closed. Takes reply. */
+void client_stream_reopened_or_orphan(lc_client *c, lc_stream *s, cJSON *reply);
+/* Frees a batch, dropping its hold on an old ring. */
+void client_batch_free(lc_batch *b);
+/* The stream has delivered every epoch it was opened for. */
+bool client_stream_over(const lc_stream *s);
+/* Builds an open request for s's options at (epoch, start_batch). */
+cJSON *client_open_request(const char *dataset, const lc_stream_options *o, uint64_t epoch, uint64_t start_batch,
+                           uint64_t epochs);
+#define CLIENT_RECONNECT_DEFAULT_MS LC_RECONNECT_DEFAULT_MS
+
 /* ---- client_info.c: versioned structs ---------------------------------------------- */
 int client_copy_struct_in(void *dst, size_t ours, const void *src, size_t theirs, size_t min, const char *what,
                           char *msg);
@@ -159,6 +226,8 @@ int client_parse_open(const cJSON *reply, uint32_t batch_size, lc_stream *s, con
 /* Slot `slot` (0 <= slot < slot_count) of the mapped ring: its header, then its fields. */
 const struct ld_slot_header *client_stream_slot(const lc_stream *s, int slot);
 void client_stream_free(lc_stream *s);
+/* Maps the ring named by an open reply into s and checks its header. */
+int client_map_ring(lc_stream *s, const char *shm, uint64_t shm_size, char *msg);
 
 /* ---- client_next.c ----------------------------------------------------------------- */
 void client_next_read_ahead(lc_stream *s, int64_t deadline, int timeout_ms);

@@ -41,7 +41,8 @@ static int client_next_send(lc_stream *s, int64_t deadline, int timeout_ms)
  * call reports it. */
 void client_next_read_ahead(lc_stream *s, int64_t deadline, int timeout_ms)
 {
-    if (s->ahead_stop)
+    /* Not while the stream waits for its reopen: its id on the new daemon is not known. */
+    if (s->ahead_stop || s->client->lost || s->needs_reopen || s->reopen_id >= 0 || s->failed || !s->map)
         return;
     while (s->ahead_count < CLIENT_READ_AHEAD && !s->client->broken && client_next_send(s, deadline, timeout_ms) == 0)
         ;
@@ -62,20 +63,33 @@ LC_EXPORT int lc_stream_next(lc_stream *s, int timeout_ms, lc_batch **ret_batch)
     }
     timeout_ms = client_effective_timeout(c, timeout_ms);
     int64_t deadline = client_now_ms() + timeout_ms;
-    if (!s->ahead_count) {
-        if ((ret = client_check_usable(c)) < 0)
+    unsigned head;
+    /* A daemon that goes away under us is reconnected to and the stream reopened at the
+     * batch it had reached (client_reconnect.c); the request then goes to the new one. */
+    for (;;) {
+        if (client_stream_over(s)) {
+            /* Every epoch was delivered (perhaps before the daemon went: nothing to reopen). */
+            client_seterr(c, "the stream has delivered all its epochs");
+            return LC_EEND;
+        }
+        if ((ret = client_stream_ready(s, deadline, timeout_ms)) < 0)
             return ret;
-        ret = client_next_send(s, deadline, timeout_ms);
-        if (ret < 0)
-            return ret;
-    }
-    unsigned head = s->ahead_head;
-    if (!s->ahead_reply[head]) {
-        if ((ret = client_check_usable(c)) < 0)
-            return ret;
-        ret = client_wait(c, s->ahead_id[head], deadline, timeout_ms, &s->ahead_reply[head]);
-        if (ret < 0)
-            return ret; /* on a timeout the request stays outstanding for the next call */
+        if (!s->ahead_count) {
+            ret = client_next_send(s, deadline, timeout_ms);
+            if (ret < 0 && c->lost)
+                continue;
+            if (ret < 0)
+                return ret;
+        }
+        head = s->ahead_head;
+        if (!s->ahead_reply[head]) {
+            ret = client_wait(c, s->ahead_id[head], deadline, timeout_ms, &s->ahead_reply[head]);
+            if (ret < 0 && c->lost)
+                continue;
+            if (ret < 0)
+                return ret; /* on a timeout the request stays outstanding for the next call */
+        }
+        break;
     }
     reply = s->ahead_reply[head];
     s->ahead_reply[head] = NULL;
@@ -109,6 +123,7 @@ LC_EXPORT int lc_stream_next(lc_stream *s, int timeout_ms, lc_batch **ret_batch)
     b->epoch = (uint64_t)epoch;
     b->index = (uint64_t)batch;
     b->rows = (uint32_t)rows;
+    b->slot_offset = s->slot_offset + (uint64_t)b->slot * s->slot_size;
     b->base = (const uint8_t *)client_stream_slot(s, b->slot);
     /* Release semantics: the slot's contents were written before the generation. */
     const struct ld_slot_header *h = client_stream_slot(s, b->slot);
@@ -134,6 +149,14 @@ LC_EXPORT int lc_stream_next(lc_stream *s, int timeout_ms, lc_batch **ret_batch)
         s->batches->prev = b;
     s->batches = b;
     *ret_batch = b;
+    /* Where a reopen would start: the batch after the last one handed out. */
+    if (b->index + 1 >= s->batches_per_epoch) {
+        s->next_epoch = b->epoch + 1;
+        s->next_batch = 0;
+    } else {
+        s->next_epoch = b->epoch;
+        s->next_batch = b->index + 1;
+    }
     b = NULL;
     ret = 0;
     /* Read-ahead: ask for the following batch now, so that its reply is already on the

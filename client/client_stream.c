@@ -261,7 +261,7 @@ int client_parse_open(const cJSON *reply, uint32_t batch_size, lc_stream *s, con
 }
 
 /* Maps the ring read-only and checks its header against the open reply. */
-static int client_map_ring(lc_stream *s, const char *shm, uint64_t shm_size, char *msg)
+int client_map_ring(lc_stream *s, const char *shm, uint64_t shm_size, char *msg)
 {
     struct stat st;
     void *map = MAP_FAILED;
@@ -378,28 +378,20 @@ LC_EXPORT int lc_stream_open(lc_client *c, const char *dataset, const lc_stream_
         client_seterr(c, "lc_stream_open: %s", msg);
         return ret;
     }
-    if ((ret = client_check_usable(c)) < 0)
+    if (c->broken && (ret = client_check_usable(c)) < 0)
         return ret;
     if ((ret = client_check_u64(c, "seed", o->seed)) < 0 || (ret = client_check_u64(c, "epoch", o->epoch)) < 0 ||
         (ret = client_check_u64(c, "start_batch", o->start_batch)) < 0 ||
         (ret = client_check_u64(c, "epochs", o->epochs)) < 0)
         return ret;
-    req = cJSON_CreateObject();
-    if (!req || !cJSON_AddStringToObject(req, "op", LD_OP_OPEN) ||
-        !cJSON_AddStringToObject(req, "dataset", dataset) ||
-        !cJSON_AddNumberToObject(req, "batch_size", o->batch_size) ||
-        !cJSON_AddBoolToObject(req, "shuffle", o->shuffle != 0) ||
-        !cJSON_AddNumberToObject(req, "seed", (double)o->seed) ||
-        !cJSON_AddNumberToObject(req, "epoch", (double)o->epoch) ||
-        !cJSON_AddNumberToObject(req, "rank", o->rank) ||
-        !cJSON_AddNumberToObject(req, "world_size", o->world_size) ||
-        !cJSON_AddBoolToObject(req, "drop_last", o->drop_last != 0) ||
-        !cJSON_AddNumberToObject(req, "start_batch", (double)o->start_batch) ||
-        (o->prefetch && !cJSON_AddNumberToObject(req, "prefetch", o->prefetch)) ||
-        !cJSON_AddNumberToObject(req, "epochs", (double)o->epochs)) {
-        cJSON_Delete(req);
+    req = client_open_request(dataset, o, o->epoch, o->start_batch, o->epochs);
+    if (!req) {
         client_seterr(c, "out of memory building 'open'");
         return LC_ENOMEM;
+    }
+    if ((ret = client_reconnect(c, client_now_ms() + c->timeout_ms, c->timeout_ms)) < 0) {
+        cJSON_Delete(req);
+        return ret;
     }
     ret = client_call(c, req, LD_OP_OPEN, c->timeout_ms, &reply);
     if (ret < 0)
@@ -412,9 +404,19 @@ LC_EXPORT int lc_stream_open(lc_client *c, const char *dataset, const lc_stream_
     }
     s->client = c;
     s->ring_fd = -1;
+    s->reopen_id = -1;
+    s->opts = *o;
+    s->next_epoch = o->epoch;
+    s->next_batch = o->start_batch;
     /* Once the daemon holds a stream for us, every failure below must close it. */
     if (proto_get_int(reply, "stream", 0, LD_JSON_SAFE_INT, &sid, msg) == 0)
         remote = true;
+    s->dataset = strdup(dataset);
+    if (!s->dataset) {
+        ret = LC_ENOMEM;
+        client_seterr(c, "out of memory");
+        goto out;
+    }
     ret = client_parse_open(reply, o->batch_size, s, &shm, &shm_size, msg);
     if (ret < 0) {
         client_seterr(c, "malformed open reply from loaderd: %s", msg);
@@ -462,15 +464,25 @@ LC_EXPORT int lc_stream_close(lc_stream *s)
     while (s->batches) {
         lc_batch *b = s->batches;
         s->batches = b->next;
-        free(b);
+        client_batch_free(b);
     }
-    client_pending_forget_stream(c, s);
     for (unsigned k = 0; k < CLIENT_READ_AHEAD; k++) {
         cJSON_Delete(s->ahead_reply[k]);
         s->ahead_reply[k] = NULL;
     }
     s->ahead_count = 0;
-    if (!c->broken) {
+    /* A reopen still under way: its reply names the stream to close. */
+    if (s->reopen_id >= 0 && !c->lost && !c->broken) {
+        int64_t deadline = client_now_ms() + c->timeout_ms;
+        if (client_wait(c, s->reopen_id, deadline, c->timeout_ms, &reply) == 0)
+            client_stream_reopened(s, reply);
+        reply = NULL;
+    }
+    client_pending_forget_stream(c, s);
+    /* A stream of a lost connection, or one whose reopen failed, holds nothing on the
+     * daemon: the connection's end freed it. */
+    bool remote = !c->broken && !c->lost && !s->needs_reopen && s->reopen_id < 0 && !s->failed && s->map;
+    if (remote) {
         cJSON *req = cJSON_CreateObject();
         if (!req || !cJSON_AddStringToObject(req, "op", LD_OP_CLOSE) ||
             !cJSON_AddNumberToObject(req, "stream", (double)s->id)) {
@@ -480,6 +492,9 @@ LC_EXPORT int lc_stream_close(lc_stream *s)
         } else {
             ret = client_call(c, req, LD_OP_CLOSE, c->timeout_ms, &reply);
             cJSON_Delete(reply);
+            /* The daemon went away meanwhile: the stream went with it. */
+            if (ret < 0 && c->lost)
+                ret = 0;
         }
     }
     /* The close's reply came after those of every release sent before it. */
@@ -504,10 +519,11 @@ void client_stream_free(lc_stream *s)
     while (s->batches) {
         lc_batch *b = s->batches;
         s->batches = b->next;
-        free(b);
+        client_batch_free(b);
     }
     for (unsigned k = 0; k < CLIENT_READ_AHEAD; k++)
         cJSON_Delete(s->ahead_reply[k]);
+    free(s->dataset);
     if (s->map)
         munmap((void *)s->map, s->map_size);
     if (s->ring_fd >= 0)

@@ -109,6 +109,10 @@ int client_break(lc_client *c, int code, const char *fmt, ...)
 
 int client_check_usable(lc_client *c)
 {
+    if (c->lost) {
+        client_seterr(c, "%s; reconnecting to loaderd at %s", c->lost_msg, c->socket_path);
+        return LC_ECONNRESET;
+    }
     if (!c->broken)
         return 0;
     client_seterr(c, "connection to loaderd is closed: %s", c->broken_msg);
@@ -149,6 +153,7 @@ struct client_pending *client_pending_find(lc_client *c, int64_t id)
 /* A stream going away: replies owed to it are dropped when they come. */
 void client_pending_forget_stream(lc_client *c, const lc_stream *s)
 {
+    /* A reopen keeps its kind: its reply names a stream that must still be closed. */
     for (size_t i = c->pending_head; i < c->pending_len; i++) {
         if (c->pending[i].stream == s) {
             c->pending[i].stream = NULL;
@@ -182,7 +187,7 @@ static int client_break_closed(lc_client *c)
         }
         cJSON_Delete(reply);
     }
-    return client_break(c, LC_ECONNRESET, "loaderd closed the connection");
+    return client_lost(c, "loaderd closed the connection");
 }
 
 /* Writes all of buf before the deadline. A partial frame left behind means the framing
@@ -304,9 +309,12 @@ int client_send_ex(lc_client *c, cJSON *msg, int kind, const char *op, lc_stream
             ret = client_flush_deferred(c, deadline, timeout_ms);
             if (ret < 0) {
                 /* Nothing of it went out (a partial write breaks the connection):
-                 * take our frame back so the FIFO and the buffer agree. */
-                c->deferred_len -= frame_len;
-                c->deferred_frames--;
+                 * take our frame back so the FIFO and the buffer agree. A lost
+                 * connection emptied the buffer already. */
+                if (!c->lost && c->deferred_len >= frame_len) {
+                    c->deferred_len -= frame_len;
+                    c->deferred_frames--;
+                }
                 goto out;
             }
         }
@@ -367,6 +375,10 @@ static void client_settle(lc_client *c, const struct client_pending *p, cJSON *r
                 }
             }
         }
+        break;
+    case CLIENT_PENDING_REOPEN:
+        client_stream_reopened_or_orphan(c, p->stream, reply);
+        reply = NULL;
         break;
     default:
         break;
@@ -457,11 +469,11 @@ int client_wait(lc_client *c, int64_t want, int64_t deadline, int timeout_ms, cJ
             continue;
         }
         if (n == 0)
-            return client_break(c, LC_ECONNRESET, "loaderd closed the connection");
+            return client_lost(c, "loaderd closed the connection");
         if (errno == EINTR)
             continue;
         if (errno == ECONNRESET)
-            return client_break(c, LC_ECONNRESET, "loaderd closed the connection");
+            return client_lost(c, "loaderd closed the connection");
         if (errno != EAGAIN && errno != EWOULDBLOCK)
             return client_break(c, ld_from_errno(errno), "reading from loaderd: %s", strerror(errno));
         int left = client_remaining_ms(deadline);

@@ -142,6 +142,34 @@ LC_EXPORT int lc_socket_from_config(const char *config_path, char *buf, size_t s
  * when errbuf is not NULL, a message is written there (errbuf_size bytes). */
 LC_EXPORT int lc_connect(const char *socket_path, int timeout_ms, const char *client_name,
                          lc_client **ret_client, char *errbuf, size_t errbuf_size);
+/* ---- surviving a daemon restart ------------------------------------------------------
+ * When the daemon goes away (it hangs up without an error: an upgrade, a crash, a
+ * systemd restart), the client connects again to the same socket, with a growing pause
+ * between attempts (20 ms doubling to 1 s), for at most its reconnect time, and reopens
+ * each stream at the batch after the last one lc_stream_next handed out: no batch is
+ * repeated or skipped, and batches keep their epoch and index. lc_stream_next rides
+ * through it (it returns LC_ETIMEDOUT when its own timeout ends first: call again); other
+ * calls that were waiting for a reply fail with LC_ECONNRESET and the next call
+ * reconnects. Batches held across the restart stay readable and valid until released;
+ * releasing them sends nothing. A daemon that comes back with another dataset under the
+ * name (other batch or sample counts per epoch, other fields) fails the stream with
+ * LC_EDATASET. Past the reconnect time the connection is closed: LC_ECONNRESET, with a
+ * message saying how long it tried, then LC_ECLOSED.
+ * The reconnect time is $LOADERD_RECONNECT seconds at lc_connect (a decimal number; 0
+ * turns reconnecting off; an invalid value fails lc_connect with LC_EINVAL), else 60 s. */
+#define LC_RECONNECT_DEFAULT_MS 60000
+/* Sets the reconnect time in milliseconds (0: never reconnect). LC_EINVAL when negative. */
+LC_EXPORT int lc_client_set_reconnect(lc_client *c, int timeout_ms);
+/* 1 while the connection is gone and the client is trying to make it again, else 0. */
+LC_EXPORT int lc_client_reconnecting(const lc_client *c);
+/* How many times the client reconnected. */
+LC_EXPORT uint64_t lc_client_reconnects(const lc_client *c);
+/* How many times the stream was reopened after a reconnect. Each reopen gives it a new
+ * ring: lc_stream_id, lc_stream_ring, lc_stream_ring_fd, the slot offsets and field
+ * offsets may all change (bindings that map slots themselves map them again); batches
+ * handed out before keep their own ring. */
+LC_EXPORT uint64_t lc_stream_reopens(const lc_stream *s);
+
 /* Closes every stream of the client (releasing their batches) and the connection.
  * Accepts NULL. Batches and streams of the client must not be used afterwards. */
 LC_EXPORT void lc_client_close(lc_client *c);

@@ -69,8 +69,12 @@ static const char ctl_options_usage[] =
     "  --version              print loaderctl's version (the client library's) and exit\n"
     "  --help                 print this and exit\n"
     "\nenvironment:\n"
-    "  LOADERD_SOCKET         the socket when --socket is not given (before any config)\n"
-    "  LOADERD_CONFIG         the default of --config\n"
+    "  LOADERD_SOCKET         the socket when neither --socket nor --config is given\n"
+    "  LOADERD_CONFIG         the config whose server.socket is used when neither --socket,\n"
+    "                         --config nor LOADERD_SOCKET is given\n"
+    "  LOADERD_RECONNECT      seconds `read` keeps reconnecting to a daemon that went away\n"
+    "                         (a restart), then goes on at the batch it had reached\n"
+    "                         (default 60; 0: never)\n"
     "  LOADERD_UID            the default of --daemon-uid\n"
     "  (the default socket is $XDG_RUNTIME_DIR/loaderd.sock when that is a private\n"
     "  directory, else /tmp/loaderd-UID/loaderd.sock)\n"
@@ -536,6 +540,10 @@ static int ctl_read(lc_client *c, const struct ctl_opts *o, const char *dataset,
     for (;;) {
         lc_batch *b = NULL;
         r = lc_stream_next(s, 0, &b);
+        /* A daemon that restarts under us: the library reconnects within its reconnect
+         * time and goes on at the batch we had reached; a timeout meanwhile is no failure. */
+        if (r == LC_ETIMEDOUT && lc_client_reconnecting(c))
+            continue;
         if (r == LC_EEND)
             break;
         if (r < 0) {

@@ -903,6 +903,8 @@ static void test_daemon_goes_away(void **state)
     lc_stream_options o;
     lc_stream *s = NULL;
     lc_batch *b = NULL;
+    /* Without reconnecting (itest_reconnect covers the daemon that comes back). */
+    assert_int_equal(lc_client_set_reconnect(c, 0), 0);
     lc_stream_options_init(&o);
     o.batch_size = 10;
     assert_int_equal(lc_stream_open(c, "records", &o, &s), 0);
@@ -1072,6 +1074,8 @@ static lc_client *fake_connect(struct fake *f, int timeout_ms)
     int r = lc_connect(f->path, timeout_ms, "itest", &c, err, sizeof err);
     if (r < 0)
         fail_msg("lc_connect to the fake daemon: %s", err);
+    /* A fake daemon does not come back: its hang-ups are final. */
+    assert_int_equal(lc_client_set_reconnect(c, 0), 0);
     return c;
 }
 

@@ -852,6 +852,7 @@ static void test_shutdown_leaves_nothing(void **state)
 {
     struct harness *h = *state;
     lc_client *c = harness_connect(h, 10000, "itest_daemon");
+    assert_int_equal(lc_client_set_reconnect(c, 0), 0); /* the daemon does not come back */
     lc_stream_options o;
     lc_stream_options_init(&o);
     o.batch_size = 16;

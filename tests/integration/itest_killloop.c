@@ -345,6 +345,8 @@ static void test_daemon_kill_loop(void **state)
     assert_true(base_fds > 0);
     for (int k = 0; k < DAEMON_KILLS; k++) {
         lc_client *c = harness_connect(h, 10000, "reader");
+        /* The death must be reported, not ridden out (itest_reconnect covers that). */
+        assert_int_equal(lc_client_set_reconnect(c, 0), 0);
         lc_stream_options o;
         lc_stream_options_init(&o);
         o.batch_size = BATCH;

@@ -1,104 +1,35 @@
 """Client, Stream, Batch: loaderd's batches as zero-copy numpy arrays and torch tensors.
 
 A thin layer over libloaderclient (ctypes): the C library speaks the protocol, maps the
-stream's ring read-only and leases slots; this module turns a leased slot into arrays.
-
-Two things are done here rather than in C: how a slot is seen, and keeping views honest.
-
-How a slot is seen. Each slot is seen through a mapping of its own of the ring's shared
-memory: *private, writable and copy-on-write* (``mmap(MAP_PRIVATE, PROT_READ|PROT_WRITE)``
-of the ring's file, opened read-only), made once per slot and reused:
-
-- reading maps the daemon's own pages (no copy: the zero-copy path);
-- writing (``x.mul_(0.7)``, ``x *= 2``, a mixup recipe) first copies the page it touches
-  into this process: the daemon's memory, and so every other client, never see the write;
-- before a slot's mapping shows the slot's next batch, the pages this process wrote through
-  it are dropped (``madvise(MADV_DONTNEED)``: on a private file mapping it discards the
-  private copies), so the next batch reads the daemon's bytes again. Which pages were
-  written is read from /proc/self/pagemap (a written page is no longer a file page), so a
-  batch nobody wrote costs one small read and no page fault.
-
-The ring's file is the one the C library mapped, and so is its layout: the library hands
-out a descriptor of the ring (``lc_stream_ring_fd``), each slot's offset
-(``lc_stream_slot_offset``), each field's offsets within a slot (``lc_stream_field_layout``)
-and each batch's slot, generation, epoch, index and rows (``lc_batch_describe``), all of it
-checked against the daemon's reply. Nothing here restates the ring's or a slot's header.
-
-Keeping views honest. A numpy array cannot be revoked, so "arrays of a released batch must
-not be used" cannot be enforced by checking on access. Instead (``keep_views_safe=True``,
-the default):
-
-- a batch's arrays and tensors hang off one buffer object, its *lease*, whose reference
-  count therefore says whether any view of the batch is still alive;
-- releasing a batch (the next ``next()``, ``release()``, a ``with`` block's end) gives
-  the slot back to the daemon only once no view of it is left: usually at once, or as
-  soon as the training loop drops its last tensor of the batch;
-- if views are kept longer (more than ``MAX_DEFERRED`` released batches still viewed
-  when the next batch is asked for), the oldest one is *materialized*: its slot mapping is
-  atomically replaced (``mremap(MREMAP_FIXED)``) by a private copy (what the views showed,
-  their own writes included), and the slot goes back to the daemon. The kept arrays go on
-  reading the same bytes; the slot gets a new mapping for its next batch.
-
-So an array handed out by this module never shows another batch's data: it is either
-the slot the daemon still leases to us, or our private copy. The cost in the steady state
-is one pagemap read per batch beyond creating the views (mappings are reused).
-``keep_views_safe=False`` skips the deferral: the slot is released at once, and a kept view
-may show later batches (and a write through it, the slot's current batch in this process).
+stream's ring read-only, leases slots, and rides through a daemon restart (it reconnects
+and reopens each stream at the batch it had reached); this module turns a leased slot
+into arrays. How a slot is seen (private copy-on-write mappings of the ring) and how views
+are kept honest (a batch's slot goes back only once no view of it is alive) is _slots.py;
+this file is the public API on top of it.
 """
 from __future__ import annotations
 
 import collections
 import ctypes
 import json
-import mmap
 import os
 import threading
 from typing import Any, Dict, Iterator, List, Optional, Tuple, TypeVar, Union
 
 import numpy as np
 
+from ._lib import LcStreamOptions, lib
 from . import _lib
-from ._lib import LcStreamOptions, lib, libc
 from . import errors
+from ._slots import _DTYPES, _TORCH_DTYPES, MAX_DEFERRED, SlotRing
 from .errors import (ConnectError, EndOfStream, InvalidArgument, LoaderdError, ReleasedError, Timeout,
                      make_error)
 
 __all__ = ["Client", "Stream", "Batch", "RaggedField", "MAX_DEFERRED", "default_socket"]
 
-# Released batches whose views may stay alive at once before the oldest is copied. One is
-# the usual training loop: `x` of step n is still bound while step n+1's batch is fetched.
-# The daemon's ring has prefetch + 3 slots. libloaderclient keeps two `next` requests in
-# flight while the trainer holds at most one batch of the stream, and asks no more ahead
-# while it holds two: the current batch plus the read-ahead's two slots, or plus one
-# deferred batch and the one read-ahead left, is three leased slots either way, so one
-# deferred slot does not shorten the prefetch.
-MAX_DEFERRED = 1
-
 # Slices of a long wait for a batch, so that Ctrl-C interrupts it within this long.
 _WAIT_SLICE_MS = 250
 
-_PAGE = mmap.PAGESIZE
-_PROT_READ, _PROT_WRITE = 1, 2
-_MAP_PRIVATE, _MAP_ANONYMOUS = 0x02, 0x20
-_MREMAP_MAYMOVE, _MREMAP_FIXED = 1, 2
-_MADV_DONTNEED = 4
-# /proc/self/pagemap entry bits (Documentation/admin-guide/mm/pagemap.rst): 63 present,
-# 62 swapped, 61 file page or shared anonymous. A page of a private file mapping that was
-# written is an anonymous page: present or swapped, and not a file page.
-_WRITTEN_BY_TOP_BYTE = bytes(1 if (v & 0xC0) and not (v & 0x20) else 0 for v in range(256))
-_MAP_FAILED = ctypes.c_void_p(-1).value
-
-# LC_DTYPE_* -> (numpy dtype, wire name)
-_DTYPES = {
-    1: (np.dtype(np.uint8), "uint8"),
-    2: (np.dtype(np.uint16), "uint16"),
-    3: (np.dtype(np.uint32), "uint32"),
-    4: (np.dtype(np.int32), "int32"),
-    5: (np.dtype(np.int64), "int64"),
-    6: (np.dtype(np.float16), "float16"),
-    7: (np.dtype(np.float32), "float32"),
-}
-_TORCH_DTYPES = frozenset(np.dtype(t) for t in (np.uint8, np.int32, np.int64, np.float16, np.float32))
 _INT64 = np.dtype(np.int64)
 _UINT8 = np.dtype(np.uint8)
 
@@ -153,146 +84,6 @@ def _uint(name, v, bits):
         raise InvalidArgument(errors.EFIELD, "field '%s': expected an integer in [0, %d], got %r"
                               % (name, (1 << bits) - 1, v))
     return int(v)
-
-
-_pagemap = {"pid": None, "fd": -1}
-_pagemap_lock = threading.Lock()
-
-
-def _pagemap_fd():
-    # /proc/self is resolved when opened: a forked child must open its own.
-    pid = os.getpid()
-    if _pagemap["pid"] != pid:
-        with _pagemap_lock:
-            if _pagemap["pid"] != pid:
-                try:
-                    fd = os.open("/proc/self/pagemap", os.O_RDONLY | os.O_CLOEXEC)
-                except OSError:
-                    fd = -1
-                _pagemap["fd"], _pagemap["pid"] = fd, pid
-    return _pagemap["fd"]
-
-
-def _written_pages(addr, size):
-    """(first, end) page numbers within [addr, addr + size) spanning every page this
-    process wrote (a private copy), (0, 0) if none; every page when it cannot be told."""
-    n = size // _PAGE
-    fd = _pagemap_fd()
-    if fd < 0:
-        return 0, n
-    try:
-        raw = os.pread(fd, 8 * n, addr // _PAGE * 8)
-    except OSError:
-        return 0, n
-    if len(raw) != 8 * n:
-        return 0, n
-    # Each entry's top byte (little-endian) holds bits 56-63: one marker byte per page.
-    marks = raw[7::8].translate(_WRITTEN_BY_TOP_BYTE)
-    first = marks.find(1)
-    if first < 0:
-        return 0, 0
-    return first, marks.rfind(1) + 1
-
-
-def _drop_written(addr, size):
-    """Drops the private copies of the pages this process wrote in a private file mapping
-    of a slot: the next reads see the shared memory's (the daemon's) bytes. Returns the
-    number of pages given to madvise."""
-    first, end = _written_pages(addr, size)
-    if end == first:
-        return 0
-    if libc.madvise(addr + first * _PAGE, (end - first) * _PAGE, _MADV_DONTNEED) != 0:
-        e = ctypes.get_errno()
-        raise LoaderdError(-e if e else errors.EINVAL, "cannot drop the pages written in a slot's mapping: %s"
-                           % os.strerror(e))
-    return end - first
-
-
-class _SlotMapping:
-    """An unguarded stream's mapping of one slot, shared by the stream and the leases of
-    the batches seen through it: unmapped when the last of them lets go of it (views of
-    those batches may outlive the stream)."""
-    __slots__ = ("addr", "size")
-
-    def __init__(self, addr, size):
-        self.addr = addr
-        self.size = size
-
-    def __del__(self):
-        try:
-            libc.munmap(self.addr, self.size)
-        except Exception:   # interpreter shutdown
-            pass
-
-
-class _FieldLayout:
-    """One field of a stream's slots, relative to the slot's start (constant per stream), as
-    the C library's lc_stream_field_layout gives it."""
-    __slots__ = ("name", "index", "dtype", "wire", "shape", "ragged", "offset", "offsets_offset", "row_bytes")
-
-    def __init__(self, index, f):
-        self.name = f.name.decode()
-        self.index = index
-        self.dtype, self.wire = _DTYPES[f.dtype]
-        self.ragged = bool(f.ragged)
-        self.shape = tuple(f.shape[d] for d in range(f.ndim)) if not self.ragged else ()
-        self.offset = f.offset
-        self.offsets_offset = f.offsets_offset if self.ragged else None
-        self.row_bytes = f.row_bytes
-
-    def describe(self):
-        return {"name": self.name, "dtype": self.wire, "shape": list(self.shape), "ragged": self.ragged}
-
-
-class _LeaseState:
-    """What a batch's lease needs once its views die: owned by the lease, seen by the stream."""
-    __slots__ = ("stream", "bptr", "slot", "addr", "size", "batch_released", "given_back", "views_dead",
-                 "materialized", "owns_addr", "mapping")
-
-    def __init__(self, stream, bptr, slot, addr, size, owns_addr, mapping=None):
-        self.stream = stream
-        self.bptr = bptr
-        self.slot = slot
-        self.addr = addr          # start of the alias (or of the library's slot, unguarded)
-        self.size = size
-        self.batch_released = False
-        self.given_back = False   # lc_batch_release done (or the stream closed)
-        self.views_dead = False
-        self.materialized = False
-        self.owns_addr = owns_addr  # the alias is ours to unmap / return to the slot cache
-        self.mapping = mapping      # an unguarded stream's _SlotMapping, kept alive by the lease
-
-
-_mapping_lock = threading.Lock()
-
-
-def _take_mapping(st):
-    """Takes the address range away from a lease state (True once)."""
-    with _mapping_lock:
-        if not st.owns_addr:
-            return False
-        st.owns_addr = False
-        return True
-
-
-def _drop_mapping(st):
-    """Unmaps a lease state's alias or private copy, once, whichever thread asks."""
-    if _take_mapping(st):
-        libc.munmap(st.addr, st.size)
-
-
-def _lease_del(self):
-    # The last view of a batch is gone (or the batch never had any). Runs wherever the last
-    # reference was dropped, in whatever thread: no blocking here.
-    try:
-        st = self.state
-    except AttributeError:
-        return
-    try:
-        st.views_dead = True
-        st.stream._views_dead(st)
-    except Exception:  # interpreter shutdown, or a bug: never raise from a finalizer
-        pass
 
 
 _Self = TypeVar("_Self", bound="_ContextManaged")
@@ -437,20 +228,20 @@ class Batch(_Closes):
     @property
     def fields(self) -> List[str]:
         """Field names, in the dataset's order."""
-        return [f.name for f in self._stream._layout]
+        return [f.name for f in self._state.ring.layout]
 
     def keys(self) -> List[str]:
         return self.fields
 
     def __contains__(self, name: object) -> bool:
-        return name in self._stream._by_name
+        return name in self._state.ring.by_name
 
     def __getitem__(self, name: str) -> FieldValue:
         return self.numpy(name)
 
     def _field(self, name):
         self._check()
-        f = self._stream._by_name.get(name)
+        f = self._state.ring.by_name.get(name)
         if f is None:
             raise KeyError("no field %r in this batch (fields: %s)" % (name, ", ".join(self.fields)))
         if not lib.lc_batch_valid(self._state.bptr):
@@ -460,7 +251,7 @@ class Batch(_Closes):
         return f
 
     def _make(self, f, buf):
-        off = self._stream._delta[self.slot]
+        off = self._state.ring.delta[self.slot]
         if not f.ragged:
             return np.ndarray((self.rows,) + f.shape, f.dtype, buffer=buf, offset=off + f.offset)
         offsets = np.ndarray((self.rows + 1,), _INT64, buffer=buf, offset=off + f.offsets_offset)
@@ -525,7 +316,7 @@ class Batch(_Closes):
         if not lib.lc_batch_valid(self._state.bptr):
             self._field(plan[0][0].name)   # raises the stale-generation error
         lease = self._lease
-        base = self._stream._delta[self.slot]
+        base = self._state.ring.delta[self.slot]
         rows = self.rows
         out = []
         for f, own in plan:
@@ -558,7 +349,12 @@ class Batch(_Closes):
 class Stream(_ContextManaged):
     """An ordered sequence of batches of one dataset (see Client.open). Iterating yields
     Batch objects until the stream ends (``epochs`` > 0); by default each ``next()``
-    releases the batch the previous one returned."""
+    releases the batch the previous one returned.
+
+    When the daemon restarts, the library reopens the stream on the new daemon at the batch
+    after the last one ``next()`` returned (see Client): ``next()`` only takes longer, and
+    the stream's ``id``, ring and slots are the new ones from then on (``reopens`` counts).
+    Batches held across the restart stay readable."""
 
     def __init__(self, client: Client, handle: int, dataset: str, batch_size: int, epoch: int, start_batch: int,
                  keep_views_safe: bool, auto_release: bool) -> None:
@@ -571,33 +367,10 @@ class Stream(_ContextManaged):
         self.id = lib.lc_stream_id(handle)
         self.batches_per_epoch = lib.lc_stream_batches_per_epoch(handle)
         self.samples_per_epoch = lib.lc_stream_samples_per_epoch(handle)
-        size = ctypes.c_size_t()
-        self._ring_base = lib.lc_stream_ring(handle, ctypes.byref(size))
-        self._ring_size = size.value
-        info = _lib.LcRingInfo()
-        if lib.lc_stream_ring_info_sized(handle, ctypes.byref(info), ctypes.sizeof(info)) < 0:
-            raise LoaderdError(errors.EINVAL, "the layout of stream %d's ring cannot be read" % self.id)
-        self.slot_count = info.slot_count
-        self._slot_size = info.slot_size
-        # Each slot is mapped from the page holding its start: its offset in the ring, and
-        # where the slot starts within that mapping.
-        offsets = [lib.lc_stream_slot_offset(handle, s) for s in range(info.slot_count)]
-        self._delta = [off % _PAGE for off in offsets]             # slot start within its mapping
-        self._map_off = [off - off % _PAGE for off in offsets]     # the mapping's offset in the ring
-        self._alias_len = max(-(-(d + info.slot_size) // _PAGE) * _PAGE for d in self._delta)
-        self._alias = [None] * info.slot_count                     # warm, idle slot mappings
-        self._slot_maps = [None] * info.slot_count                 # unguarded: _SlotMapping by slot
-        self._layout = self._read_layout(handle, info.field_count)
-        self._by_name = {fl.name: fl for fl in self._layout}
         self.private_reason = None
-        self.dropped_pages = 0                                     # pages given to MADV_DONTNEED
-        fd = lib.lc_stream_ring_fd(handle)                         # last: nothing below can fail
-        if fd < 0:
-            raise make_error(fd, "cannot get a descriptor of stream %d's ring: %s"
-                             % (self.id, errors.MESSAGES.get(fd, "error %d" % fd)))
-        self._fd = fd                                              # for private copy-on-write mappings
-        self._lease_type = type("_Lease", (ctypes.c_uint8 * self._alias_len,),
-                                {"__slots__": ("state",), "__del__": _lease_del})
+        self.dropped_pages = 0                                   # pages given to MADV_DONTNEED
+        self._ring = SlotRing(handle, self.id, keep_views_safe)  # the current ring's slot mappings
+        self._reopens = lib.lc_stream_reopens(handle)
         self._held = collections.OrderedDict()                   # id(state) -> state, not given back
         self._current = None
         self._closed = False
@@ -614,9 +387,19 @@ class Stream(_ContextManaged):
         return self._closed
 
     @property
+    def slot_count(self) -> int:
+        """Slots of the stream's ring (the daemon's prefetch + 3)."""
+        return self._ring.slot_count
+
+    @property
+    def reopens(self) -> int:
+        """How many times the library reopened the stream after the daemon restarted."""
+        return self._reopens
+
+    @property
     def ring(self) -> Tuple[int, int]:
         """(base address, size) of the C library's read-only mapping of the ring."""
-        return self._ring_base, self._ring_size
+        return self._ring.base, self._ring.size
 
     @property
     def writable_views(self) -> bool:
@@ -628,7 +411,11 @@ class Stream(_ContextManaged):
     @property
     def fields(self) -> List[Dict[str, Any]]:
         """[{name, dtype, shape, ragged}] of the dataset, in its order."""
-        return [f.describe() for f in self._layout]
+        return [f.describe() for f in self._ring.layout]
+
+    @property
+    def _by_name(self):
+        return self._ring.by_name
 
     def held_batches(self) -> int:
         """Batches of this stream whose slot is still leased (including released batches
@@ -654,7 +441,10 @@ class Stream(_ContextManaged):
         """The next batch (a Batch). `timeout` in seconds (default: the client's timeout);
         raises Timeout when it did not come in time (the request stays outstanding: call
         again to keep waiting), EndOfStream after the last epoch, SampleError when a sample
-        could not be read, ConnectionLost when the daemon went away."""
+        could not be read, ConnectionLost when the daemon went away and did not come back
+        within the client's reconnect time (time spent waiting for it to come back does not
+        count against `timeout`), LoaderdError ``bad_dataset`` when it came back with
+        another dataset under the name."""
         if self._closed:
             raise ReleasedError("stream %d is closed" % self.id)
         cur = self._current
@@ -672,12 +462,15 @@ class Stream(_ContextManaged):
                 raise ReleasedError("stream %d is closed" % self.id)
             if len(self._held) > MAX_DEFERRED:
                 self._make_room()
-            rc = lib.lc_stream_next(self._h, min(total_ms, _WAIT_SLICE_MS), self._bp_ref)
-            waited = _WAIT_SLICE_MS
+            step = min(total_ms, _WAIT_SLICE_MS)
+            rc = lib.lc_stream_next(self._h, step, self._bp_ref)
+            waited = 0 if lib.lc_client_reconnecting(client._h) else step
             while rc == errors.ETIMEDOUT and waited < total_ms:
                 # Short slices, and the signal handlers run between them, so that Ctrl-C
                 # ends a long wait (explicitly: a signal caught by another thread is
                 # otherwise only noticed by the main thread's next eval-breaker check).
+                # A slice spent while the daemon is away does not count: the library
+                # bounds that by the reconnect time.
                 client._lock.release()
                 client._lock.acquire()
                 _check_signals()
@@ -685,13 +478,20 @@ class Stream(_ContextManaged):
                     raise ReleasedError("stream %d is closed" % self.id)
                 step = min(total_ms - waited, _WAIT_SLICE_MS)
                 rc = lib.lc_stream_next(self._h, step, self._bp_ref)
-                waited += step
+                if not lib.lc_client_reconnecting(client._h):
+                    waited += step
             if rc < 0:
                 if rc == errors.ETIMEDOUT:
                     raise Timeout(rc, "no batch from loaderd within %.3g s (stream %d of %r); the request stays "
                                   "outstanding: call next() again to keep waiting" % (total_ms / 1000, self.id,
                                                                                        self.dataset))
                 raise client._error(rc)
+            if lib.lc_stream_reopens(self._h) != self._reopens:
+                try:
+                    self._remap()
+                except BaseException:
+                    lib.lc_batch_release(bp.value)
+                    raise
             b = self._wrap(bp.value)
         if client._deferred:
             client._run_deferred_unlocked()
@@ -702,6 +502,16 @@ class Stream(_ContextManaged):
         self._current = b
         return b
 
+    def _remap(self):
+        # Under the client lock. The library reopened the stream on a restarted daemon: a
+        # new ring, new slots. Batches of the old ring keep their SlotRing; its idle
+        # mappings and descriptor go now.
+        new = SlotRing(self._h, lib.lc_stream_id(self._h), self.keep_views_safe)
+        old, self._ring = self._ring, new
+        old.close()
+        self.id = lib.lc_stream_id(self._h)
+        self._reopens = lib.lc_stream_reopens(self._h)
+
     def _wrap(self, bptr):
         # Under the client lock. The batch's slot and header, which the library has just
         # checked against the daemon's reply: one call.
@@ -709,57 +519,15 @@ class Stream(_ContextManaged):
         lib.lc_batch_describe_sized(bptr, self._binfo_ref, _BATCH_INFO_SIZE)
         slot = info.slot
         try:
-            if self.keep_views_safe:
-                addr = self._alias[slot]
-                if addr is None:
-                    addr = self._map_slot(slot)
-                else:
-                    self._alias[slot] = None
-                    try:
-                        self._drop_written(addr)
-                    except BaseException:
-                        libc.munmap(addr, self._alias_len)
-                        raise
-                st = _LeaseState(self, bptr, slot, addr, self._alias_len, True)
-            else:
-                m = self._slot_maps[slot]
-                if m is None:
-                    m = self._slot_maps[slot] = _SlotMapping(self._map_slot(slot), self._alias_len)
-                else:
-                    self._drop_written(m.addr)
-                st = _LeaseState(self, bptr, slot, m.addr, self._alias_len, False, m)
+            st, dropped = self._ring.lease(self, bptr, slot)
         except BaseException:
             lib.lc_batch_release(bptr)
             raise
+        self.dropped_pages += dropped
         self._held[id(st)] = st
-        lease = self._lease_type.from_address(st.addr)
+        lease = st.ring.lease_type.from_address(st.addr)
         lease.state = st
         return Batch(self, st, lease, info.epoch, info.index, info.rows, slot, info.generation)
-
-    def _map_slot(self, slot):
-        # A new mapping of a slot (its pages, from the page holding the slot's start): private
-        # copy-on-write of the ring's descriptor.
-        addr = libc.mmap(None, self._alias_len, _PROT_READ | _PROT_WRITE, _MAP_PRIVATE, self._fd,
-                         self._map_off[slot])
-        if addr is None or addr == _MAP_FAILED:
-            e = ctypes.get_errno()
-            raise LoaderdError(-e if e else errors.ENOMEM, "cannot map a view of slot %d: %s" % (slot, os.strerror(e)))
-        return addr
-
-    def _drop_written(self, addr):
-        # Before a slot's mapping shows its next batch: the pages written through it go.
-        self.dropped_pages += _drop_written(addr, self._alias_len)
-
-    def _read_layout(self, handle, n):
-        f = _lib.LcFieldLayout()
-        layout = []
-        for i in range(n):
-            if lib.lc_stream_field_layout_sized(handle, i, ctypes.byref(f), ctypes.sizeof(f)) < 0:
-                raise LoaderdError(errors.EINVAL, "field %d of stream %d cannot be read" % (i, self.id))
-            if f.dtype not in _DTYPES:
-                raise LoaderdError(errors.EPROTO, "field %r has an unknown dtype %d" % (f.name, f.dtype))
-            layout.append(_FieldLayout(i, f))
-        return layout
 
     def _make_room(self):
         # Under the client lock. Released batches whose views live on: keep at most
@@ -767,26 +535,14 @@ class Stream(_ContextManaged):
         deferred = [st for st in self._held.values() if st.batch_released and not st.given_back]
         for st in deferred[:max(0, len(deferred) - MAX_DEFERRED)]:
             self._materialize(st)
-        if len(self._held) >= self.slot_count:
+        ring = self._ring
+        if sum(1 for st in self._held.values() if st.ring is ring) >= ring.slot_count:
             raise LoaderdError(errors.ELIMIT, "all %d slots of stream %d are held by batches not released (auto_release="
-                               "False?): release one before asking for the next" % (self.slot_count, self.id))
+                               "False?): release one before asking for the next" % (ring.slot_count, self.id))
 
     def _materialize(self, st):
-        # Under the client lock: replace the slot mapping under the live views by a private
-        # copy (writable like the views: what they wrote is copied too), then give the slot
-        # back. Atomic for the views: mremap(MREMAP_FIXED) swaps the pages behind st.addr in
-        # one step.
-        size = st.size
-        new = libc.mmap(None, size, _PROT_READ | _PROT_WRITE, _MAP_PRIVATE | _MAP_ANONYMOUS, -1, 0)
-        if new is None or new == _MAP_FAILED:
-            raise LoaderdError(errors.ENOMEM, "cannot copy a kept batch out of the ring: %s" % os.strerror(ctypes.get_errno()))
-        ctypes.memmove(new, st.addr, size)
-        r = libc.mremap(new, size, size, _MREMAP_MAYMOVE | _MREMAP_FIXED, st.addr)
-        if r != st.addr:
-            e = ctypes.get_errno()
-            libc.munmap(new, size)
-            raise LoaderdError(-e if e else errors.ENOMEM, "cannot swap a kept batch's copy in: %s" % os.strerror(e))
-        st.materialized = True
+        # Under the client lock: the views go on reading a private copy, and the slot goes back.
+        st.ring.materialize(st)
         self._give_back_locked(st)
 
     def _batch_released(self, st):
@@ -799,16 +555,16 @@ class Stream(_ContextManaged):
         # Any thread (the lease's finalizer). `views_dead` is set before `given_back` is
         # read here, and _give_back_locked sets `given_back` before it reads `views_dead`,
         # so of two racing threads at least one sees both and frees the mapping
-        # (_drop_mapping is idempotent).
+        # (drop_mapping is idempotent).
         if st.given_back:
-            if st.materialized or self._closed:
-                _drop_mapping(st)
+            st.ring.views_dead_after_give_back(st)
             return
         if st.batch_released:
             self._client._defer_or_run(self, st)
 
     def _give_back_locked(self, st):
-        # Under the client lock.
+        # Under the client lock. A batch of a ring from before a daemon restart is released
+        # too: the library sends nothing for it and lets go of its old ring.
         if st.given_back:
             return
         st.given_back = True
@@ -816,12 +572,7 @@ class Stream(_ContextManaged):
         if not self._closed:
             lib.lc_batch_release(st.bptr)   # pipelined: does not wait for the daemon's reply
         if st.views_dead:
-            if st.materialized or self._closed:
-                _drop_mapping(st)
-            elif _take_mapping(st):
-                if self._alias[st.slot] is not None:   # cannot happen: one lease per slot at a time
-                    libc.munmap(self._alias[st.slot], self._alias_len)
-                self._alias[st.slot] = st.addr   # warm for the slot's next batch
+            st.ring.recycle(st)
 
     def close(self) -> None:
         """Closes the stream (its batches are released). Arrays of its batches that are still
@@ -841,21 +592,14 @@ class Stream(_ContextManaged):
             cur._lease = None
             self._current = None
         self._closed = True
+        self._ring.closed = True
         for st in list(self._held.values()):
             self._give_back_locked(st)   # no release sent: the stream's close frees the slots
-        for s, addr in enumerate(self._alias):
-            if addr is not None:
-                libc.munmap(addr, self._alias_len)
-                self._alias[s] = None
-        self._slot_maps = [None] * self.slot_count   # each unmapped once no lease holds it
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+        self._ring.close()
         if remote:
             lib.lc_stream_close(self._h)
         self._client._streams.discard(self)
         self._h = None
-
 
 
 class Client(_Closes):
@@ -864,10 +608,22 @@ class Client(_Closes):
     daemon must run as this user, root or $LOADERD_UID; ``timeout`` in seconds
     bounds the connect and every later call; ``name`` shows in ``loaderctl streams``.
     Usable from several threads (calls are serialized); for parallel streams use one
-    Client per thread."""
+    Client per thread.
 
-    def __init__(self, socket: Optional[str] = None, timeout: Optional[float] = 30.0, name: str = "python") -> None:
+    ``reconnect``: seconds to keep trying when the daemon goes away (a restart, an
+    upgrade, a crash); 0 never tries; default $LOADERD_RECONNECT, else 60. Meanwhile
+    ``Stream.next()`` waits (that time does not count against its timeout) and then goes on
+    at the batch after the last one it returned: no batch is repeated or skipped. Other
+    calls that were waiting for a reply raise ConnectionLost and the next call reconnects.
+    Past the reconnect time, ConnectionLost says how long it tried."""
+
+    def __init__(self, socket: Optional[str] = None, timeout: Optional[float] = 30.0, name: str = "python",
+                 reconnect: Optional[float] = None) -> None:
         self._h = None
+        if reconnect is not None and (isinstance(reconnect, bool) or not isinstance(reconnect, (int, float))
+                                      or not 0 <= reconnect <= 2147483):
+            raise InvalidArgument(errors.EINVAL, "reconnect must be a number of seconds in [0, 2147483] (0: never), "
+                                  "got %r" % (reconnect,))
         self._lock = threading.Lock()
         self._deferred = collections.deque()
         self._streams = set()   # strong: a stream lives until closed, or its client is
@@ -888,6 +644,8 @@ class Client(_Closes):
                 raise Timeout(rc, msg)
             raise ConnectError(rc, msg)
         self._h = h.value
+        if reconnect is not None:
+            lib.lc_client_set_reconnect(self._h, int(reconnect * 1000 + 0.5) if reconnect else 0)
 
     # -- plumbing -----------------------------------------------------------------------------
 
@@ -1005,6 +763,11 @@ class Client(_Closes):
     @property
     def closed(self) -> bool:
         return self._h is None
+
+    @property
+    def reconnects(self) -> int:
+        """How many times the connection was made again after the daemon went away."""
+        return 0 if self._h is None else int(lib.lc_client_reconnects(self._h))
 
     def close(self) -> None:
         """Closes every stream and the connection. Idempotent."""

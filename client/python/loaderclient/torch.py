@@ -78,6 +78,9 @@ class LoaderdDataLoader(_Closes):
         share raises ShareChanged.
     socket, timeout: the daemon's socket (default: Client's default) and the per-call
         timeout in seconds; timeout=0 (DataLoader's default) waits for batches without limit.
+    reconnect: seconds to wait for a daemon that went away to come back (a restart): the
+        loop only pauses, and goes on with the very next batch. 0 never waits (the loop
+        raises ConnectionLost); default $LOADERD_RECONNECT, else 60 (see Client).
     device: copy each batch there (``tensor.to(device, non_blocking=True)``); the slot is
         given back at once. None or "cpu": zero-copy tensors of the shared slot.
     pin_memory: return pinned copies (tensor.pin_memory()). Without CUDA it warns and is
@@ -104,7 +107,8 @@ class LoaderdDataLoader(_Closes):
                  num_workers: int = 0, collate_fn: Optional[Callable[..., Any]] = None,
                  worker_init_fn: Optional[Callable[..., Any]] = None, multiprocessing_context: Any = None,
                  generator: Optional[torch.Generator] = None, prefetch_factor: Optional[int] = None,
-                 persistent_workers: bool = False, pin_memory_device: str = "") -> None:
+                 persistent_workers: bool = False, pin_memory_device: str = "",
+                 reconnect: Optional[float] = None) -> None:
         if not isinstance(dataset, str):
             raise InvalidArgument(-4003, "dataset must be the name of a dataset configured in loaderd (a str), "
                                   "got %s: loaderd reads and samples the data itself" % type(dataset).__name__)
@@ -155,11 +159,12 @@ class LoaderdDataLoader(_Closes):
         self._want_fields = list(fields) if fields is not None else None
         self._socket = socket
         self._timeout = timeout
+        self._reconnect = reconnect
         self._name = name
         self._client = None
         self._stream = None
         self._plan = None         # [(field layout, copy?)] resolved at a stream's first batch
-        self._plan_stream = None
+        self._plan_ring = None
         self._epoch = 0           # the epoch the next iter() delivers
         self._active = None       # the iterator allowed to consume the stream
         self.reopens = 0          # streams opened after the first (for tests and curiosity)
@@ -206,7 +211,7 @@ class LoaderdDataLoader(_Closes):
 
     def _open(self, epoch, share):
         if self._client is None:
-            self._client = Client(self._socket, timeout=self._timeout, name=self._name)
+            self._client = Client(self._socket, timeout=self._timeout, name=self._name, reconnect=self._reconnect)
         if self._stream is not None:
             self._stream.close()
             self._stream = None
@@ -266,7 +271,7 @@ class LoaderdDataLoader(_Closes):
     # -- batch -> tensors ------------------------------------------------------------------------
 
     def _resolve(self, batch):
-        layout = batch._stream._by_name
+        layout = batch._state.ring.by_name
         names = self._want_fields if self._want_fields is not None else batch.fields
         plan = []
         for n in names:
@@ -282,9 +287,11 @@ class LoaderdDataLoader(_Closes):
         self._all_owned = all(own for _, own in plan) or self.device is not None or self.pin_memory
 
     def _convert(self, batch):
-        if self._plan is None or self._plan_stream is not batch._stream:
+        # A plan holds the field offsets of one ring: a new stream, or a stream reopened
+        # after a daemon restart, gets its own.
+        if self._plan is None or self._plan_ring is not batch._state.ring:
             self._resolve(batch)
-            self._plan_stream = batch._stream
+            self._plan_ring = batch._state.ring
         out = batch._torch_plan(self._plan)
         dev = self.device
         if dev is not None:

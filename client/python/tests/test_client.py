@@ -682,7 +682,8 @@ def test_error_connect(scratch):
 
 
 def test_daemon_killed_mid_epoch(spare_daemon, rec_index):
-    c = loaderclient.Client(spare_daemon.socket, timeout=5)
+    # Without reconnecting: the death is reported at once (test_reconnect.py has the rest).
+    c = loaderclient.Client(spare_daemon.socket, timeout=5, reconnect=0)
     s = c.open("rec", 16)
     b = s.next()
     x = b["data"]
