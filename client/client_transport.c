@@ -21,9 +21,11 @@
  * outstanding waits behind it: it completes only once that batch is ready (and the
  * batch is then kept for the stream), so a trainer that holds every slot of a stream
  * must release one before anything else on that connection can be answered.
- * A reply whose id is not the one expected, or a peer that hangs up, breaks the
- * connection: the fd is closed, and every later call fails with LC_ECLOSED and a
- * message naming the original failure.
+ * A reply whose id is not the one expected, or an error frame the daemon sends as it
+ * closes the connection, breaks the connection: the fd is closed, and every later call
+ * fails with LC_ECLOSED and a message naming the original failure. A peer that just
+ * hangs up (a daemon that stops or dies) is client_lost instead: the connection is
+ * made again and the streams reopened (client_reconnect.c), unless reconnecting is off.
  *
  * Connecting and saying hello is client_connect.c; streams, next and batches are built
  * on client_send / client_wait / client_call here. Library code: nothing here prints;
