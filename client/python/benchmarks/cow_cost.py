@@ -27,7 +27,7 @@ import numpy as np  # noqa: E402
 
 import support  # noqa: E402
 import loaderclient  # noqa: E402
-from loaderclient import client as lcc  # noqa: E402
+from loaderclient import _slots  # noqa: E402
 
 ROUNDS = 5
 
@@ -77,7 +77,7 @@ def first_touch(size):
 def run(dm):
     with loaderclient.Client(dm.socket, timeout=30) as c, c.open("big", BATCH, seed=1, prefetch=8) as s:
         b = s.next()
-        size = s._alias_len
+        size = s._ring.alias_len
         addr = b._state.addr
         x = b["data"]
         t = b.torch("data")
@@ -88,7 +88,7 @@ def run(dm):
         assert s.writable_views, s.private_reason
 
         def drop():
-            lcc._drop_written(addr, size)
+            _slots._drop_written(addr, size)
 
         def copy_then_mul():
             z = np.array(x)
