@@ -41,6 +41,7 @@
 
 #include "cache.h"
 #include "dataset_watch.h"
+#include "ld_format.h"
 #include "log.h"
 
 enum keeper_state { K_CHECKING, K_ABSENT, K_BUILDING, K_READY, K_STALE, K_FAILED, K_OFF };
@@ -382,10 +383,12 @@ static void on_done(uv_async_t *a)
             if (k->current)
                 detach(k);
             attach(k, k->job.opened, k->job.ticket, job_d);
-            if (k->current)
-                ld_log(LD_LOG_INFO, "dataset '%s': cache built (%" PRIu64 " samples, %.1f MiB); serving from it",
-                       name, cache_meta(k->current->c)->count,
-                       (double)cache_meta(k->current->c)->file_size / (1 << 20));
+            if (k->current) {
+                char size[LD_FORMAT_BYTES_MAX];
+                ld_format_bytes(cache_meta(k->current->c)->file_size, size, sizeof size);
+                ld_log(LD_LOG_INFO, "dataset '%s': cache built (%" PRIu64 " samples, %s); serving from it", name,
+                       cache_meta(k->current->c)->count, size);
+            }
         } else if (k->job.rc == LD_ECANCELED) {
             k->state = k->current ? K_READY : K_ABSENT;
         } else {

@@ -42,6 +42,8 @@ struct ld_prng {
     uint64_t counter;
 };
 
+/* splitmix64, the same function as ld_splitmix64() in proto/ld_mix.h (test_mix checks
+ * that they agree). Written out here because this header must stand alone. */
 static inline uint64_t ld_prng_mix(uint64_t z)
 {
     z += 0x9e3779b97f4a7c15ull;

@@ -8,6 +8,7 @@
  *
  * Errors print "loaderctl: <what failed>: <message>" on stderr and exit 1; a bad
  * command line prints the usage and exits 2. */
+#include "ld_format.h"
 #include "loaderclient.h"
 #include "loaderctl_top.h"
 
@@ -215,19 +216,11 @@ static const char *ctl_str(const cJSON *o, const char *key, const char *def)
     return cJSON_IsString(v) && v->valuestring ? v->valuestring : def;
 }
 
-/* Bytes as "1.5 MiB" (binary units: these are memory sizes). */
+/* A byte count from a reply as "1.5 MiB" (ld_format_bytes, as the daemon's messages
+ * write sizes). JSON numbers are doubles: one that is not a count shows as 0 B. */
 static void ctl_fmt_bytes(double b, char *buf, size_t size)
 {
-    static const char *const units[] = { "B", "KiB", "MiB", "GiB", "TiB" };
-    int u = 0;
-    while (b >= 1024 && u < 4) {
-        b /= 1024;
-        u++;
-    }
-    if (u == 0)
-        snprintf(buf, size, "%.0f B", b);
-    else
-        snprintf(buf, size, "%.1f %s", b, units[u]);
+    ld_format_bytes(b >= 0 && b < 0x1p64 ? (uint64_t)b : 0, buf, size);
 }
 
 /* ---- metrics ----------------------------------------------------------------------- */

@@ -200,6 +200,7 @@ static void test_silent_connections(void **state)
     if (st != 0)
         fail_msg("loaderctl status with every client slot taken: status %d:\n%s", st, out);
     assert_non_null(strstr(out, "clients"));
+    assert_non_null(strstr(out, " of 64.0 MiB budget")); /* sizes as ld_format_bytes writes them */
 
     /* The operator slot is for commands: a stream is refused there, clearly. */
     lc_client *op = harness_connect(h, 5000, "operator");

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 
 #include "ld_mix.h"
+#include "transform_plugin.h"
 
 static void test_splitmix64_reference_stream(void **state)
 {
@@ -63,12 +64,25 @@ static void test_mix64_spreads(void **state)
     }
 }
 
+/* The plug-in ABI's own copy (transform_plugin.h stands alone) is the same function:
+ * a plug-in's draws and the built-in transforms' come from one generator. */
+static void test_plugin_prng_is_splitmix64(void **state)
+{
+    (void)state;
+    for (uint64_t i = 0; i < 4096; i++) {
+        uint64_t x = ld_splitmix64(i) ^ (i << 40);
+        assert_int_equal(ld_prng_mix(x), ld_splitmix64(x));
+    }
+    assert_int_equal(ld_prng_mix(0), UINT64_C(0xe220a8397b1dcdaf));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_splitmix64_reference_stream),
         cmocka_unit_test(test_mix64_finalizer),
         cmocka_unit_test(test_mix64_spreads),
+        cmocka_unit_test(test_plugin_prng_is_splitmix64),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
