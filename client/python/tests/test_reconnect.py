@@ -186,3 +186,27 @@ def test_reconnect_environment(own_daemon):
                            env={"LOADERD_RECONNECT": "later"})
     assert r.returncode == 0, r.stderr
     assert "LOADERD_RECONNECT='later'" in r.stdout, r.stdout
+
+
+def test_daemon_back_with_another_dataset(own_daemon, data_dir):
+    """The name now serves another tree (300 files, not 1000): next() refuses to go on
+    with a clear error instead of mixing the two in one epoch."""
+    c = loaderclient.Client(own_daemon.socket, timeout=5, reconnect=10)
+    s = c.open("rec", 16, shuffle=False)
+    s.next()
+    assert own_daemon.stop() == 0
+    os.symlink(os.path.join(data_dir, "var"), os.path.join(own_daemon.dir, "var"))
+    other = support.Daemon(own_daemon.dir, "  rec:\n    kind: files\n    path: var\n")
+    other.start()
+    try:
+        with pytest.raises(loaderclient.LoaderdError) as ei:
+            for _ in range(4):          # the batches asked for ahead come first
+                s.next()
+        assert ei.value.name == "bad_dataset", ei.value
+        assert "dataset 'rec' changed" in ei.value.message and "1000" in ei.value.message
+        with pytest.raises(loaderclient.LoaderdError):
+            s.next()                    # it stays failed
+        assert c.status()["streams"] == 0   # the stream the new daemon opened was closed
+        c.close()
+    finally:
+        other.kill()
