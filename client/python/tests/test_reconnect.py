@@ -134,11 +134,14 @@ def test_dataloader_loop_rides_through_restarts(own_daemon, rec_index):
             assert (label.numpy() == [file_of(data[r].numpy(), rec_index) % REC["classes"]
                                       for r in range(data.shape[0])]).all()
             if (epoch, i) in ((0, 4), (0, bpe - 1), (1, 2)):
-                # SIGKILL mid-epoch, and at the last batch of an epoch (the next one is the
-                # first of the next epoch, from a reopened stream)
+                # SIGTERM mid-epoch, SIGKILL at the last batch of an epoch (the next one is
+                # the first of the next epoch, from a reopened stream) and mid-epoch
                 if restarter:
                     restarter.join()
-                own_daemon.kill()
+                if (epoch, i) == (0, 4):
+                    assert own_daemon.stop() == 0
+                else:
+                    own_daemon.kill()
                 restarter = restart_later(own_daemon, 0.2)
     restarter.join()
     seen.check(2)
