@@ -213,3 +213,33 @@ def test_daemon_back_with_another_dataset(own_daemon, data_dir):
         c.close()
     finally:
         other.kill()
+
+
+def test_restart_with_another_ring(own_daemon, rec_index):
+    """The daemon comes back with another prefetch (its default): the reopened stream's
+    ring has other slots, which the package maps afresh; batches held from the old ring
+    keep their bytes, and the epoch still comes exactly once."""
+    c = loaderclient.Client(own_daemon.socket, timeout=10, reconnect=10)
+    s = c.open("rec", 32, seed=9, epochs=1, auto_release=False)
+    seen = Epochs(s.batches_per_epoch, rec_index)
+    held = [s.next() for _ in range(2)]
+    for b in held:
+        seen.add(b.epoch, b.index, b["data"])
+    kept = [(b, b["data"], b["data"].copy()) for b in held]
+    slots_before = s.slot_count
+    assert own_daemon.stop() == 0
+    bigger = support.Daemon(own_daemon.dir, "  rec:\n    kind: files\n    path: rec\n",
+                            server_extra="  workers: 2\n  memory_budget: 128MiB\n  prefetch: 8\n")
+    bigger.start()
+    try:
+        for b in s:
+            seen.add(b.epoch, b.index, b["data"])
+            b.release()
+        seen.check(1)
+        assert s.reopens == 1 and s.slot_count == 8 + 3 != slots_before
+        for b, view, copy in kept:
+            assert b.valid and (view == copy).all()
+            b.release()
+        c.close()
+    finally:
+        bigger.kill()
