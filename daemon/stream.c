@@ -9,8 +9,8 @@
  *                  slot. The last chunk of a slot to finish hands the slot to the hub.
  *   slot_filled()  loop thread (woken by the hub): the slot becomes READY, or the
  *                  stream records the failure at that sequence number.
- *   deliver()      loop thread: the slot holding the next sequence is leased to the
- *                  waiting `next` request.
+ *   deliver()      loop thread (from a hub completion, or returned by stream_next):
+ *                  the slot holding the next sequence is leased to the `next` request.
  *
  * Nothing but sample bytes is touched by workers; every state change happens on the
  * loop thread, so the ring needs no lock.
@@ -20,8 +20,14 @@
  * may read with that ticket: none until a check started after the stream opened has
  * proven the cache matches the source (so a stream opened after a change never reads a
  * byte of the old cache), and a reference that the batch holds until its last chunk is
- * back (so a replaced cache is unmapped only once no worker can read it). A closing stream cancels its queued chunks and
- * is freed when the chunks already running have come back.
+ * back (so a replaced cache is unmapped only once no worker can read it). A closing
+ * stream cancels its queued chunks and is freed when the chunks already running have
+ * come back.
+ *
+ * Nothing here calls back inside the call that caused it: stream_next returns an
+ * answer that is known at once and calls back only for one that is not, from
+ * slot_filled() or the stalled-read scan, which are hub completions run by the loop;
+ * stream_close calls nobody.
  */
 #include "stream.h"
 
@@ -428,66 +434,78 @@ static void set_urgent(stream *s, bool urgent)
     pool_flow_set_urgent(s->workers, s->flow, urgent);
 }
 
-/* Answers the waiting next requests, oldest first, as far as the answers are known. */
-static void deliver(stream *s)
+/* The answer to the next request in line, when it is known: the end, the failure, or
+ * the batch with the next sequence number, which is leased to the request. Returns
+ * false when the request must wait (and starts counting the trainer's wait, which the
+ * scheduler hears of). */
+static bool answer_now(stream *s, struct stream_answer *ret)
 {
-    while (s->w_count && !s->closing) {
-        stream_next_cb cb;
-        void *ctx;
+    for (;;) {
         if (s->next_deliver >= s->total_seq) {
-            pop_waiter(s, &cb, &ctx);
-            cb(ctx, LD_EEND, NULL, "the stream has delivered all its epochs");
-            continue;
+            *ret = (struct stream_answer){.rc = LD_EEND, .message = "the stream has delivered all its epochs"};
+            return true;
         }
         if (s->next_deliver >= s->failed_seq) {
-            pop_waiter(s, &cb, &ctx);
-            cb(ctx, s->fail_rc, NULL, s->fail_msg);
-            continue;
+            *ret = (struct stream_answer){.rc = s->fail_rc, .message = s->fail_msg};
+            return true;
         }
         uint32_t i;
         for (i = 0; i < s->n_slots; i++)
             if (ring_state(s->ring, i) == RING_READY && s->slots[i].seq == s->next_deliver)
                 break;
-        if (i == s->n_slots) {
-            if (atomic_load_explicit(&s->ds->stalled_reads, memory_order_relaxed)) {
-                /* A read of this dataset does not return: the batch may never come. Its
-                 * slot stays busy until the read returns, if ever. */
-                char msg[LD_ERRMSG_MAX];
-                snprintf(msg, sizeof msg, "a read of dataset '%s' has not returned for more than %" PRIu64
-                         " s (read_timeout): its storage is not answering", s->ds->name,
-                         s->ds->read_timeout_ns / 1000000000u);
-                stream_fail(s, s->next_deliver, LD_ETIMEDOUT, msg);
-                continue;
+        if (i < s->n_slots) {
+            struct stream_slot *sl = &s->slots[i];
+            if (ring_lease(s->ring, i) < 0)
+                abort(); /* READY was just checked: the ring's bookkeeping is broken */
+            *ret = (struct stream_answer){.rc = 0};
+            ret->batch = (struct stream_batch){
+                .slot = i,
+                .generation = ring_generation(s->ring, i),
+                .epoch = sl->epoch,
+                .batch = sl->batch,
+                .rows = sl->rows,
+                .bytes = batch_bytes(s, i, sl->rows),
+            };
+            s->next_deliver++;
+            s->batches_served++;
+            s->samples_served += sl->rows;
+            s->bytes_served += ret->batch.bytes;
+            stats_roll(s, now_ns());
+            if (s->wait_start_ns) {
+                s->wait_ns += now_ns() - s->wait_start_ns;
+                s->wait_start_ns = 0;
             }
+            return true;
+        }
+        if (!atomic_load_explicit(&s->ds->stalled_reads, memory_order_relaxed)) {
             if (!s->wait_start_ns)
                 s->wait_start_ns = now_ns();
             set_urgent(s, true);
-            return;
+            return false;
         }
-        struct stream_slot *sl = &s->slots[i];
-        if (ring_lease(s->ring, i) < 0)
-            abort(); /* READY was just checked: the ring's bookkeeping is broken */
-        struct stream_batch b = {
-            .slot = i,
-            .generation = ring_generation(s->ring, i),
-            .epoch = sl->epoch,
-            .batch = sl->batch,
-            .rows = sl->rows,
-            .bytes = batch_bytes(s, i, sl->rows),
-        };
-        s->next_deliver++;
-        s->batches_served++;
-        s->samples_served += b.rows;
-        s->bytes_served += b.bytes;
-        stats_roll(s, now_ns());
-        if (s->wait_start_ns) {
-            s->wait_ns += now_ns() - s->wait_start_ns;
-            s->wait_start_ns = 0;
-        }
-        pop_waiter(s, &cb, &ctx);
-        cb(ctx, 0, &b, NULL);
+        /* A read of this dataset does not return: the batch may never come. Its slot
+         * stays busy until the read returns, if ever. */
+        char msg[LD_ERRMSG_MAX];
+        snprintf(msg, sizeof msg, "a read of dataset '%s' has not returned for more than %" PRIu64
+                 " s (read_timeout): its storage is not answering", s->ds->name,
+                 s->ds->read_timeout_ns / 1000000000u);
+        stream_fail(s, s->next_deliver, LD_ETIMEDOUT, msg); /* then answered as a failure */
     }
-    set_urgent(s, false);
+}
+
+/* Answers the waiting next requests, oldest first, as far as the answers are known.
+ * Runs from hub completions only (a slot filled, a read found stalled). */
+static void deliver(stream *s)
+{
+    struct stream_answer a;
+    while (s->w_count && answer_now(s, &a)) {
+        stream_next_cb cb;
+        void *ctx;
+        pop_waiter(s, &cb, &ctx);
+        cb(ctx, &a);
+    }
+    if (!s->w_count)
+        set_urgent(s, false);
 }
 
 /* The slot's last chunk is back (run or cancelled): nothing reads its cache any more. */
@@ -684,24 +702,17 @@ void stream_close(stream *s)
         ring_unlink(s->ring);
         s->unlinked = true;
     }
-    while (s->w_count) {
-        stream_next_cb cb;
-        void *ctx;
-        pop_waiter(s, &cb, &ctx);
-        cb(ctx, LD_ECLOSED, NULL, "the stream was closed");
-    }
+    s->w_count = 0; /* forgotten: their callbacks never run (stream.h) */
     pool_cancel(s->workers, s->flow, chunk_cancelled);
     if (s->busy_slots == 0)
         stream_free(s);
     /* else: the last running chunk's slot_filled() frees it */
 }
 
-int stream_next(stream *s, stream_next_cb cb, void *ctx)
+int stream_next(stream *s, stream_next_cb cb, void *ctx, struct stream_answer *ret)
 {
     if (s->closing)
         return LD_ECLOSED;
-    if (s->w_count == STREAM_MAX_WAITING)
-        return LD_EBUSY;
     if (!s->unlinked) {
         /* The client maps the ring before its first next: from now on the name is not
          * needed, and removing it means nothing can be left in /dev/shm. */
@@ -711,12 +722,17 @@ int stream_next(stream *s, stream_next_cb cb, void *ctx)
     if (!s->first_next_ns)
         s->first_next_ns = now_ns();
     stats_roll(s, now_ns());
+    /* Known now (and nobody asked before it): the answer is returned, not called back. */
+    if (s->w_count == 0 && answer_now(s, ret)) {
+        schedule(s); /* a batch leased just now leaves room for one more ahead */
+        return 1;
+    }
+    if (s->w_count == STREAM_MAX_WAITING)
+        return LD_EBUSY;
     uint32_t tail = (s->w_head + s->w_count) % STREAM_MAX_WAITING;
     s->waiters[tail].cb = cb;
     s->waiters[tail].ctx = ctx;
     s->w_count++;
-    deliver(s);
-    schedule(s); /* a batch leased just now leaves room for one more ahead */
     return 0;
 }
 

@@ -61,10 +61,19 @@ struct stream_batch {
     uint64_t bytes;             /* payload bytes of the batch, for statistics */
 };
 
-/* Called once per stream_next, on the loop thread: rc 0 with a leased batch, or an
- * error (LD_EEND, LD_ESAMPLE with message, LD_ECLOSED when the stream closed while the
- * request waited). */
-typedef void (*stream_next_cb)(void *ctx, int rc, const struct stream_batch *b, const char *message);
+/* The answer to a next request: rc 0 with a leased batch, or an error (LD_EEND,
+ * LD_ESAMPLE, LD_ETIMEDOUT, ...) with a message (valid until the stream is closed or
+ * answers again). */
+struct stream_answer {
+    int rc;
+    struct stream_batch batch;
+    const char *message;
+};
+
+/* Called for a next request whose answer was not known when it was asked (unless the
+ * stream is closed first): on the loop thread, from a hub completion, never inside
+ * stream_next. It must not close the stream (post a hub completion that does). */
+typedef void (*stream_next_cb)(void *ctx, const struct stream_answer *a);
 
 typedef struct stream stream;
 
@@ -75,14 +84,18 @@ typedef struct stream stream;
  * start_batch past the epoch; LD_EBUDGET: the ring needs more than budget_left bytes). */
 int stream_open(stream_set *set, dataset *d, uint64_t id, const struct stream_params *p,
                 uint64_t budget_left, stream **ret_stream, char *errbuf);
-/* Ends the stream: waiting next gets LD_ECLOSED, queued work is cancelled, slots are
- * dropped; the memory is freed once work already running finishes. */
+/* Ends the stream: waiting nexts are forgotten (their callbacks never run: the caller
+ * answers them), queued work is cancelled, slots are dropped; the memory is freed once
+ * work already running finishes. Calls nobody back. */
 void stream_close(stream *s);
 
-/* Asks for the next batch; cb runs now or when it is ready. Several requests may wait
- * (a client asking ahead); they are answered in order. LD_EBUSY when
- * STREAM_MAX_WAITING already wait (cb is not called then). */
-int stream_next(stream *s, stream_next_cb cb, void *ctx);
+/* Asks for the next batch. Returns 1 when the answer is known now (the batch is ready,
+ * the stream ended or failed) and no earlier request waits: *ret holds it and cb is
+ * never called. Returns 0 when the request waits: cb(ctx) runs later with the answer.
+ * Several requests may wait (a client asking ahead); they are answered in order.
+ * LD_EBUSY when STREAM_MAX_WAITING already wait, LD_ECLOSED after stream_close (neither
+ * then). */
+int stream_next(stream *s, stream_next_cb cb, void *ctx, struct stream_answer *ret);
 /* Gives a leased slot back (LD_ENOTLEASED / LD_ESTALE / LD_EINVAL change nothing). */
 int stream_release(stream *s, uint32_t slot, uint64_t generation);
 

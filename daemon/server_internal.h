@@ -1,0 +1,168 @@
+/* server_internal — private to daemon/server*.c: the server's and a connection's layout,
+ * and the calls between the server's files.
+ *
+ *   server.c          the listener and the server's life: bind, accept, the tick
+ *                     (idle clients, rate, watchdog), stop and free.
+ *   server_conn.c     a connection's I/O: reading frames, the outbox that keeps replies
+ *                     in request order, write batching, and closing.
+ *   server_ops.c      the requests: the ops[] table and one op_* per request.
+ *   server_metrics.c  the Prometheus text of the daemon's counters.
+ *
+ * Everything here runs on the loop thread. No callback runs inside the call that caused
+ * it: a stream returns the answer to a `next` that it knows at once and calls back only
+ * for one that must wait, from a hub completion (hub.h); a connection that must go away
+ * because of something found inside a request or an answer is closed through the hub
+ * too (server_conn_abort); and replies are written once per turn of the loop, just
+ * before it waits for I/O again (server_conn_flush_pending). */
+#ifndef LD_SERVER_INTERNAL_H
+#define LD_SERVER_INTERNAL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/un.h>
+#include <uv.h>
+
+#include "cache_keeper.h"
+#include "dataset_watch.h"
+#include "hub.h"
+#include "metrics_http.h"
+#include "proto.h"
+#include "server.h"
+#include "stream.h"
+
+#define SERVER_READ_BUF_SIZE (64u * 1024u)
+#define SERVER_RATE_WINDOW 6        /* seconds of history for samples_per_s */
+
+typedef struct conn conn;
+
+/* One request's place in the outbox. Replies leave in request order: one whose answer
+ * is not known yet (a `next` waiting for its batch, a cache verify) holds back those
+ * behind it. */
+struct reply {
+    struct reply *next;
+    struct conn_stream *cs;         /* a waiting next: the stream it waits on */
+    int64_t id;
+    char *frame;                    /* NULL while the answer is not known */
+    size_t len;
+};
+
+/* What a queued reply costs: its frame and its outbox entry. */
+#define SERVER_REPLY_COST(len) ((uint64_t)(len) + sizeof(struct reply))
+
+/* A stream that a connection opened (the connection is its lease holder). */
+struct conn_stream {
+    struct conn_stream *next;
+    conn *c;
+    stream *s;
+    uint64_t id;
+    uint64_t ring_bytes;
+};
+
+enum conn_state {
+    CONN_OPEN,                      /* reading requests, writing replies */
+    CONN_ENDING,                    /* reads no more: a last error is on its way, or a close is queued */
+    CONN_CLOSED,                    /* torn down; the handle is closing */
+};
+
+struct conn {
+    uv_pipe_t pipe;
+    server *srv;
+    conn *prev, *next;
+    uint64_t id;
+    proto_reader *reader;
+    enum conn_state state;
+    bool hello;
+    bool reserved;                  /* holds the slot kept for operator commands: no streams */
+    bool flush_queued;              /* on srv->flush_head */
+    conn *flush_next;
+    struct hub_completion abort;    /* server_conn_abort: closes it from the loop */
+    char name[LD_NAME_MAX];
+    uint32_t uid;                   /* the peer's (SO_PEERCRED), for scheduling by client */
+    struct reply *out_head, *out_tail;
+    uint32_t out_count;             /* replies in the outbox, sent or not */
+    uint64_t queued_bytes;          /* replies queued and not yet written to the socket */
+    uint64_t peak_queued_bytes;
+    uint64_t connected_ns, last_frame_ns; /* for the hello deadline and the idle timeout */
+    uint64_t batches_served, samples_served, bytes_served, closed_wait_ns; /* for metrics */
+    double closed_cpu_s;            /* workers' CPU time on streams already closed */
+    struct conn_stream *streams;
+    char rbuf[SERVER_READ_BUF_SIZE];
+};
+
+struct server {
+    uv_loop_t *loop;
+    const struct config *cfg;
+    dataset **datasets;
+    size_t n_datasets;
+    cache_keeper **keepers;         /* per dataset; NULL where the dataset has no cache */
+    dataset_watch **watches;        /* per dataset: rescans a folder that changed */
+    pool *workers;
+    hub *hub;                       /* the loop's (main.c's): completions come back through it */
+    stream_set *set;                /* NULL once stopped and every stream freed */
+    uv_pipe_t listener;
+    bool listening, owns_socket_file;
+    metrics_http *metrics;          /* server.metrics.listen, or NULL */
+    uv_timer_t tick;
+    uv_prepare_t flusher;           /* writes the queued replies before the loop waits */
+    conn *flush_head;               /* connections with replies to write */
+    conn *conns;
+    uint32_t n_conns, n_streams;
+    uint32_t n_reserved;            /* connections in the operator slot (0 or 1) */
+    uint64_t queued_bytes;          /* replies queued unread, across connections */
+    uint64_t next_conn_id, next_stream_id;
+    uint64_t memory_used;
+    uint64_t started_ns;
+    uint64_t batches_served, samples_served, bytes_served;
+    uint64_t closed_wait_ns;        /* client wait of streams already closed */
+    uint64_t rate_samples[SERVER_RATE_WINDOW];
+    uint64_t rate_ns[SERVER_RATE_WINDOW];
+    unsigned rate_pos;
+    uint64_t watchdog_ns, last_watchdog_ns;
+    bool stopping;
+    int pending_closes;
+    void (*done)(void *ctx);
+    void *done_ctx;
+    char socket_path[sizeof(((struct sockaddr_un *)0)->sun_path)];
+};
+
+/* ---- server.c ---- */
+/* A handle or a keeper of the server finished closing (counts towards `done`). */
+void server_closed_one(server *srv);
+
+/* ---- server_conn.c ---- */
+/* The listener's connection callback: accepts one client. */
+void server_conn_accept(uv_stream_t *listener, int status);
+/* Tears the connection down now (its streams closed, its outbox dropped) and closes its
+ * handle. Only from a loop callback that holds nothing of the connection's (not from
+ * inside a request or a stream's answer: use server_conn_abort there). */
+void server_conn_close(conn *c);
+/* Stops reading and queues the close for the loop: for a failure found inside a
+ * request or a stream's answer. */
+void server_conn_abort(conn *c);
+/* Sends a last error straight to the socket and closes once it is written. */
+void server_conn_fatal(conn *c, int code, const char *message);
+/* The flusher's callback: writes every connection's ready replies, as few writes as
+ * the replies allow. */
+void server_conn_flush_pending(uv_prepare_t *p);
+/* An outbox entry for request `id` (NULL when the outbox is full or memory is short:
+ * the caller aborts the connection). */
+struct reply *server_outbox_add(conn *c, int64_t id);
+/* Fills an outbox entry with msg (consumed) and queues it for writing. */
+void server_reply_fill(conn *c, struct reply *r, cJSON *msg);
+/* Queues msg (consumed) as the next reply. */
+void server_reply_send(conn *c, cJSON *msg);
+void server_reply_error(conn *c, int64_t id, int code, const char *message);
+
+/* ---- server_ops.c ---- */
+/* Handles one request frame. */
+void server_ops_handle(conn *c, const char *payload, size_t len);
+/* Closes one of the connection's streams (its waiting nexts are answered `closed`). */
+void server_ops_close_stream(conn *c, struct conn_stream *cs);
+
+/* ---- server_metrics.c ---- */
+/* The Prometheus text of the daemon's counters now (see metrics.h). */
+int server_metrics_text(server *srv, char **ret_text, size_t *ret_len);
+/* The same, in metrics_http's callback shape. */
+int server_metrics_render(void *ctx, char **ret_text, size_t *ret_len);
+
+#endif
