@@ -8,6 +8,7 @@
  * client that hangs up is seen as a write error on its connection).
  *
  * Startup errors are fatal with a clear message and exit status 1. */
+#include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
 #include <signal.h>
@@ -225,9 +226,11 @@ int main(int argc, char **argv)
         goto out;
     }
 
-    datasets = calloc(cfg->n_datasets, sizeof *datasets);
-    if (!datasets)
+    datasets = calloc(cfg->n_datasets ? cfg->n_datasets : 1, sizeof *datasets);
+    if (!datasets) {
+        ld_log(LD_LOG_ERROR, "cannot open %zu datasets: out of memory", cfg->n_datasets);
         goto out;
+    }
     for (; n_open < cfg->n_datasets; n_open++) {
         uint64_t t0 = uv_hrtime();
         if (dataset_open(&cfg->datasets[n_open], &datasets[n_open], err) < 0) {
@@ -249,16 +252,21 @@ int main(int argc, char **argv)
     if (swept > 0)
         ld_log(LD_LOG_INFO, "removed %d shared-memory objects left by a crashed loaderd", swept);
 
-    if (pool_new(cfg->workers, &workers) < 0) {
-        ld_log(LD_LOG_ERROR, "cannot start %u worker threads", cfg->workers);
+    int rc = pool_new(cfg->workers, &workers);
+    if (rc < 0) {
+        ld_log(LD_LOG_ERROR, "cannot start %u worker threads (server.workers): %s", cfg->workers, ld_strerror(rc));
         goto out;
     }
     d.loop = uv_default_loop();
+    if (!d.loop) {
+        ld_log(LD_LOG_ERROR, "cannot set up the event loop: %s", strerror(errno ? errno : ENOMEM));
+        goto out;
+    }
     d.workers = workers;
     uv_timer_init(d.loop, &d.late);
     d.late.data = &d;
     d.late_open = true;
-    int rc = signals_start(&d);
+    rc = signals_start(&d);
     if (rc < 0) {
         ld_log(LD_LOG_ERROR, "cannot install the signal handlers: %s", uv_strerror(rc));
         goto out;
@@ -267,8 +275,9 @@ int main(int argc, char **argv)
         ld_log(LD_LOG_ERROR, "cannot set up the loop's completion hub: %s", ld_strerror(rc));
         goto out;
     }
-    if (server_new(d.loop, d.hub, cfg, datasets, n_open, workers, &d.srv, err) < 0) {
-        ld_log(LD_LOG_ERROR, "%s", err);
+    err[0] = '\0';
+    if ((rc = server_new(d.loop, d.hub, cfg, datasets, n_open, workers, &d.srv, err)) < 0) {
+        ld_log(LD_LOG_ERROR, "%s", err[0] ? err : ld_strerror(rc));
         goto out;
     }
 

@@ -2,8 +2,8 @@
  * client: determinism across seeds and epochs, exact cover across ranks, resume, two
  * clients at once, a trainer SIGKILLed mid-epoch, malformed frames from one client while
  * another keeps reading, a missing sample, the memory budget and /dev/shm limits, a
- * second daemon on the same socket, a bad config, and a shutdown that leaves nothing in
- * /dev/shm. */
+ * second daemon on the same socket, a bad config, a socket that cannot be bound, and a
+ * shutdown that leaves nothing in /dev/shm. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -848,6 +848,43 @@ static void test_second_daemon_and_bad_config(void **state)
     free(log);
 }
 
+/* Runs loaderd on a config whose socket is `socket` and returns its log; the daemon
+ * must exit with status 1. */
+static char *start_fails(struct harness *h, const char *socket)
+{
+    char yaml[1024];
+    int n = snprintf(yaml, sizeof yaml,
+                     "server:\n  socket: %s\n  workers: 1\ndatasets:\n  t:\n    kind: token_windows\n"
+                     "    path: tok.bin\n    dtype: uint16\n    context: 64\n", socket);
+    harness_write_file(h, "loaderd.yaml", yaml, (size_t)n);
+    const char *const none[] = {NULL};
+    assert_int_equal(harness_run_to_exit(h, none), 1);
+    return harness_log(h);
+}
+
+/* A daemon that cannot start says why, naming what failed: never a silent exit 1. */
+static void test_startup_failures_say_why(void **state)
+{
+    struct harness *h = *state;
+    harness_stop_clean(h);
+    char path[256], want[512];
+    /* A socket whose directory is a regular file cannot be bound. */
+    harness_write_file(h, "plain-file", "x", 1);
+    snprintf(path, sizeof path, "%s/plain-file/s.sock", h->dir);
+    char *log = start_fails(h, path);
+    snprintf(want, sizeof want, "loaderd error: cannot bind '%s': not a directory", path);
+    if (!strstr(log, want))
+        fail_msg("expected \"%s\" in the log:\n%s", want, log);
+    free(log);
+    /* A path longer than a Unix socket's address holds: the config says so, with its place. */
+    char longp[sizeof h->dir + 200];
+    snprintf(longp, sizeof longp, "%s/%0120d.sock", h->dir, 0);
+    log = start_fails(h, longp);
+    if (!strstr(log, "loaderd.yaml:2:11: server.socket: the path is"))
+        fail_msg("expected the path's length in the log:\n%s", log);
+    free(log);
+}
+
 static void test_shutdown_leaves_nothing(void **state)
 {
     struct harness *h = *state;
@@ -887,6 +924,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_missing_sample_is_reported, setup_daemon, teardown_daemon),
         cmocka_unit_test_setup_teardown(test_budget_and_shm_limits, setup_daemon, teardown_daemon),
         cmocka_unit_test_setup_teardown(test_second_daemon_and_bad_config, setup_daemon, teardown_daemon),
+        cmocka_unit_test_setup_teardown(test_startup_failures_say_why, setup_daemon, teardown_daemon),
         cmocka_unit_test_setup_teardown(test_shutdown_leaves_nothing, setup_daemon, teardown_daemon),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
