@@ -55,6 +55,7 @@ static int cache_mode_from_name(const char *name);
 static int on_error_from_name(const char *name);
 static int fingerprint_from_name(const char *name);
 static int follow_links_from_name(const char *name);
+static int format_from_name(const char *name);
 
 /* datasets.NAME.cache (files only). Present means mode auto unless it says otherwise. */
 static const struct config_key cache_keys[] = {
@@ -106,6 +107,8 @@ static const struct config_key dataset_keys[] = {
     {.name = "path", .type = CONFIG_KEY_PATH, DATASET_AT(path), .flags = CONFIG_KEY_REQUIRED,
      .kinds = FILES | TOKENS | PACKED | IMAGES},
     {.name = "pattern", .type = CONFIG_KEY_STRING, .def_str = "*", DATASET_AT(pattern), .kinds = FILES | IMAGES},
+    {.name = "format", .type = CONFIG_KEY_ENUM, .def = CONFIG_FORMAT_RAW, DATASET_AT(format),
+     .from_name = format_from_name, .choices = "raw, npy", .kinds = FILES},
     {.name = "on_error", .type = CONFIG_KEY_ENUM, .def = CONFIG_ON_ERROR_REPLACE, DATASET_AT(on_error),
      .from_name = on_error_from_name, .choices = "replace, fail", .kinds = FILES | IMAGES},
     {.name = "on_error_warn_fraction", .type = CONFIG_KEY_FRACTION, .def_frac = 0.001,
@@ -167,6 +170,15 @@ static int follow_links_from_name(const char *name)
         return CONFIG_FOLLOW_LINKS_INSIDE;
     if (strcmp(name, "outside") == 0)
         return CONFIG_FOLLOW_LINKS_OUTSIDE;
+    return -1;
+}
+
+static int format_from_name(const char *name)
+{
+    if (strcmp(name, "raw") == 0)
+        return CONFIG_FORMAT_RAW;
+    if (strcmp(name, "npy") == 0)
+        return CONFIG_FORMAT_NPY;
     return -1;
 }
 

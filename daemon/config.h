@@ -28,6 +28,12 @@ enum config_on_error {
     CONFIG_ON_ERROR_FAIL = 1,       /* the stream fails with an error naming the file */
 };
 
+/* format (files): what a file holds. */
+enum config_format {
+    CONFIG_FORMAT_RAW = 0,          /* its bytes, served as they are (uint8) */
+    CONFIG_FORMAT_NPY = 1,          /* a numpy .npy array, served as a typed field (npy.h) */
+};
+
 /* follow_links: where a symbolic link found in a dataset's tree may lead. */
 enum config_follow_links {
     CONFIG_FOLLOW_LINKS_INSIDE = 0, /* to a file beneath the dataset's directory only */
@@ -57,6 +63,7 @@ struct config_dataset {
     struct config_pos transform_at[TRANSFORM_MAX]; /* each transform's name */
     /* files */
     char *pattern;                  /* fnmatch(3) glob on the path relative to `path`; default "*" */
+    int format;                     /* enum config_format */
     /* token_windows */
     int token_dtype;                /* LD_DTYPE_UINT16 or LD_DTYPE_UINT32 */
     uint32_t context;               /* N: a sample is N+1 tokens */

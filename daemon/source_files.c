@@ -29,6 +29,13 @@
  * shrunk since is a bad sample, one that has grown is read up to its recorded size.
  * Everything read() touches is immutable after open(), so workers share it freely.
  *
+ * With `format: npy` each file is a numpy .npy array (npy.c) and "data" is a typed
+ * field: its dtype and shape are those of the first file in sample order whose header
+ * parses (float32[3,32,32] makes batches of float32[B,3,32,32]). read() parses each
+ * file's header again, so a file of another dtype or shape, or one that is not a .npy
+ * file, is a bad sample like any unreadable one (on_error), and only the array's bytes
+ * reach the slot and the cache.
+ *
  * For the cache file (cache_build.c) the kind also offers read_raw(), the same read into
  * one buffer, and a fingerprint of the tree: per sample, in sample order, its relative
  * path, the size the scan recorded and a fresh stat's size and modification time (or,
@@ -54,6 +61,7 @@
 
 #include "beneath.h"
 #include "log.h"
+#include "npy.h"
 
 #define FIELD_DATA 0
 #define FIELD_LABEL 1
@@ -74,6 +82,8 @@ struct files_dataset {
     char *arena;                    /* every relative path, back to back */
     struct files_entry *entries;    /* base.count of them, in sample order */
     uint64_t n_classes;
+    bool npy;                       /* format: npy; then every sample's array is like npy_layout */
+    struct npy_header npy_layout;
 };
 
 /* State of one scan; everything here is dropped or moved into the dataset at the end. */
@@ -381,6 +391,57 @@ static int files_class_names(struct files_dataset *fd)
     return 0;
 }
 
+/* How many files open() tries for the layout of a `format: npy` dataset: a few bad
+ * files first in sample order should not keep the others from being served. */
+#define NPY_PROBE_FILES 16
+
+/* format: npy: the "data" field takes the dtype and shape of the first file (of the
+ * first NPY_PROBE_FILES) whose header parses; the ones before it are bad samples that
+ * read() will report. */
+static int files_npy_layout(struct files_dataset *fd, char *errbuf)
+{
+    dataset *d = &fd->base;
+    char first[LD_ERRMSG_MAX] = "", reason[LD_ERRMSG_MAX], ebuf[128];
+    int first_rc = 0;
+
+    for (uint64_t i = 0; i < d->count && i < NPY_PROBE_FILES; i++) {
+        const struct files_entry *e = &fd->entries[i];
+        const char *rel = fd->arena + e->path_off;
+        struct npy_header h;
+        int f = -1, r = beneath_open(&fd->root, rel, e->link ? BENEATH_LINK : 0, &f, NULL);
+        if (r < 0) {
+            snprintf(reason, sizeof reason, "%s", beneath_strerror(r, ebuf, sizeof ebuf));
+        } else {
+            r = npy_read_header(f, e->size, &h, reason);
+            close(f);
+        }
+        if (r == 0 && h.data_bytes == 0) {
+            snprintf(reason, sizeof reason, ".npy array %s holds no element", npy_describe(&h, ebuf, sizeof ebuf));
+            r = LD_ESAMPLE;
+        }
+        if (r == 0) {
+            struct dataset_field *data = &d->fields[FIELD_DATA];
+            fd->npy = true;
+            fd->npy_layout = h;
+            data->dtype = h.dtype;
+            data->ndim = h.ndim;
+            memcpy(data->shape, h.shape, sizeof data->shape);
+            data->ragged = false;
+            data->max_item_bytes = h.data_bytes;
+            ld_log(LD_LOG_DEBUG, "dataset '%s': format npy: samples are %s (from '%s')", d->name,
+                   npy_describe(&h, ebuf, sizeof ebuf), rel);
+            return 0;
+        }
+        if (!first[0]) {
+            ld_errorf(first, "'%s': %s", rel, reason);
+            first_rc = r;
+        }
+    }
+    ld_errorf(errbuf, "dataset '%s': format npy: no .npy array among its first files to take the layout from; "
+              "the first: %s", d->name, first);
+    return first_rc == LD_ENOMEM ? LD_ENOMEM : LD_EDATASET;
+}
+
 static int files_open(const struct config_dataset *cfg, dataset **ret_dataset, char *errbuf)
 {
     struct files_walk w = {.cfg = cfg, .root = {.rootfd = -1}, .errbuf = errbuf};
@@ -494,6 +555,10 @@ static int files_open(const struct config_dataset *cfg, dataset **ret_dataset, c
         files_free(d);
         return LD_ENOMEM;
     }
+    if (cfg->format == CONFIG_FORMAT_NPY && (r = files_npy_layout(fd, errbuf)) < 0) {
+        files_free(d);
+        return r;
+    }
 
     ld_log(LD_LOG_DEBUG, "dataset '%s': %" PRIu64 " files in %" PRIu64 " classes under '%s' (%s)",
            d->name, d->count, n_classes, d->source, same ? "fixed size" : "ragged");
@@ -514,7 +579,7 @@ static uint64_t files_item_bytes(const dataset *d, uint64_t index, int field)
     if (index >= d->count)
         return 0;
     if (field == FIELD_DATA)
-        return fd->entries[index].size;
+        return fd->npy ? fd->npy_layout.data_bytes : fd->entries[index].size;
     if (field == FIELD_LABEL)
         return sizeof(int64_t);
     return 0;
@@ -533,6 +598,16 @@ static int files_read_once(const struct files_dataset *fd, uint64_t index, void 
     if (r < 0) {
         snprintf(errbuf, LD_ERRMSG_MAX, "sample %" PRIu64 " (%s): %s", index, rel,
                  beneath_strerror(r, ebuf, sizeof ebuf));
+        goto out;
+    }
+    if (fd->npy) {
+        char reason[LD_ERRMSG_MAX];
+        r = npy_read(f, e->size, &fd->npy_layout, out, reason);
+        if (r < 0) {
+            ld_errorf(errbuf, "sample %" PRIu64 " (%s): %s", index, rel, reason);
+            goto out;
+        }
+        memcpy(dst[FIELD_LABEL], &e->label, sizeof e->label);
         goto out;
     }
     uint64_t done = 0;
@@ -610,16 +685,17 @@ static int files_read_raw(const dataset *d, uint64_t index, void *buf, uint64_t 
     int64_t label;
     void *dst[2] = {buf, &label};
 
-    if (index < d->count && fd->entries[index].size > cap) {
+    uint64_t len = files_item_bytes(d, index, FIELD_DATA);
+    if (index < d->count && len > cap) {
         ld_errorf(errbuf, "sample %" PRIu64 " (%s): %" PRIu64
                  " bytes do not fit a buffer of %" PRIu64, index,
-                 fd->arena + fd->entries[index].path_off, fd->entries[index].size, cap);
+                 fd->arena + fd->entries[index].path_off, len, cap);
         return LD_ERANGE;
     }
     int r = files_read(d, index, dst, errbuf);
     if (r < 0)
         return r;
-    *ret_len = fd->entries[index].size;
+    *ret_len = len;
     *ret_label = label;
     return 0;
 }
@@ -685,6 +761,8 @@ static int files_fingerprint(const dataset *d, int mode, uint64_t *ret_fingerpri
      * is hashed changes, so old caches turn stale instead of matching by accident. */
     static const char tag_stat[] = "loaderd files fingerprint v1 stat";
     static const char tag_content[] = "loaderd files fingerprint v1 content";
+    /* An npy dataset's cache holds the arrays, not the files: never the same cache. */
+    static const char tag_npy[] = "format npy";
     const size_t buf_cap = 1u << 20;
     uint8_t *buf = NULL;
     char ebuf[128];
@@ -707,6 +785,8 @@ static int files_fingerprint(const dataset *d, int mode, uint64_t *ret_fingerpri
         XXH3_64bits_update(st, tag_stat, sizeof tag_stat);
     else
         XXH3_64bits_update(st, tag_content, sizeof tag_content);
+    if (fd->npy)
+        XXH3_64bits_update(st, tag_npy, sizeof tag_npy);
 
     for (uint64_t i = 0; i < d->count; i++) {
         const struct files_entry *e = &fd->entries[i];

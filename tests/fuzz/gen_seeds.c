@@ -10,7 +10,9 @@
  *   cache   two small valid cache files built by cache_build from a real `files`
  *           dataset (fixed-size and ragged samples), behind the fix-up byte;
  *   reply   open replies for a fixed and a ragged layout (as the daemon writes them),
- *           behind the batch size and rows, with ring bytes after the NUL.
+ *           behind the batch size and rows, with ring bytes after the NUL;
+ *   npy     .npy files laid out as numpy writes them (versions 1.0, 2.0, 3.0; a matrix,
+ *           a scalar, a vector, a Fortran-ordered one), with their data.
  *
  * Usage: gen_seeds OUTDIR (run by `make fuzz-seeds`). */
 #include <errno.h>
@@ -310,6 +312,41 @@ static void reply_seeds(void)
     }
 }
 
+/* ---- npy --------------------------------------------------------------------------- */
+
+static void npy_seeds(void)
+{
+    static const struct {
+        const char *name;
+        int major;
+        const char *dict;
+        size_t data;
+    } files[] = {
+        {"f4-matrix-v1", 1, "{'descr': '<f4', 'fortran_order': False, 'shape': (3, 4), }", 48},
+        {"u1-scalar-v2", 2, "{'descr': '|u1', 'fortran_order': False, 'shape': (), }", 1},
+        {"i8-vector-v3", 3, "{\"descr\": \"<i8\", \"fortran_order\": False, \"shape\": (5,)}", 40},
+        {"f2-fortran-v1", 1, "{'descr': '<f2', 'fortran_order': True, 'shape': (2, 2, 2), }", 16},
+    };
+    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+        uint8_t buf[256];
+        size_t prefix = files[i].major == 1 ? 10 : 12, dlen = strlen(files[i].dict);
+        size_t total = (prefix + dlen + 1 + 63) / 64 * 64, hlen = total - prefix;
+        memcpy(buf, "\x93NUMPY", 6);
+        buf[6] = (uint8_t)files[i].major;
+        buf[7] = 0;
+        buf[8] = (uint8_t)hlen;
+        buf[9] = (uint8_t)(hlen >> 8);
+        if (prefix == 12)
+            buf[10] = buf[11] = 0;
+        memcpy(buf + prefix, files[i].dict, dlen);
+        memset(buf + prefix + dlen, ' ', total - prefix - dlen - 1);
+        buf[total - 1] = '\n';
+        for (size_t k = 0; k < files[i].data; k++)
+            buf[total + k] = (uint8_t)(k * 37 + 1);
+        seed("npy", files[i].name, NULL, 0, buf, total + files[i].data);
+    }
+}
+
 int main(int argc, char **argv)
 {
     if (argc != 2)
@@ -320,5 +357,6 @@ int main(int argc, char **argv)
     image_seeds();
     cache_seeds();
     reply_seeds();
+    npy_seeds();
     return 0;
 }

@@ -444,7 +444,7 @@ static void test_unknown_keys(void **state)
                     "    kind: files\n"
                     "    path: x\n"
                     "    patern: \"*.bin\"\n",
-                    5, 5, "unknown key 'patern' in 'datasets.a' (expected one of: kind, path, pattern, on_error, on_error_warn_fraction, cache, follow_links, max_sample_bytes, read_timeout, weight, max_share)",
+                    5, 5, "unknown key 'patern' in 'datasets.a' (expected one of: kind, path, pattern, format, on_error, on_error_warn_fraction, cache, follow_links, max_sample_bytes, read_timeout, weight, max_share)",
                     NULL);
     expect_error_at(ONE_DATASET "servers:\n  workers: 1\n", 3, 1,
                     "unknown top-level key 'servers' (expected one of: server, datasets, clients)", NULL);
@@ -586,6 +586,21 @@ static void test_missing_keys(void **state)
     expect_error_at("datasets: {}\n", 1, 11, "datasets: at least one dataset is required", NULL);
 }
 
+/* format: what a `files` dataset's files hold (raw by default, or npy arrays). */
+static void test_files_format(void **state)
+{
+    char path[PATH_MAX];
+    struct config *c = load_ok("datasets:\n  a: {kind: files, path: x}\n  b: {kind: files, path: x, format: npy}\n",
+                               path, sizeof path);
+    assert_int_equal(c->datasets[0].format, CONFIG_FORMAT_RAW);
+    assert_int_equal(c->datasets[1].format, CONFIG_FORMAT_NPY);
+    config_free(c);
+    expect_error_at("datasets:\n  a:\n    kind: files\n    path: x\n    format: tiff\n", 5, 13,
+                    "datasets.a.format: expected one of raw, npy, got 'tiff'", NULL);
+    expect_error_at("datasets:\n  t:\n    kind: token_windows\n    path: x\n    context: 8\n    format: npy\n", 6, 5,
+                    "key 'format' is not valid for kind 'token_windows'", NULL);
+}
+
 static void test_kind_specific_keys(void **state)
 {
     expect_error_at("datasets:\n"
@@ -594,7 +609,7 @@ static void test_kind_specific_keys(void **state)
                     "    path: x\n"
                     "    context: 8\n",
                     5, 5, "datasets.records: key 'context' is not valid for kind 'files'",
-                    "(expected one of: kind, path, pattern, on_error, on_error_warn_fraction, cache, follow_links, max_sample_bytes, read_timeout, weight, max_share)", NULL);
+                    "(expected one of: kind, path, pattern, format, on_error, on_error_warn_fraction, cache, follow_links, max_sample_bytes, read_timeout, weight, max_share)", NULL);
     /* The kind is read first even when it comes last. */
     expect_error_at("datasets:\n"
                     "  t:\n"
@@ -952,6 +967,7 @@ int main(void)
         cmocka_unit_test(test_duplicates),
         cmocka_unit_test(test_missing_keys),
         cmocka_unit_test(test_kind_specific_keys),
+        cmocka_unit_test(test_files_format),
         cmocka_unit_test(test_cache_section),
         cmocka_unit_test(test_transforms),
         cmocka_unit_test(test_transform_schemas),

@@ -510,6 +510,147 @@ static int read_ragged(const dataset *d, uint64_t i, uint64_t len, uint8_t *buf,
     return dataset_read(d, i, &ctx, dst, lens, err);
 }
 
+/* ---- files, format: npy ------------------------------------------------------------ */
+
+/* Writes root/rel as a version 1.0 .npy file: `dict`, padded as numpy pads it, then
+ * `n` float32 values seed + k / 4. */
+static void write_npy(const char *root, const char *rel, const char *dict, unsigned seed, size_t n)
+{
+    char path[1024];
+    uint8_t head[256];
+    size_t dlen = strlen(dict), total = (10 + dlen + 1 + 63) / 64 * 64;
+    memcpy(head, "\x93NUMPY\1\0", 8);
+    head[8] = (uint8_t)(total - 10);
+    head[9] = 0;
+    memcpy(head + 10, dict, dlen);
+    memset(head + 10 + dlen, ' ', total - 10 - dlen - 1);
+    head[total - 1] = '\n';
+    testfs_make_dirs(root, rel);
+    snprintf(path, sizeof path, "%s/%s", root, rel);
+    float *v = malloc(n * sizeof *v + 1);
+    for (size_t k = 0; k < n; k++)
+        v[k] = (float)seed + (float)k / 4;
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    assert_true(fd >= 0);
+    assert_int_equal(write(fd, head, total), (ssize_t)total);
+    assert_int_equal(write(fd, v, n * sizeof *v), (ssize_t)(n * sizeof *v));
+    close(fd);
+    free(v);
+}
+
+#define NPY_2x3 "{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }"
+
+static void check_npy(const float *got, unsigned seed)
+{
+    for (size_t k = 0; k < 6; k++)
+        if (got[k] != (float)seed + (float)k / 4)
+            fail_msg("value %zu: %g != %g", k, (double)got[k], (double)((float)seed + (float)k / 4));
+}
+
+static void test_files_npy(void **state)
+{
+    struct tdir *t = *state;
+    char err[LD_ERRMSG_MAX];
+    write_npy(t->root, "a/0.npy", NPY_2x3, 10, 6);
+    write_npy(t->root, "a/1.npy", NPY_2x3, 11, 6);
+    write_npy(t->root, "b/2.npy", NPY_2x3, 12, 6);
+    write_npy(t->root, "b/3.npy", "{'descr': '<f4', 'fortran_order': False, 'shape': (3, 2), }", 13, 6);
+    testfs_write(t->root, "b/4.npy", 5, 152); /* not a .npy file, the same size */
+
+    struct config_dataset cfg = files_cfg("arr", t->root, "*.npy");
+    cfg.format = CONFIG_FORMAT_NPY;
+    cfg.on_error = CONFIG_ON_ERROR_FAIL;
+    dataset *d = open_ok(&cfg);
+    assert_int_equal(d->count, 5);
+    assert_int_equal(d->fields[0].dtype, LD_DTYPE_FLOAT32);
+    assert_int_equal(d->fields[0].ndim, 2);
+    assert_int_equal(d->fields[0].shape[0], 2);
+    assert_int_equal(d->fields[0].shape[1], 3);
+    assert_false(d->fields[0].ragged);
+    assert_int_equal(dataset_row_bytes(d, 0), 24);
+    assert_int_equal(d->ops->raw_bytes(d, 0), 24);
+
+    float v[8];
+    int64_t lab = 99;
+    void *dst[2] = {v, &lab};
+    for (unsigned i = 0; i < 3; i++) {
+        memset(v, 0, sizeof v);
+        assert_int_equal(dataset_read(d, i, NULL, dst, NULL, err), 0);
+        check_npy(v, 10 + i);
+        assert_int_equal(lab, i < 2 ? 0 : 1);
+    }
+    /* The cache gets the array, not the file. */
+    uint64_t len = 0;
+    assert_int_equal(d->ops->read_raw(d, 1, v, sizeof v, &len, &lab, err), 0);
+    assert_int_equal(len, 24);
+    check_npy(v, 11);
+    /* on_error: fail: another shape and a file that is not .npy fail, naming the file and why. */
+    assert_int_equal(dataset_read(d, 3, NULL, dst, NULL, err), LD_ESAMPLE);
+    assert_non_null(strstr(err, "b/3.npy"));
+    assert_non_null(strstr(err, "float32[3,2], the dataset's field is float32[2,3]"));
+    assert_int_equal(dataset_read(d, 4, NULL, dst, NULL, err), LD_ESAMPLE);
+    assert_non_null(strstr(err, "b/4.npy"));
+    assert_non_null(strstr(err, "magic"));
+    /* The fingerprint differs from the same tree read raw: never the same cache. */
+    uint64_t fp_npy, fp_raw;
+    assert_int_equal(d->ops->fingerprint(d, DATASET_FINGERPRINT_STAT, &fp_npy, err), 0);
+    dataset_free(d);
+    cfg.format = CONFIG_FORMAT_RAW;
+    d = open_ok(&cfg);
+    assert_int_equal(d->ops->fingerprint(d, DATASET_FINGERPRINT_STAT, &fp_raw, err), 0);
+    assert_true(fp_npy != fp_raw);
+    dataset_free(d);
+
+    /* on_error: replace: another sample, the same every time, takes the odd one's place. */
+    cfg.format = CONFIG_FORMAT_NPY;
+    cfg.on_error = CONFIG_ON_ERROR_REPLACE;
+    d = open_ok(&cfg);
+    assert_int_equal(dataset_read(d, 3, NULL, dst, NULL, err), 0);
+    assert_true(v[0] == 10.0f || v[0] == 11.0f || v[0] == 12.0f);
+    assert_int_equal(atomic_load(&d->bad_samples), 1);
+    assert_int_equal(atomic_load(&d->replaced_samples), 1);
+    dataset_free(d);
+}
+
+static void test_files_npy_layout_errors(void **state)
+{
+    struct tdir *t = *state;
+    char err[LD_ERRMSG_MAX];
+    struct config_dataset cfg = files_cfg("arr", t->root, "*.npy");
+    cfg.format = CONFIG_FORMAT_NPY;
+
+    /* A bad first file does not decide the layout: the next good one does. */
+    testfs_write(t->root, "0.npy", 3, 100);
+    write_npy(t->root, "1.npy", "{'descr': '<i8', 'fortran_order': False, 'shape': (3,), }", 1, 6);
+    dataset *d = open_ok(&cfg);
+    assert_int_equal(d->fields[0].dtype, LD_DTYPE_INT64);
+    assert_int_equal(d->fields[0].shape[0], 3);
+    dataset_free(d);
+
+    /* Only Fortran-ordered arrays: nothing to lay out, and the message says why. */
+    char path[1024];
+    snprintf(path, sizeof path, "%s/0.npy", t->root);
+    unlink(path);
+    snprintf(path, sizeof path, "%s/1.npy", t->root);
+    unlink(path);
+    write_npy(t->root, "f.npy", "{'descr': '<f4', 'fortran_order': True, 'shape': (2, 3), }", 1, 6);
+    open_fails(&cfg, LD_EDATASET, err);
+    assert_non_null(strstr(err, "dataset 'arr': format npy"));
+    assert_non_null(strstr(err, "'f.npy': .npy array is in Fortran"));
+    unlink(path);
+    snprintf(path, sizeof path, "%s/f.npy", t->root);
+    unlink(path);
+    /* An object array, and an empty one. */
+    write_npy(t->root, "o.npy", "{'descr': '|O', 'fortran_order': False, 'shape': (2,), }", 1, 4);
+    open_fails(&cfg, LD_EDATASET, err);
+    assert_non_null(strstr(err, "object array"));
+    snprintf(path, sizeof path, "%s/o.npy", t->root);
+    unlink(path);
+    write_npy(t->root, "e.npy", "{'descr': '<f4', 'fortran_order': False, 'shape': (0,), }", 1, 0);
+    open_fails(&cfg, LD_EDATASET, err);
+    assert_non_null(strstr(err, "holds no element"));
+}
+
 static void test_replace_ragged(void **state)
 {
     struct tdir *t = *state;
@@ -997,6 +1138,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_files_errors, setup, teardown),
         cmocka_unit_test_setup_teardown(test_files_beneath_root, setup, teardown),
         cmocka_unit_test_setup_teardown(test_files_beneath_root_walk, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_files_npy, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_files_npy_layout_errors, setup, teardown),
         cmocka_unit_test_setup_teardown(test_replace_ragged, setup, teardown),
         cmocka_unit_test_setup_teardown(test_max_sample_bytes, setup, teardown),
         cmocka_unit_test_setup_teardown(test_fd_exhaustion_is_retried, setup, teardown),
