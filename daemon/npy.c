@@ -218,7 +218,7 @@ int npy_parse(const void *buf, size_t len, struct npy_header *ret_header, char *
             if (!scan_eat(&s, '('))
                 return scan_fail(&s, base, "'(' (the shape tuple)");
             while (!scan_eat(&s, ')')) {
-                int64_t dim;
+                int64_t dim = 0;
                 if ((r = scan_int(&s, base, &dim)) < 0)
                     return r;
                 if (h.ndim == LD_MAX_DIMS) {
