@@ -43,6 +43,7 @@
 #include "dataset_watch.h"
 #include "hub.h"
 #include "log.h"
+#include "prefetch.h"
 #include "sampler.h"
 
 /* A batch is cut into chunks so that several workers can fill it at once (first-batch
@@ -113,6 +114,8 @@ struct stream {
     pool_flow *flow;                /* this stream's queue in the pool (scheduler.h) */
     bool urgent;                    /* the trainer waits and the batch is not READY */
     uint32_t weight;                /* in the share of worker time */
+    bool prefetch_auto;             /* opened with prefetch 0: the depth adapts (prefetch.h) */
+    struct prefetch_ctl pf;
     struct stream_slot *slots;
     uint64_t total_seq;             /* UINT64_MAX when unbounded */
     uint64_t next_fill, next_deliver;
@@ -377,7 +380,7 @@ static void schedule(stream *s)
         return;
     while (s->next_fill < s->total_seq && s->next_fill < s->failed_seq) {
         uint32_t ahead = ring_count(s->ring, RING_FILLING) + ring_count(s->ring, RING_READY);
-        if (ahead >= s->p.prefetch)
+        if (ahead >= (s->prefetch_auto ? s->pf.depth : s->p.prefetch))
             break;
         uint32_t slot;
         uint64_t gen;
@@ -471,6 +474,10 @@ static bool answer_now(stream *s, struct stream_answer *ret)
             s->samples_served += sl->rows;
             s->bytes_served += ret->batch.bytes;
             stats_roll(s, now_ns());
+            /* Past the ring's first fill: the first batches are waited for whatever the
+             * trainer's rate, so they say nothing about the depth it needs. */
+            if (s->prefetch_auto && s->batches_served > s->p.prefetch)
+                prefetch_on_delivery(&s->pf, s->wait_start_ns != 0, ring_count(s->ring, RING_READY));
             if (s->wait_start_ns) {
                 s->wait_ns += now_ns() - s->wait_start_ns;
                 s->wait_start_ns = 0;
@@ -615,6 +622,15 @@ int stream_open(stream_set *set, dataset *d, uint64_t id, const struct stream_pa
         }
     }
     uint64_t slot_bytes = align_up(off, LD_RING_ALIGN);
+    if (p->prefetch == 0) {
+        /* auto: a ring for up to PREFETCH_AUTO_MAX ahead, or what the budget left holds */
+        uint64_t fit = budget_left > LD_RING_ALIGN ? (budget_left - LD_RING_ALIGN) / slot_bytes : 0;
+        uint64_t max = fit > SLOTS_BEYOND_PREFETCH ? fit - SLOTS_BEYOND_PREFETCH : 1;
+        s->p.prefetch = max < PREFETCH_AUTO_MAX ? (uint32_t)max : PREFETCH_AUTO_MAX;
+        s->prefetch_auto = true;
+        prefetch_init(&s->pf, s->p.prefetch);
+        p = &s->p;
+    }
     s->n_slots = p->prefetch + SLOTS_BEYOND_PREFETCH;
     uint64_t need = LD_RING_ALIGN + (uint64_t)s->n_slots * slot_bytes;
     if (need > budget_left) {
@@ -800,7 +816,10 @@ void stream_describe_state(const stream *s, cJSON *o)
     cJSON_AddNumberToObject(o, "batches_per_epoch", (double)bpe);
     cJSON_AddNumberToObject(o, "rank", s->p.rank);
     cJSON_AddNumberToObject(o, "world_size", s->p.world_size);
-    cJSON_AddNumberToObject(o, "prefetch", s->p.prefetch);
+    cJSON_AddNumberToObject(o, "prefetch", s->prefetch_auto ? s->pf.depth : s->p.prefetch);
+    cJSON_AddBoolToObject(o, "prefetch_auto", s->prefetch_auto);
+    if (s->prefetch_auto)
+        cJSON_AddNumberToObject(o, "prefetch_max", s->p.prefetch);
     cJSON_AddNumberToObject(o, "slots", s->n_slots);
     cJSON_AddNumberToObject(o, "free", ring_count(s->ring, RING_FREE));
     cJSON_AddNumberToObject(o, "filling", ring_count(s->ring, RING_FILLING));

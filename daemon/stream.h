@@ -42,7 +42,7 @@ struct stream_params {
     uint32_t rank, world_size;
     bool drop_last;
     uint64_t start_batch;
-    uint32_t prefetch;
+    uint32_t prefetch;          /* 0: auto, the depth adapts (prefetch.h) */
     uint64_t epochs;            /* 0: unbounded */
     /* Scheduling (scheduler.h): the opening client's uid and its `clients:` entry
      * (weight 1 and max_share 1 when it has none); the dataset adds its own. */

@@ -478,7 +478,7 @@ static void test_bad_values(void **state)
     expect_error_at("server:\n  workers: two\n" ONE_DATASET, 2, 12,
                     "server.workers: expected an integer in [0, 1024] or auto, got 'two'", NULL);
     expect_error_at("server:\n  prefetch: -1\n" ONE_DATASET, 2, 13,
-                    "server.prefetch: expected an integer in [1, 64], got '-1'", NULL);
+                    "server.prefetch: expected an integer in [1, 64] or auto, got '-1'", NULL);
     expect_error_at("server:\n  max_clients: 4097\n" ONE_DATASET, 2, 16,
                     "server.max_clients: expected an integer in [1, 4096], got '4097'", NULL);
     expect_error_at("server:\n  workers: 99999999999999999999999\n" ONE_DATASET, 2, 12,
@@ -927,6 +927,12 @@ static void test_scheduling_keys(void **state)
     assert_int_equal(cl->weight, 1);
     assert_null(config_client_for_uid(c, 4321));
     config_free(c);
+
+    c = load_ok("server:\n  prefetch: auto\n" ONE_DATASET, path, sizeof path);
+    assert_int_equal(c->prefetch, 0); /* auto: streams that do not say adapt (prefetch.h) */
+    config_free(c);
+    expect_error_at("server:\n  prefetch: 0\n" ONE_DATASET, 2, 13,
+                    "server.prefetch: expected an integer in [1, 64] or auto, got '0'", NULL);
 
     expect_error_at(ONE_DATASET "clients:\n  \"0\": {weight: 2}\n  root: {weight: 3}\n", 5, 3,
                     "clients: 'root' is uid 0, which an earlier entry already names", NULL);
