@@ -25,6 +25,7 @@
 #include "config_yaml.h"
 #include "ld_error.h"
 #include "log.h"
+#include "manifest.h"
 #include "proto.h"
 #include "proto_socket.h"
 
@@ -56,6 +57,7 @@ static int on_error_from_name(const char *name);
 static int fingerprint_from_name(const char *name);
 static int follow_links_from_name(const char *name);
 static int format_from_name(const char *name);
+static int manifest_format_from_name(const char *name);
 
 /* datasets.NAME.cache (files only). Present means mode auto unless it says otherwise. */
 static const struct config_key cache_keys[] = {
@@ -64,6 +66,14 @@ static const struct config_key cache_keys[] = {
      .from_name = cache_mode_from_name, .choices = "auto, off, rebuild"},
     {.name = "fingerprint", .type = CONFIG_KEY_ENUM, .def = 0, DATASET_AT(cache_fingerprint),
      .from_name = fingerprint_from_name, .choices = "stat, content"},
+};
+
+/* datasets.NAME.manifest (files only): the samples from a CSV or JSONL file. */
+static const struct config_key manifest_keys[] = {
+    {.name = "path", .type = CONFIG_KEY_PATH, DATASET_AT(manifest_path), .flags = CONFIG_KEY_REQUIRED},
+    {.name = "format", .type = CONFIG_KEY_ENUM, .def = MANIFEST_AUTO, DATASET_AT(manifest_format),
+     .from_name = manifest_format_from_name, .choices = "csv, jsonl"},
+    {.name = "columns", .type = CONFIG_KEY_COLUMNS, .flags = CONFIG_KEY_REQUIRED},
 };
 
 /* server.metrics: the optional HTTP scrape endpoint. */
@@ -110,6 +120,8 @@ static const struct config_key dataset_keys[] = {
     {.name = "pattern", .type = CONFIG_KEY_STRING, .def_str = "*", DATASET_AT(pattern), .kinds = FILES | IMAGES},
     {.name = "format", .type = CONFIG_KEY_ENUM, .def = CONFIG_FORMAT_RAW, DATASET_AT(format),
      .from_name = format_from_name, .choices = "raw, npy", .kinds = FILES},
+    {.name = "manifest", .type = CONFIG_KEY_TABLE, .sub = manifest_keys, .n_sub = sizeof manifest_keys / sizeof manifest_keys[0],
+     .kinds = FILES},
     {.name = "on_error", .type = CONFIG_KEY_ENUM, .def = CONFIG_ON_ERROR_REPLACE, DATASET_AT(on_error),
      .from_name = on_error_from_name, .choices = "replace, fail", .kinds = FILES | IMAGES},
     {.name = "on_error_warn_fraction", .type = CONFIG_KEY_FRACTION, .def_frac = 0.001,
@@ -180,6 +192,15 @@ static int format_from_name(const char *name)
         return CONFIG_FORMAT_RAW;
     if (strcmp(name, "npy") == 0)
         return CONFIG_FORMAT_NPY;
+    return -1;
+}
+
+static int manifest_format_from_name(const char *name)
+{
+    if (strcmp(name, "csv") == 0)
+        return MANIFEST_CSV;
+    if (strcmp(name, "jsonl") == 0)
+        return MANIFEST_JSONL;
     return -1;
 }
 
@@ -297,6 +318,9 @@ static int load_dataset(const struct config_loader *l, const yaml_node_t *key, c
         return ret;
     if (d->kind == CONFIG_DATASET_TOKEN_WINDOWS && d->stride == 0)
         d->stride = d->context;
+    if (d->manifest_path && d->format != CONFIG_FORMAT_RAW)
+        return config_yaml_fail(l, key->start_mark, "%s: 'format' does not apply with a manifest: give each "
+                                "column its type (file or npy) under manifest.columns", where);
     if (d->max_share <= 0)
         return config_yaml_fail(l, value_mark(l, v, "max_share"), "%s.max_share: expected a fraction above 0 "
                                 "(1: no cap), got 0: a dataset that may use no worker time could never deliver a "
@@ -554,6 +578,10 @@ void config_free(struct config *c)
         free(c->datasets[i].path);
         free(c->datasets[i].pattern);
         free(c->datasets[i].cache_path);
+        free(c->datasets[i].manifest_path);
+        for (size_t k = 0; k < c->datasets[i].n_columns; k++)
+            free(c->datasets[i].columns[k].name);
+        free(c->datasets[i].columns);
         for (size_t t = 0; t < c->datasets[i].n_transforms; t++)
             transform_spec_clear(&c->datasets[i].transforms[t]);
         free(c->datasets[i].transforms);

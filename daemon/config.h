@@ -34,6 +34,20 @@ enum config_format {
     CONFIG_FORMAT_NPY = 1,          /* a numpy .npy array, served as a typed field (npy.h) */
 };
 
+/* manifest.columns: what a manifest column becomes (source_manifest.c). */
+enum config_column_type {
+    CONFIG_COLUMN_FILE = 1,         /* a path: the file's bytes */
+    CONFIG_COLUMN_NPY = 2,          /* a path: the file's .npy array, a typed field */
+    CONFIG_COLUMN_LABEL = 3,        /* the int64 field "label": integers, or class names by rank */
+    CONFIG_COLUMN_INT64 = 4,        /* a number, an int64 scalar field */
+    CONFIG_COLUMN_FLOAT32 = 5,      /* a number, a float32 scalar field */
+};
+
+struct config_column {
+    char *name;                     /* the manifest's column, and the field's name */
+    int type;                       /* enum config_column_type */
+};
+
 /* follow_links: where a symbolic link found in a dataset's tree may lead. */
 enum config_follow_links {
     CONFIG_FOLLOW_LINKS_INSIDE = 0, /* to a file beneath the dataset's directory only */
@@ -64,6 +78,11 @@ struct config_dataset {
     /* files */
     char *pattern;                  /* fnmatch(3) glob on the path relative to `path`; default "*" */
     int format;                     /* enum config_format */
+    /* files: the manifest that lists the samples instead of the tree (NULL: none) */
+    char *manifest_path;
+    int manifest_format;            /* MANIFEST_* (manifest.h); 0: from the file name */
+    struct config_column *columns;  /* manifest.columns, in order: the sample's fields */
+    size_t n_columns;
     /* token_windows */
     int token_dtype;                /* LD_DTYPE_UINT16 or LD_DTYPE_UINT32 */
     uint32_t context;               /* N: a sample is N+1 tokens */

@@ -68,8 +68,80 @@ static int store_path(const struct config_loader *l, void *base, const struct co
 
 /* ---- one value ---------------------------------------------------------------- */
 
+static int column_type_from_name(const char *name)
+{
+    static const char *const names[] = {
+        [CONFIG_COLUMN_FILE] = "file", [CONFIG_COLUMN_NPY] = "npy", [CONFIG_COLUMN_LABEL] = "label",
+        [CONFIG_COLUMN_INT64] = "int64", [CONFIG_COLUMN_FLOAT32] = "float32",
+    };
+    for (size_t i = 1; i < sizeof names / sizeof names[0]; i++)
+        if (strcmp(name, names[i]) == 0)
+            return (int)i;
+    return -1;
+}
+
+/* A manifest's `columns:`: a mapping of column name to type, in order, which are the
+ * sample's fields. The first names the sample (a file or npy column); one label at
+ * most; the name "label" is the label column's field, so no other column takes it. */
+static int load_columns(const struct config_loader *l, const yaml_node_t *v, const char *where, void *base)
+{
+    struct config_dataset *d = base;
+    char got[80];
+    const char *types = "file, npy, label, int64, float32";
+    if (v->type != YAML_MAPPING_NODE || v->data.mapping.pairs.top == v->data.mapping.pairs.start)
+        return config_yaml_fail(l, v->start_mark, "%s.columns: expected a mapping of column name to type (%s), got %s",
+                                where, types, config_yaml_describe(v, got, sizeof got));
+    size_t n = (size_t)(v->data.mapping.pairs.top - v->data.mapping.pairs.start);
+    if (n > LD_MAX_FIELDS)
+        return config_yaml_fail(l, config_yaml_node(l, v->data.mapping.pairs.start[LD_MAX_FIELDS].key)->start_mark,
+                                "%s.columns: more than %d columns (a sample has at most %d fields)", where,
+                                LD_MAX_FIELDS, LD_MAX_FIELDS);
+    for (size_t i = 0; i < d->n_columns; i++)
+        free(d->columns[i].name);
+    free(d->columns);
+    d->n_columns = 0;
+    if (!(d->columns = calloc(n, sizeof *d->columns))) {
+        ld_errorf(l->errbuf, "%s: out of memory", l->file);
+        return LD_ENOMEM;
+    }
+    int labels = 0, ret;
+    for (size_t i = 0; i < n; i++) {
+        const yaml_node_pair_t *pair = &v->data.mapping.pairs.start[i];
+        const yaml_node_t *k = config_yaml_node(l, pair->key), *t = config_yaml_node(l, pair->value);
+        const char *name = NULL;
+        if ((ret = config_yaml_key_text(l, k, where, &name)) < 0)
+            return ret;
+        if ((ret = config_yaml_check_duplicate(l, v, pair, name, "", "column")) < 0)
+            return ret;
+        if (!*name || strlen(name) >= LD_NAME_MAX)
+            return config_yaml_fail(l, k->start_mark, "%s.columns: a column name of 1 to %d bytes, got %s", where,
+                                    LD_NAME_MAX - 1, config_yaml_describe(k, got, sizeof got));
+        const char *text = t->type == YAML_SCALAR_NODE ? (const char *)t->data.scalar.value : NULL;
+        int type = text ? column_type_from_name(text) : -1;
+        if (type < 0)
+            return config_yaml_fail(l, t->start_mark, "%s.columns.%s: expected one of %s, got %s", where, name, types,
+                                    config_yaml_describe(t, got, sizeof got));
+        if (i == 0 && type != CONFIG_COLUMN_FILE && type != CONFIG_COLUMN_NPY)
+            return config_yaml_fail(l, t->start_mark, "%s.columns.%s: the first column must be a file or npy column "
+                                    "(it names the sample), got %s", where, name, text);
+        if (type == CONFIG_COLUMN_LABEL && ++labels > 1)
+            return config_yaml_fail(l, k->start_mark, "%s.columns.%s: a second label column", where, name);
+        if (type != CONFIG_COLUMN_LABEL && strcmp(name, "label") == 0)
+            return config_yaml_fail(l, t->start_mark, "%s.columns.label: the field 'label' is the label column's: "
+                                    "give it the type label", where);
+        if (!(d->columns[i].name = strdup(name))) {
+            ld_errorf(l->errbuf, "%s: out of memory", l->file);
+            return LD_ENOMEM;
+        }
+        d->columns[i].type = type;
+        d->n_columns = i + 1;
+    }
+    return 0;
+}
+
 static int load_transforms(const struct config_loader *l, const yaml_node_t *key, const yaml_node_t *v,
                            const char *where, void *base);
+static int load_columns(const struct config_loader *l, const yaml_node_t *v, const char *where, void *base);
 
 /* Loads value v of key k (the node `key`, for messages about the key as a whole). */
 int config_table_value(const struct config_loader *l, const struct config_key *k, const yaml_node_t *key,
@@ -124,6 +196,8 @@ int config_table_value(const struct config_loader *l, const struct config_key *k
     }
     case CONFIG_KEY_TRANSFORMS:
         return load_transforms(l, key, v, where, base);
+    case CONFIG_KEY_COLUMNS:
+        return load_columns(l, v, where, base);
     case CONFIG_KEY_FRACTION: {
         char *end = NULL;
         double f = text ? strtod(text, &end) : NAN;

@@ -21,6 +21,7 @@ enum config_key_type {
     CONFIG_KEY_TRANSFORMS,  /* image_folder's list of transforms, into struct config_dataset */
     CONFIG_KEY_FRACTION,    /* a number in [0, 1], into a double; default def_frac */
     CONFIG_KEY_LISTEN,      /* a metrics listen address (metrics_http_parse_listen), copied into a char * */
+    CONFIG_KEY_COLUMNS,     /* a manifest's columns: name -> type, in order, into struct config_dataset */
 };
 
 #define CONFIG_KEY_REQUIRED 1u

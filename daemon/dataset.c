@@ -52,7 +52,7 @@ int dataset_open(const struct config_dataset *cfg, dataset **ret_dataset, char *
 
     switch (cfg->kind) {
     case CONFIG_DATASET_FILES:
-        ops = &source_files_ops;
+        ops = cfg->manifest_path ? &source_manifest_ops : &source_files_ops;
         break;
     case CONFIG_DATASET_TOKEN_WINDOWS:
         ops = &source_tokens_ops;

@@ -217,6 +217,7 @@ const char *dataset_kind(const dataset *d);
 uint64_t dataset_row_bytes(const dataset *d, int field);
 
 extern const struct dataset_ops source_files_ops;
+extern const struct dataset_ops source_manifest_ops;   /* files with a manifest */
 extern const struct dataset_ops source_tokens_ops;
 extern const struct dataset_ops source_packed_ops;
 extern const struct dataset_ops source_images_ops;

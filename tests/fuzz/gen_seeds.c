@@ -12,7 +12,9 @@
  *   reply   open replies for a fixed and a ragged layout (as the daemon writes them),
  *           behind the batch size and rows, with ring bytes after the NUL;
  *   npy     .npy files laid out as numpy writes them (versions 1.0, 2.0, 3.0; a matrix,
- *           a scalar, a vector, a Fortran-ordered one), with their data.
+ *           a scalar, a vector, a Fortran-ordered one), with their data;
+ *   manifest CSV (quoted fields, CRLF and a byte order mark) and JSONL manifests behind
+ *           the harness's format byte.
  *
  * Usage: gen_seeds OUTDIR (run by `make fuzz-seeds`). */
 #include <errno.h>
@@ -347,6 +349,23 @@ static void npy_seeds(void)
     }
 }
 
+/* ---- manifest ------------------------------------------------------------------------ */
+
+static void manifest_seeds(void)
+{
+    static const struct {
+        const char *name;
+        uint8_t format;             /* the harness's byte 0: even CSV, odd JSONL */
+        const char *text;
+    } files[] = {
+        {"csv-quoted", 0, "path,label\na/x.bin,3\n\"b,\"\"q\"\".bin\",\"two\nlines\"\n"},
+        {"csv-crlf-bom", 0, "\xef\xbb\xbfid,label,path\r\n1,cat,a.bin\r\n\r\n2,dog,b.bin"},
+        {"jsonl", 1, "{\"path\": \"a.bin\", \"label\": 3}\n\n{\"label\": \"cat\", \"path\": \"b.bin\"}\n"},
+    };
+    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++)
+        seed("manifest", files[i].name, &files[i].format, 1, files[i].text, strlen(files[i].text));
+}
+
 int main(int argc, char **argv)
 {
     if (argc != 2)
@@ -358,5 +377,6 @@ int main(int argc, char **argv)
     cache_seeds();
     reply_seeds();
     npy_seeds();
+    manifest_seeds();
     return 0;
 }

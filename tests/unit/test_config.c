@@ -444,7 +444,7 @@ static void test_unknown_keys(void **state)
                     "    kind: files\n"
                     "    path: x\n"
                     "    patern: \"*.bin\"\n",
-                    5, 5, "unknown key 'patern' in 'datasets.a' (expected one of: kind, path, pattern, format, on_error, on_error_warn_fraction, cache, follow_links, max_sample_bytes, read_timeout, weight, max_share)",
+                    5, 5, "unknown key 'patern' in 'datasets.a' (expected one of: kind, path, pattern, format, manifest, on_error, on_error_warn_fraction, cache, follow_links, max_sample_bytes, read_timeout, weight, max_share)",
                     NULL);
     expect_error_at(ONE_DATASET "servers:\n  workers: 1\n", 3, 1,
                     "unknown top-level key 'servers' (expected one of: server, datasets, clients)", NULL);
@@ -601,6 +601,45 @@ static void test_files_format(void **state)
                     "key 'format' is not valid for kind 'token_windows'", NULL);
 }
 
+/* A files dataset's manifest: its keys, and what a column list may say. */
+static void test_manifest(void **state)
+{
+    char path[PATH_MAX];
+    struct config *c = load_ok("datasets:\n"
+                               "  m:\n    kind: files\n    path: /d\n    manifest:\n      path: /d/t.csv\n"
+                               "      columns: {img: file, tgt: npy, cls: label, w: float32}\n"
+                               "  j:\n    kind: files\n    path: /d\n"
+                               "    manifest: {path: /d/t.txt, format: jsonl, columns: {p: file, n: int64}}\n"
+                               ,
+                               path, sizeof path);
+    const struct config_dataset *m = &c->datasets[0], *j = &c->datasets[1];
+    assert_string_equal(m->manifest_path, "/d/t.csv");
+    assert_int_equal(m->manifest_format, 0);
+    assert_int_equal(m->n_columns, 4);
+    assert_string_equal(m->columns[0].name, "img");
+    assert_int_equal(m->columns[0].type, CONFIG_COLUMN_FILE);
+    assert_int_equal(m->columns[1].type, CONFIG_COLUMN_NPY);
+    assert_int_equal(m->columns[2].type, CONFIG_COLUMN_LABEL);
+    assert_int_equal(m->columns[3].type, CONFIG_COLUMN_FLOAT32);
+    assert_int_equal(j->manifest_format, 2);
+    assert_int_equal(j->columns[1].type, CONFIG_COLUMN_INT64);
+    config_free(c);
+
+#define MAN "datasets:\n  m:\n    kind: files\n    path: x\n    manifest:\n      path: t.csv\n"
+    expect_error_at(MAN "      columns: {a: label, b: file}\n", 7, 20,
+                    "datasets.m.manifest.columns.a: the first column must be a file or npy column", NULL);
+    expect_error_at(MAN "      columns: {a: file, b: blob}\n", 7, 29,
+                    "datasets.m.manifest.columns.b: expected one of file, npy, label, int64, float32, got 'blob'", NULL);
+    expect_error_at(MAN "      columns: {a: file, label: int64}\n", 7, 33, "the field 'label' is the label column's", NULL);
+    expect_error_at(MAN "      columns: {a: file, b: label, c: label}\n", 7, 36, "a second label column", NULL);
+    expect_error_at(MAN "      columns: {a: file, a: npy}\n", 7, 26, "duplicate column 'a'", NULL);
+    expect_error_at(MAN "      columns: []\n", 7, 16, "expected a mapping of column name to type", NULL);
+    expect_error_at(MAN, 6, 7, "missing required key 'columns'", NULL);
+    expect_error_at(MAN "      columns: {a: file}\n    format: npy\n", 2, 3, "'format' does not apply with a manifest",
+                    NULL);
+#undef MAN
+}
+
 static void test_kind_specific_keys(void **state)
 {
     expect_error_at("datasets:\n"
@@ -609,7 +648,7 @@ static void test_kind_specific_keys(void **state)
                     "    path: x\n"
                     "    context: 8\n",
                     5, 5, "datasets.records: key 'context' is not valid for kind 'files'",
-                    "(expected one of: kind, path, pattern, format, on_error, on_error_warn_fraction, cache, follow_links, max_sample_bytes, read_timeout, weight, max_share)", NULL);
+                    "(expected one of: kind, path, pattern, format, manifest, on_error, on_error_warn_fraction, cache, follow_links, max_sample_bytes, read_timeout, weight, max_share)", NULL);
     /* The kind is read first even when it comes last. */
     expect_error_at("datasets:\n"
                     "  t:\n"
@@ -974,6 +1013,7 @@ int main(void)
         cmocka_unit_test(test_missing_keys),
         cmocka_unit_test(test_kind_specific_keys),
         cmocka_unit_test(test_files_format),
+        cmocka_unit_test(test_manifest),
         cmocka_unit_test(test_cache_section),
         cmocka_unit_test(test_transforms),
         cmocka_unit_test(test_transform_schemas),
