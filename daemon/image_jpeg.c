@@ -129,20 +129,22 @@ static int jpeg_handle(struct image_buf *b, char *errbuf)
     return 0;
 }
 
+/* The frame's size and colour space (TurboJPEG), and the markers that decide how to
+ * decode it (progressive, Adobe), for probe and decode alike. */
 static int jpeg_header(const uint8_t *data, size_t len, struct image_buf *b, int *ret_w,
-                       int *ret_h, int *ret_cs, char *errbuf)
+                       int *ret_h, int *ret_cs, struct jpeg_markers *ret_mk, char *errbuf)
 {
     int r = jpeg_handle(b, errbuf);
     if (r < 0)
         return r;
+    struct jpeg_markers mk;
+    jpeg_scan_markers(data, len, &mk);
     /* TurboJPEG 2.1 returns success and leaves the outputs alone when the data ends
      * before a frame header, so they start at 0 and are checked. */
     int w = 0, h = 0, subsamp = 0, cs = 0;
     if (tjDecompressHeader3(b->tj, data, (unsigned long)len, &w, &h, &subsamp, &cs) < 0) {
         /* libjpeg's words for an empty frame ("Empty JPEG image (DNL not supported)")
          * do not say what is wrong; the frame header does. */
-        struct jpeg_markers mk;
-        jpeg_scan_markers(data, len, &mk);
         if (mk.sof && (mk.sof_w == 0 || mk.sof_h == 0))
             ld_errorf(errbuf, "corrupt JPEG header: the frame declares %" PRIu32 "x%" PRIu32 " pixels (%s)",
                       mk.sof_w, mk.sof_h, tjGetErrorStr2(b->tj));
@@ -160,6 +162,7 @@ static int jpeg_header(const uint8_t *data, size_t len, struct image_buf *b, int
     *ret_w = w;
     *ret_h = h;
     *ret_cs = cs;
+    *ret_mk = mk;
     return 0;
 }
 
@@ -470,11 +473,10 @@ static int decode_jpeg(const uint8_t *data, size_t len, const struct image_decod
                        struct image_buf *b, char *errbuf)
 {
     int w, h, cs;
-    int r = jpeg_header(data, len, b, &w, &h, &cs, errbuf);
+    struct jpeg_markers mk;
+    int r = jpeg_header(data, len, b, &w, &h, &cs, &mk, errbuf);
     if (r < 0)
         return r;
-    struct jpeg_markers mk;
-    jpeg_scan_markers(data, len, &mk);
     uint64_t max_px = image_max_pixels(opts);
     if (mk.progressive && (uint64_t)w * (uint64_t)h > max_px) {
         ld_errorf(errbuf, "image too large: %dx%d pixels, over the limit of %" PRIu64
@@ -559,11 +561,10 @@ static int jpeg_probe(const uint8_t *data, size_t len, struct image_buf *b, stru
                       char *errbuf)
 {
     int w, h, cs;
-    int r = jpeg_header(data, len, b, &w, &h, &cs, errbuf);
+    struct jpeg_markers mk;
+    int r = jpeg_header(data, len, b, &w, &h, &cs, &mk, errbuf);
     if (r < 0)
         return r;
-    struct jpeg_markers mk;
-    jpeg_scan_markers(data, len, &mk);
     ret_info->format = IMAGE_FORMAT_JPEG;
     ret_info->width = w;
     ret_info->height = h;
