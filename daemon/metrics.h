@@ -20,9 +20,6 @@
 /* What an HTTP reply and the `metrics` op say the text is. */
 #define METRICS_CONTENT_TYPE "text/plain; version=0.0.4; charset=utf-8"
 
-/* Ring slot states, indexed by enum ring_state. */
-#define METRICS_SLOT_STATES RING_STATES
-
 struct metrics_stream {
     uint64_t id;
     const char *dataset;

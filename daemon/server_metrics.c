@@ -79,7 +79,7 @@ int server_metrics_text(server *srv, char **ret_text, size_t *ret_len)
             ms->prefetch_depth = sst.prefetch_depth;
             mc->worker_cpu_s += sst.worker_cpu_s;
             mc->samples_per_s_now += sst.samples_per_s_now;
-            for (int state = 0; state < METRICS_SLOT_STATES; state++) {
+            for (int state = 0; state < RING_STATES; state++) {
                 ms->slots[state] = ring_count(stream_ring(cs->s), (enum ring_state)state);
                 m.slots[state] += ms->slots[state];
             }

@@ -361,13 +361,12 @@ static void server_op_release(conn *c, const cJSON *req, int64_t id)
         server_reply_send(c, proto_reply_ok(id));
         return;
     }
-    static const char *const state_names[] = {"free", "being filled", "ready", "leased"};
     if (rc == LD_EINVAL)
         snprintf(err, sizeof err, "slot %" PRId64 " is out of range (stream %" PRIu64 " has %u slots)", slot,
                  cs->id, ring_slot_count(rg));
     else if (rc == LD_ENOTLEASED)
-        snprintf(err, sizeof err, "slot %" PRId64 " of stream %" PRIu64 " is not leased (it is %s)", slot, cs->id,
-                 state_names[ring_state(rg, (uint32_t)slot)]);
+        snprintf(err, sizeof err, "slot %" PRId64 " of stream %" PRIu64 " is not leased (its state is %s)", slot,
+                 cs->id, ring_state_name(ring_state(rg, (uint32_t)slot)));
     else if (rc == LD_ESTALE)
         snprintf(err, sizeof err, "slot %" PRId64 " of stream %" PRIu64 " is at generation %" PRIu64 ", not %" PRId64,
                  slot, cs->id, ring_generation(rg, (uint32_t)slot), gen);
@@ -385,12 +384,10 @@ static void server_op_close(conn *c, const cJSON *req, int64_t id)
     server_reply_send(c, proto_reply_ok(id));
 }
 
-static void server_ops_slot_counts(cJSON *o, const uint32_t counts[4])
+static void server_ops_slot_counts(cJSON *o, const uint32_t counts[RING_STATES])
 {
-    cJSON_AddNumberToObject(o, "free", counts[RING_FREE]);
-    cJSON_AddNumberToObject(o, "filling", counts[RING_FILLING]);
-    cJSON_AddNumberToObject(o, "ready", counts[RING_READY]);
-    cJSON_AddNumberToObject(o, "leased", counts[RING_LEASED]);
+    for (int st = 0; st < RING_STATES; st++)
+        cJSON_AddNumberToObject(o, ring_state_name((enum ring_state)st), counts[st]);
 }
 
 static double server_ops_samples_per_s(const server *srv)
@@ -410,11 +407,11 @@ static double server_ops_samples_per_s(const server *srv)
 static void server_op_status(conn *c, const cJSON *req, int64_t id)
 {
     server *srv = c->srv;
-    uint32_t counts[4] = {0};
+    uint32_t counts[RING_STATES] = {0};
     uint64_t wait = srv->closed_wait_ns;
     for (conn *k = srv->conns; k; k = k->next)
         for (struct conn_stream *cs = k->streams; cs; cs = cs->next) {
-            for (int st = 0; st < 4; st++)
+            for (int st = 0; st < RING_STATES; st++)
                 counts[st] += ring_count(stream_ring(cs->s), (enum ring_state)st);
             wait += stream_wait_ns(cs->s);
         }

@@ -42,6 +42,7 @@
 #include "cache_keeper.h"
 #include "dataset_watch.h"
 #include "hub.h"
+#include "ld_format.h"
 #include "log.h"
 #include "prefetch.h"
 #include "sampler.h"
@@ -146,18 +147,6 @@ static uint64_t now_ns(void)
 static uint64_t align_up(uint64_t v, uint64_t a)
 {
     return (v + a - 1) / a * a;
-}
-
-static void human_bytes(uint64_t b, char *buf, size_t size)
-{
-    const char *unit[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-    double v = (double)b;
-    int u = 0;
-    while (v >= 1024 && u < 4) {
-        v /= 1024;
-        u++;
-    }
-    snprintf(buf, size, u ? "%.1f %s" : "%.0f %s", v, unit[u]);
 }
 
 /* ---- the set ------------------------------------------------------------------- */
@@ -458,8 +447,8 @@ static bool answer_now(stream *s, struct stream_answer *ret)
                 break;
         if (i < s->n_slots) {
             struct stream_slot *sl = &s->slots[i];
-            if (ring_lease(s->ring, i) < 0)
-                abort(); /* READY was just checked: the ring's bookkeeping is broken */
+            int leased = ring_lease(s->ring, i);
+            ld_require(leased == 0); /* READY was just checked: else the ring's bookkeeping is broken */
             *ret = (struct stream_answer){.rc = 0};
             ret->batch = (struct stream_batch){
                 .slot = i,
@@ -548,8 +537,9 @@ static void slot_filled(stream *s, uint32_t slot)
          * code: the sample is not at fault. */
         stream_fail(s, sl->seq, dataset_sample_error(err) ? LD_ESAMPLE : err, sl->errmsg);
         ring_discard(s->ring, slot);
-    } else if (ring_ready(s->ring, slot) < 0) {
-        abort(); /* a slot we were filling is not FILLING: the ring's bookkeeping is broken */
+    } else {
+        int ready = ring_ready(s->ring, slot);
+        ld_require(ready == 0); /* else a slot we were filling is not FILLING: the bookkeeping is broken */
     }
     deliver(s);
     schedule(s);
@@ -634,17 +624,17 @@ int stream_open(stream_set *set, dataset *d, uint64_t id, const struct stream_pa
     s->n_slots = p->prefetch + SLOTS_BEYOND_PREFETCH;
     uint64_t need = LD_RING_ALIGN + (uint64_t)s->n_slots * slot_bytes;
     if (need > budget_left) {
-        char a[32], b[32], c[32];
-        human_bytes(need, a, sizeof a);
-        human_bytes(slot_bytes, b, sizeof b);
-        human_bytes(budget_left, c, sizeof c);
-        char m[32] = "";
+        char a[LD_FORMAT_BYTES_MAX], b[LD_FORMAT_BYTES_MAX], c[LD_FORMAT_BYTES_MAX];
+        ld_format_bytes(need, a, sizeof a);
+        ld_format_bytes(slot_bytes, b, sizeof b);
+        ld_format_bytes(budget_left, c, sizeof c);
+        char m[LD_FORMAT_BYTES_MAX] = "";
         int rf = -1;
         for (int f = 0; f < d->n_fields && rf < 0; f++)
             if (d->fields[f].ragged)
                 rf = f;
         if (rf >= 0)
-            human_bytes(dataset_slot_item_bytes(d, rf), m, sizeof m);
+            ld_format_bytes(dataset_slot_item_bytes(d, rf), m, sizeof m);
         snprintf(errbuf, LD_ERRMSG_MAX,
                  "the stream needs %s of shared memory (%u slots of %s for batch_size %u) but only %s "
                  "is left of server.memory_budget: lower batch_size or prefetch, or raise the budget%s%s%s%s%s",
@@ -821,10 +811,8 @@ void stream_describe_state(const stream *s, cJSON *o)
     if (s->prefetch_auto)
         cJSON_AddNumberToObject(o, "prefetch_max", s->p.prefetch);
     cJSON_AddNumberToObject(o, "slots", s->n_slots);
-    cJSON_AddNumberToObject(o, "free", ring_count(s->ring, RING_FREE));
-    cJSON_AddNumberToObject(o, "filling", ring_count(s->ring, RING_FILLING));
-    cJSON_AddNumberToObject(o, "ready", ring_count(s->ring, RING_READY));
-    cJSON_AddNumberToObject(o, "leased", ring_count(s->ring, RING_LEASED));
+    for (int st = 0; st < RING_STATES; st++)
+        cJSON_AddNumberToObject(o, ring_state_name((enum ring_state)st), ring_count(s->ring, (enum ring_state)st));
     cJSON_AddNumberToObject(o, "batches_served", (double)s->batches_served);
     cJSON_AddNumberToObject(o, "samples_served", (double)s->samples_served);
     cJSON_AddNumberToObject(o, "bytes_served", (double)s->bytes_served);
@@ -870,11 +858,6 @@ void stream_get_stats(const stream *s, struct stream_stats *ret)
         ret->stall = 1; /* rounding: a wait is one interval, never longer than the time */
     if (ret->stall_now > 1)
         ret->stall_now = 1;
-}
-
-uint64_t stream_id(const stream *s)
-{
-    return s->id;
 }
 
 uint64_t stream_ring_bytes(const stream *s)

@@ -119,7 +119,6 @@ struct stream_stats {
 };
 void stream_get_stats(const stream *s, struct stream_stats *ret_stats);
 
-uint64_t stream_id(const stream *s);
 uint64_t stream_ring_bytes(const stream *s);
 const ring *stream_ring(const stream *s);
 uint64_t stream_wait_ns(const stream *s);

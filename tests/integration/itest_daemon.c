@@ -571,7 +571,7 @@ static void test_release_errors_change_nothing(void **state)
     snprintf(req, sizeof req, "{\"op\":\"release\",\"id\":6,\"stream\":%d,\"slot\":%d,\"generation\":%d}", sid,
              (slot + 1) % slots, gen);
     raw_send_str(fd, req);
-    expect_error(fd, "not_leased", "not leased");
+    expect_error(fd, "not_leased", "not leased (its state is "); /* a ring_state_name() */
     /* The real release still works: nothing was changed by the bad ones. */
     snprintf(req, sizeof req, "{\"op\":\"release\",\"id\":7,\"stream\":%d,\"slot\":%d,\"generation\":%d}", sid,
              slot, gen);
@@ -776,11 +776,14 @@ static void test_budget_and_shm_limits(void **state)
     lc_client *c = harness_connect(h, 10000, "itest_daemon");
     lc_stream_options o;
     lc_stream_options_init(&o);
-    o.batch_size = 65536; /* 18 slots of 8.5 MiB: over the 64 MiB budget */
+    o.batch_size = 65536; /* prefetch + spare slots of 8.5 MiB: over the 64 MiB budget */
     o.prefetch = 16;
     lc_stream *s = NULL;
     assert_int_equal(lc_stream_open(c, "records", &o, &s), LC_EBUDGET);
     assert_non_null(strstr(lc_client_error(c), "memory_budget"));
+    /* Sizes as ld_format_bytes writes them. */
+    if (!strstr(lc_client_error(c), " slots of 8.5 MiB for batch_size 65536) but only 64.0 MiB is left"))
+        fail_msg("budget message: %s", lc_client_error(c));
     assert_null(s);
     /* Still serving. */
     o.batch_size = 4;
