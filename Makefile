@@ -3,7 +3,9 @@
 #   make                 optimized build into build/ (bin/loaderd, bin/loaderctl, lib/libloaderclient.*)
 #   make test            unit + integration tests under ASan+UBSan (build/asan), the
 #                        concurrent parts under TSan (build/tsan), the Python tests, each
-#                        fuzzer for a few seconds, and an -O0 build of everything
+#                        fuzzer for a few seconds, and an -O0 build of everything without
+#                        CUDA (the other variant when the main build has it), whose device
+#                        stage, ring and wire are unit-tested
 #   make install         binaries, libloaderclient, headers, loaderclient.pc, systemd units
 #                        and the example config under $(DESTDIR)$(PREFIX) (PREFIX=/usr/local)
 #   make demo            generate a small dataset, start loaderd, read two epochs, stop
@@ -33,10 +35,35 @@ CJSON_LIBS := $(shell pkg-config --libs libcjson 2>/dev/null)
 CLIENT_LIBS := $(CJSON_LIBS) $(shell pkg-config --libs yaml-0.1 2>/dev/null)
 
 ifeq ($(CUDA),auto)
-  HAVE_CUDA := $(if $(wildcard $(CUDA_HOME)/include/cuda_runtime.h),1,0)
+  HAVE_CUDA := $(if $(and $(wildcard $(CUDA_HOME)/include/cuda_runtime.h),$(wildcard $(CUDA_HOME)/bin/nvcc),$(wildcard $(CUDA_HOME)/lib64/libcudart_static.a)),1,0)
 else
   HAVE_CUDA := $(CUDA)
 endif
+# CUDA: the runtime is linked statically (libcudart_static loads the driver when first
+# used), so one loaderd and one libloaderclient start on hosts with and without a GPU.
+# Only daemon/device_cuda.c and client/client_device.c include cuda_runtime.h; the
+# kernels (daemon/*.cu) are built by nvcc for every major architecture, without C++
+# exceptions or guarded statics so that the C linker needs no libstdc++.
+NVCC ?= $(CUDA_HOME)/bin/nvcc
+NVCC_ARCH ?= -arch=all-major
+ifeq ($(HAVE_CUDA),1)
+  CUDA_LIBS := -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt
+  CUDA_INC := -I$(CUDA_HOME)/include
+  CU_SRC := $(sort $(wildcard daemon/*.cu))
+else
+  CUDA_LIBS :=
+  CUDA_INC :=
+  CU_SRC :=
+endif
+# Every link of the daemon's modules or of the client library needs the runtime.
+PKG_LIBS += $(CUDA_LIBS)
+CJSON_LIBS += $(CUDA_LIBS)
+CLIENT_LIBS += $(CUDA_LIBS)
+# The variant `make test` builds (at -O0) besides the main one, so that neither rots,
+# and whose device-stage unit tests it runs (run-tests.sh's device group; the rest of
+# the unit tests include timing budgets meant for optimized builds): without CUDA when
+# the main build has it. A host without the toolkit can build only the variant without.
+OTHER_CUDA := 0
 
 # ---- version and layering ----------------------------------------------------------
 # One version, in VERSION: the daemon, the library (soname, lc_version_number) and the
@@ -80,10 +107,11 @@ CLIENT_SRC := $(sort $(wildcard client/*.c))
 UNIT_SRC   := $(sort $(wildcard tests/unit/test_*.c))
 ITEST_SRC  := $(sort $(wildcard tests/integration/itest_*.c))
 
+comma := ,
 obj = $(patsubst %.c,$(BUILD)/obj/%.o,$(1))
 
 PROTO_OBJ  := $(call obj,$(PROTO_SRC))
-CORE_OBJ   := $(call obj,$(CORE_SRC))
+CORE_OBJ   := $(call obj,$(CORE_SRC)) $(patsubst %.cu,$(BUILD)/obj/%.o,$(CU_SRC))
 CLIENT_OBJ := $(call obj,$(CLIENT_SRC))
 
 LOADERD   := $(BUILD)/bin/loaderd
@@ -112,7 +140,9 @@ TEST_FUZZ_SECONDS ?= 10
 FUZZ_SAN  := address,undefined,fuzzer-no-link
 
 .PHONY: all deps test demo bench clean tests fuzz fuzzers fuzz-seeds soak
-all: $(LOADERD) $(LOADERCTL) $(GENDATA) $(GENIMAGES) $(IMGFLOOR) $(CLIENT_SO) $(CLIENT_A) $(PLUGINS)
+# The GPU check's program (scripts/gpu-check.sh), in CUDA builds without sanitizers.
+GPU_CHECK := $(if $(and $(filter 1,$(HAVE_CUDA)),$(if $(SANITIZE),,1)),$(BUILD)/bin/ld-gpu-check)
+all: $(LOADERD) $(LOADERCTL) $(GENDATA) $(GENIMAGES) $(IMGFLOOR) $(CLIENT_SO) $(CLIENT_A) $(PLUGINS) $(GPU_CHECK)
 tests: $(UNIT_BIN) $(ITEST_BIN)
 
 # Rebuild everything when the flags change.
@@ -122,7 +152,15 @@ $(shell mkdir -p $(BUILD) && echo '$(CC) $(CFLAGS_ALL) $(LDFLAGS_ALL)' > $(FLAGS
 
 $(BUILD)/obj/%.o: %.c $(FLAGS_FILE)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS_ALL) $(INC) -c $< -o $@
+	$(CC) $(CFLAGS_ALL) $(INC) $(XINC) -c $< -o $@
+
+$(BUILD)/obj/%.o: %.cu $(FLAGS_FILE)
+	@mkdir -p $(dir $@)
+	$(NVCC) -O2 $(NVCC_ARCH) -Xcompiler -fPIC,-fvisibility=hidden,-fno-exceptions,-fno-threadsafe-statics \
+	  -MMD -MP -c $< -o $@
+
+# The two files that may include cuda_runtime.h.
+$(BUILD)/obj/daemon/device_cuda.o $(BUILD)/obj/client/client_device.o: XINC = $(CUDA_INC)
 
 $(CORE_A): $(CORE_OBJ) $(PROTO_OBJ)
 	@mkdir -p $(dir $@)
@@ -134,7 +172,8 @@ $(CLIENT_A): $(CLIENT_OBJ) $(PROTO_OBJ)
 
 $(CLIENT_SO_REAL): $(CLIENT_OBJ) $(PROTO_OBJ)
 	@mkdir -p $(dir $@)
-	$(CC) -shared -Wl,-soname,$(CLIENT_SONAME) -Wl,--no-undefined -o $@ $^ $(LDFLAGS_ALL) $(CLIENT_LIBS) -lm
+	$(CC) -shared -Wl,-soname,$(CLIENT_SONAME) -Wl,--no-undefined $(if $(CUDA_LIBS),-Wl$(comma)--exclude-libs$(comma)libcudart_static.a) \
+	  -o $@ $^ $(LDFLAGS_ALL) $(CLIENT_LIBS) -lm
 
 $(CLIENT_SO): $(CLIENT_SO_REAL)
 	ln -sf libloaderclient.so.$(VERSION_STR) $(BUILD)/lib/$(CLIENT_SONAME)
@@ -155,6 +194,10 @@ $(GENDATA): $(call obj,tools/gendata.c)
 $(GENIMAGES): $(call obj,tools/genimages.c)
 	@mkdir -p $(dir $@)
 	$(CC) -o $@ $^ $(LDFLAGS_ALL) $(shell pkg-config --libs libturbojpeg 2>/dev/null)
+
+$(BUILD)/bin/ld-gpu-check: tests/gpu/gpu_check.cu $(CLIENT_A) $(FLAGS_FILE)
+	@mkdir -p $(dir $@)
+	$(NVCC) -O2 $(NVCC_ARCH) $(INC_WIRE) -Xcompiler -Wall,-Wextra -o $@ $< $(CLIENT_A) $(CLIENT_LIBS) -lm
 
 # The image benchmark's floor (bench-only) links the daemon's decoder, resampler and
 # pipeline, as unit tests do.
@@ -230,7 +273,8 @@ install: all install-systemd
 	$(INSTALL) -m 644 $(CLIENT_A) $(DESTDIR)$(LIBDIR)/
 	$(INSTALL) -m 644 $(CLIENT_HEADERS) $(DESTDIR)$(INCLUDEDIR)/
 	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@LIBDIR@|$(LIBDIR)|g' -e 's|@INCLUDEDIR@|$(INCLUDEDIR)|g' \
-	  -e 's|@VERSION@|$(VERSION_STR)|g' client/loaderclient.pc.in > $(DESTDIR)$(PKGCONFIGDIR)/loaderclient.pc
+	  -e 's|@VERSION@|$(VERSION_STR)|g' -e 's|@CUDA_LIBS@|$(CUDA_LIBS)|g' \
+	  client/loaderclient.pc.in > $(DESTDIR)$(PKGCONFIGDIR)/loaderclient.pc
 	chmod 644 $(DESTDIR)$(PKGCONFIGDIR)/loaderclient.pc
 	$(INSTALL) -m 644 config/loaderd.yaml $(DESTDIR)$(DOCDIR)/examples/loaderd.yaml
 	$(INSTALL) -m 644 README.md $(DESTDIR)$(DOCDIR)/README.md
@@ -241,8 +285,9 @@ uninstall:
 	  $(DESTDIR)$(LIBDIR)/libloaderclient.so $(DESTDIR)$(LIBDIR)/libloaderclient.a \
 	  $(addprefix $(DESTDIR)$(INCLUDEDIR)/,$(notdir $(CLIENT_HEADERS))) $(DESTDIR)$(PKGCONFIGDIR)/loaderclient.pc \
 	  $(DESTDIR)$(SYSTEMD_UNIT_DIR)/loaderd.service $(DESTDIR)$(SYSTEMD_UNIT_DIR)/loaderd.socket \
-	  $(DESTDIR)$(SYSUSERS_DIR)/loaderd.conf $(DESTDIR)$(TMPFILES_DIR)/loaderd.conf
-	rm -rf $(DESTDIR)$(DOCDIR)
+	  $(DESTDIR)$(SYSUSERS_DIR)/loaderd.conf $(DESTDIR)$(TMPFILES_DIR)/loaderd.conf \
+	  $(DESTDIR)$(SYSTEMD_UNIT_DIR)/loaderd.service.d/gpu.conf
+	rm -rf $(DESTDIR)$(DOCDIR) $(DESTDIR)$(DATADIR)/loaderd
 
 deps:
 	@scripts/deps.sh build
@@ -257,10 +302,11 @@ test:
 	$(MAKE) --no-print-directory BUILD=build/tsan SANITIZE=thread all tests
 	scripts/run-tests.sh build/tsan tsan
 	$(MAKE) --no-print-directory all
-	scripts/run-tests.sh build python
+	scripts/run-tests.sh build python gpu
 	$(MAKE) --no-print-directory BUILD=build/fuzz CC=clang SANITIZE=$(FUZZ_SAN) fuzzers
 	FUZZ_SECONDS=$(TEST_FUZZ_SECONDS) scripts/run-tests.sh build/fuzz fuzz
-	$(MAKE) --no-print-directory BUILD=build/o0 OPT_LEVEL=-O0 all tests
+	$(MAKE) --no-print-directory BUILD=build/o0 OPT_LEVEL=-O0 CUDA=$(OTHER_CUDA) all tests
+	scripts/run-tests.sh build/o0 device
 	scripts/run-tests.sh build systemd
 	@scripts/run-tests.sh --total
 
@@ -307,7 +353,10 @@ clean:
 # ---- systemd units, the service user and the runtime directory ----------------------
 # `make install-systemd` (run by `make install`) puts loaderd.service and loaderd.socket
 # where systemd looks for local units, and the sysusers.d and tmpfiles.d entries that
-# create the loaderd user and /run/loaderd. The units name $(PREFIX)/bin/loaderd.
+# create the loaderd user and /run/loaderd. The units name $(PREFIX)/bin/loaderd. The
+# GPU hosts' drop-in (systemd/loaderd-gpu.conf) is shipped under share/loaderd/systemd,
+# and installed as loaderd.service.d/gpu.conf with GPU_DROPIN=yes.
+GPU_DROPIN ?= no
 PREFIX ?= /usr/local
 SYSTEMD_UNIT_DIR ?= $(PREFIX)/lib/systemd/system
 SYSUSERS_DIR ?= $(PREFIX)/lib/sysusers.d
@@ -321,3 +370,7 @@ install-systemd:
 	install -m 0644 systemd/loaderd.socket $(DESTDIR)$(SYSTEMD_UNIT_DIR)/loaderd.socket
 	install -m 0644 systemd/loaderd.sysusers $(DESTDIR)$(SYSUSERS_DIR)/loaderd.conf
 	install -m 0644 systemd/loaderd.tmpfiles $(DESTDIR)$(TMPFILES_DIR)/loaderd.conf
+	install -d $(DESTDIR)$(DATADIR)/loaderd/systemd
+	install -m 0644 systemd/loaderd-gpu.conf $(DESTDIR)$(DATADIR)/loaderd/systemd/loaderd-gpu.conf
+	$(if $(filter yes,$(GPU_DROPIN)),install -d $(DESTDIR)$(SYSTEMD_UNIT_DIR)/loaderd.service.d && \
+	  install -m 0644 systemd/loaderd-gpu.conf $(DESTDIR)$(SYSTEMD_UNIT_DIR)/loaderd.service.d/gpu.conf)

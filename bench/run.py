@@ -6,8 +6,9 @@ Runs, in this order, each as its own process with Debian's /usr/bin/python3:
 bench/bench.py (loaderd vs DataLoader), bench/bench_cache.py (the single-file cache),
 bench/bench_images.py (the image pipeline and its floor), bench/bench_python.py --spawn
 (the Python client in a training loop), bench/bench_fair.py (a light job next to a heavy
-one on the same workers). Each writes its own files under bench/results/ (latest.*,
-cache.*, images.*, python.*, fair.*, raw outputs; none of them committed). Then this
+one on the same workers), and the GPU section (gpu_section: "no GPU: skipped" where there
+is none). Each writes its own files under bench/results/ (latest.*, cache.*, images.*,
+python.*, fair.*, raw outputs; none of them committed). Then this
 script gathers them into
 
     bench/results/<date>-<host>.json   machine (CPU model, cores, RAM, kernel, versions of
@@ -92,6 +93,33 @@ def load(path, since, parse):
         return None
 
 
+def gpu_section(build=os.path.join(REPO, "build")):
+    """The GPU benchmark: ({results}, markdown). Where there is no GPU (or no CUDA build)
+    it says so and skips. Where there is one, scripts/gpu-check.sh measures the stage's
+    H2D GB/s against the pinned peak and the synthetic trainer's wait fraction, and its
+    summary is quoted; the comparison with PyTorch's DataLoader(pin_memory=True) + .to()
+    on the same pipeline is not measured yet."""
+    probe = os.path.join(build, "bin", "ld-gpu-check")
+    if not os.path.exists(probe):
+        why = "no ld-gpu-check in the build (built without CUDA)"
+    else:
+        r = subprocess.run([probe, "probe"], capture_output=True, text=True, timeout=60)
+        why = r.stdout.strip().replace("no GPU present: ", "") if r.returncode == 2 else None
+        if r.returncode not in (0, 2):
+            why = "the probe failed: " + (r.stdout + r.stderr).strip()[-200:]
+    if why is not None:
+        return {"skipped": "no GPU: " + why}, "## GPU\n\nno GPU: skipped (%s)." % why
+    env = dict(os.environ, GPU_CHECK_BUILD=build)
+    r = subprocess.run([os.path.join(REPO, "scripts", "gpu-check.sh")], capture_output=True, text=True,
+                       timeout=900, cwd=REPO, env=env)
+    lines = r.stdout.strip().splitlines()
+    start = max((i for i, line in enumerate(lines) if line.startswith("loaderd GPU check")), default=0)
+    summary = lines[start:]
+    md = "## GPU\n\n```\n" + "\n".join(summary) + "\n```\n\nNot measured yet: PyTorch's " \
+         "DataLoader(pin_memory=True) + .to(device, non_blocking=True) on the same pipeline."
+    return {"exit_code": r.returncode, "summary": summary}, md
+
+
 def main():
     results_dir = os.path.join(HERE, "results")
     os.makedirs(results_dir, exist_ok=True)
@@ -124,6 +152,13 @@ def main():
                                       for line in md.strip().splitlines()))
         else:
             md_parts.append(f"## {name}\n\nNo results (exit {rc}).")
+    print("== gpu", flush=True)
+    gpu, gpu_md = gpu_section()
+    print(gpu_md, flush=True)
+    out["gpu"] = gpu
+    md_parts.append(gpu_md)
+    if gpu.get("exit_code"):
+        failed.append(f"gpu (exit {gpu['exit_code']})")
     out["seconds"] = round(time.perf_counter() - t0, 1)
     out["failures"] = failed
 

@@ -8,6 +8,7 @@
  * release a batch after closing its stream). Releases are sent with the next request
  * (client_transport.c); when the trainer is down to one batch of the stream, the
  * release also asks ahead for the next ones (client_next.c). */
+#include "client_device.h"
 #include "client_internal.h"
 #include "proto.h"
 
@@ -125,6 +126,17 @@ LC_EXPORT int lc_batch_release(lc_batch *b)
          * of it are held. */
         client_batch_free(b);
         return client_take_release_failure(c);
+    }
+    if (s->dev) {
+        char msg[LD_ERRMSG_MAX];
+        int dret = client_device_release(b, msg);
+        if (dret < 0) {
+            /* The slot cannot be handed back safely: the daemon could overwrite what
+             * the trainer's stream still reads. It stays leased; the stream's close frees it. */
+            client_seterr(c, "lc_batch_release: %s", msg);
+            client_batch_free(b);
+            return dret;
+        }
     }
     if (!c->broken) {
         int64_t deadline = client_now_ms() + c->timeout_ms;

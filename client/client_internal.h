@@ -75,6 +75,8 @@ struct lc_batch {
     uint64_t slot_offset;       /* of the slot in its ring */
     const uint8_t *base;        /* the slot's first byte (its struct ld_slot_header) */
     lc_field fields[LD_MAX_FIELDS];
+    void *dev_stream;           /* device streams: the CUDA stream lc_batch_device_wait was given */
+    bool dev_waited;
 };
 
 struct lc_stream {
@@ -109,6 +111,9 @@ struct lc_stream {
     uint64_t reopens;           /* times it was reopened on a new connection */
     int failed;                 /* 0, or why it cannot go on (a reopen failed) */
     char failed_msg[CLIENT_ERRMSG_MAX];
+    int dev_ordinal;            /* -1: a host stream */
+    struct client_device *dev;  /* client_device.c; NULL for a host stream or while detached */
+    char *dev_name, *dev_norm;  /* copies of opts.device and opts.device_normalize */
 };
 
 struct lc_client {

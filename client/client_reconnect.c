@@ -29,6 +29,7 @@
  * A call's timeout still bounds the call: one that ends while the daemon is away
  * returns LC_ETIMEDOUT (lc_client_reconnecting() is then 1), and the next call goes
  * on where it left off, as with a batch that comes late. */
+#include "client_device.h"
 #include "client_internal.h"
 #include "ld_mix.h"
 #include "proto.h"
@@ -121,9 +122,21 @@ cJSON *client_open_request(const char *dataset, const lc_stream_options *o, uint
         !cJSON_AddBoolToObject(req, "drop_last", o->drop_last != 0) ||
         !cJSON_AddNumberToObject(req, "start_batch", (double)start_batch) ||
         (o->prefetch && !cJSON_AddNumberToObject(req, "prefetch", o->prefetch)) ||
-        !cJSON_AddNumberToObject(req, "epochs", (double)epochs)) {
+        !cJSON_AddNumberToObject(req, "epochs", (double)epochs) ||
+        (o->device && !cJSON_AddStringToObject(req, "device", o->device)) ||
+        (o->device && !cJSON_AddStringToObject(req, "transfer", o->transfer == LC_TRANSFER_CLIENT
+                                                                    ? LD_TRANSFER_CLIENT : LD_TRANSFER_IPC))) {
         cJSON_Delete(req);
         return NULL;
+    }
+    /* Checked to be a JSON object by lc_stream_open. */
+    if (o->device_normalize) {
+        cJSON *norm = cJSON_Parse(o->device_normalize);
+        if (!cJSON_IsObject(norm) || !cJSON_AddItemToObject(req, "device_normalize", norm)) {
+            cJSON_Delete(norm);
+            cJSON_Delete(req);
+            return NULL;
+        }
     }
     return req;
 }
@@ -146,6 +159,9 @@ void client_batch_free(lc_batch *b)
  * unmapped), its answers in flight are forgotten, and it waits for a reopen. */
 static void client_stream_detach(lc_stream *s)
 {
+    /* The device ring went with the daemon: its handles are closed (and the mapping
+     * unpinned while it is still mapped); a reopen imports the new ones. */
+    client_device_close(s);
     for (unsigned k = 0; k < CLIENT_READ_AHEAD; k++) {
         cJSON_Delete(s->ahead_reply[k]);
         s->ahead_reply[k] = NULL;
@@ -464,6 +480,10 @@ void client_stream_reopened(lc_stream *s, cJSON *reply)
         client_stream_fail(s, ret, "reopening the stream of '%s': %s", s->dataset, msg);
         goto out;
     }
+    if (s->dev_ordinal >= 0 && (ret = client_device_open(t, reply, s->dev_ordinal, msg)) < 0) {
+        client_stream_fail(s, ret, "reopening the stream of '%s' on cuda:%d: %s", s->dataset, s->dev_ordinal, msg);
+        goto out;
+    }
     /* The same fields (checked above); where they lie in a slot, and the slots
      * themselves, are the new ring's. */
     s->id = t->id;
@@ -473,6 +493,8 @@ void client_stream_reopened(lc_stream *s, cJSON *reply)
     memcpy(s->fields, t->fields, sizeof s->fields);
     s->map = t->map;
     s->map_size = t->map_size;
+    s->dev = t->dev;
+    t->dev = NULL;
     s->ring_fd = t->ring_fd;
     t->map = NULL;
     t->ring_fd = -1;

@@ -8,6 +8,7 @@
  * bindings use: client_stream_slot() locates a slot, and the lc_stream_ring_* and
  * lc_stream_field_layout calls hand the same facts out, so nobody restates the
  * ring's layout. Asking for batches is client_next.c, their views client_batch.c. */
+#include "client_device.h"
 #include "client_internal.h"
 #include "proto.h"
 
@@ -384,6 +385,15 @@ LC_EXPORT int lc_stream_open(lc_client *c, const char *dataset, const lc_stream_
         (ret = client_check_u64(c, "start_batch", o->start_batch)) < 0 ||
         (ret = client_check_u64(c, "epochs", o->epochs)) < 0)
         return ret;
+    if (o->device_normalize) {
+        cJSON *norm = cJSON_Parse(o->device_normalize);
+        bool ok = cJSON_IsObject(norm);
+        cJSON_Delete(norm);
+        if (!ok) {
+            client_seterr(c, "lc_stream_open: device_normalize is not a JSON object: %.200s", o->device_normalize);
+            return LC_EINVAL;
+        }
+    }
     req = client_open_request(dataset, o, o->epoch, o->start_batch, o->epochs);
     if (!req) {
         client_seterr(c, "out of memory building 'open'");
@@ -408,11 +418,19 @@ LC_EXPORT int lc_stream_open(lc_client *c, const char *dataset, const lc_stream_
     s->opts = *o;
     s->next_epoch = o->epoch;
     s->next_batch = o->start_batch;
+    s->dev_ordinal = -1;
+    s->opts.device = NULL;
+    s->opts.device_normalize = NULL;
     /* Once the daemon holds a stream for us, every failure below must close it. */
     if (proto_get_int(reply, "stream", 0, LD_JSON_SAFE_INT, &sid, msg) == 0)
         remote = true;
     s->dataset = strdup(dataset);
-    if (!s->dataset) {
+    /* The reopen after a daemon restart asks for the same device: copies of ours. */
+    s->dev_name = o->device ? strdup(o->device) : NULL;
+    s->dev_norm = o->device_normalize ? strdup(o->device_normalize) : NULL;
+    s->opts.device = s->dev_name;
+    s->opts.device_normalize = s->dev_norm;
+    if (!s->dataset || (o->device && !s->dev_name) || (o->device_normalize && !s->dev_norm)) {
         ret = LC_ENOMEM;
         client_seterr(c, "out of memory");
         goto out;
@@ -431,6 +449,16 @@ LC_EXPORT int lc_stream_open(lc_client *c, const char *dataset, const lc_stream_
     if (ret < 0) {
         client_seterr(c, "%s", msg);
         goto out;
+    }
+    if (o->device && strncmp(o->device, "cuda:", 5) == 0) {
+        /* The daemon accepted the name, so it is "cuda:N". */
+        int ordinal = atoi(o->device + 5);
+        ret = client_device_open(s, reply, ordinal, msg);
+        if (ret < 0) {
+            client_seterr(c, "%s", msg);
+            goto out;
+        }
+        s->dev_ordinal = ordinal;
     }
     s->next = c->streams;
     if (c->streams)
@@ -471,6 +499,7 @@ LC_EXPORT int lc_stream_close(lc_stream *s)
         s->ahead_reply[k] = NULL;
     }
     s->ahead_count = 0;
+    client_device_close(s); /* the daemon frees the device ring once the stream is closed */
     /* A reopen still under way: its reply names the stream to close. */
     if (s->reopen_id >= 0 && !c->lost && !c->broken) {
         int64_t deadline = client_now_ms() + c->timeout_ms;
@@ -524,6 +553,9 @@ void client_stream_free(lc_stream *s)
     for (unsigned k = 0; k < CLIENT_READ_AHEAD; k++)
         cJSON_Delete(s->ahead_reply[k]);
     free(s->dataset);
+    free(s->dev_name);
+    free(s->dev_norm);
+    client_device_close(s); /* before the mapping goes: it may be pinned */
     if (s->map)
         munmap((void *)s->map, s->map_size);
     if (s->ring_fd >= 0)

@@ -85,6 +85,14 @@ typedef struct lc_stream_options {
     uint64_t start_batch;         /* resume within the first epoch, default 0 */
     uint32_t prefetch;            /* 0 = the daemon's default; at most lc_limit("prefetch_max") */
     uint64_t epochs;              /* 0 = unbounded; else LC_EEND after that many */
+    /* Device batches (see "device batches" below); new in 0.1 device builds. */
+    const char *device;           /* NULL: host batches; "cuda:N": batches on GPU N */
+    int transfer;                 /* LC_TRANSFER_IPC (default) or LC_TRANSFER_CLIENT */
+    /* NULL, or a JSON object: the daemon's GPU casts and normalizes a uint8 image field as
+     * the batch's last step, {"field": "image", "mean": [...], "std": [...], "dtype":
+     * "float16" | "float32", "layout": "CHW" | "HWC" (the field's on the host)}; the
+     * device field is then float, CHW (transfer ipc only). */
+    const char *device_normalize;
 } lc_stream_options;
 
 /* The library's version, "MAJOR.MINOR.PATCH", and as MAJOR * 10000 + MINOR * 100 + PATCH
@@ -284,6 +292,47 @@ LC_EXPORT int lc_batch_field_by_name_sized(const lc_batch *b, const char *name, 
 #define lc_batch_field_by_name(b, name, f) lc_batch_field_by_name_sized((b), (name), (f), sizeof *(f))
 /* 1 while the slot still holds this batch (its generation in shared memory matches). */
 LC_EXPORT int lc_batch_valid(const lc_batch *b);
+/* ---- device batches ------------------------------------------------------------------
+ * A stream opened with o.device = "cuda:N" hands out each batch on GPU N as well:
+ *   LC_TRANSFER_IPC     the daemon copies every batch into a device ring while the GPU
+ *                       trains on the previous one; this process opens the ring once per
+ *                       stream (CUDA IPC) and gets device pointers into it.
+ *   LC_TRANSFER_CLIENT  where IPC is not possible (another container, MIG, another
+ *                       device): the library pins the read-only ring and copies each
+ *                       batch on the trainer's stream into device memory it owns.
+ * lc_batch_device_wait(b, stream) makes `stream` (a cudaStream_t; NULL: the legacy
+ * default stream) wait for the batch without blocking the host; kernels queued on it
+ * afterwards may read the device fields. lc_batch_release records, on that stream, that
+ * the trainer is done with the slot: the daemon never overwrites device memory the
+ * trainer's queued work may still read. Device pointers are valid until the release.
+ * Opening fails with LC_EDEVICE and the reason (no driver, no device N, driver too old,
+ * a library built without CUDA). */
+#define LC_TRANSFER_IPC 0
+#define LC_TRANSFER_CLIENT 1
+
+/* One field of a batch on the device. New members are added at the end only. */
+typedef struct lc_device_field {
+    const char *name;
+    int dtype;                    /* LC_DTYPE_*: float16/float32 for a field the GPU normalized */
+    int ndim;                     /* including the batch dimension */
+    int64_t shape[LC_MAX_DIMS];
+    void *data;                   /* device pointer */
+    size_t nbytes;
+    int device;                   /* the N of cuda:N */
+    const int64_t *offsets;       /* ragged only: rows + 1 offsets, on the device; else NULL */
+} lc_device_field;
+
+/* The GPU ordinal of a device stream, -1 for a host stream. */
+LC_EXPORT int lc_stream_device(const lc_stream *s);
+/* Field i (or by name) of b on the device; LC_EINVAL for a host stream or no such field. */
+LC_EXPORT int lc_batch_device_field_sized(const lc_batch *b, int i, lc_device_field *ret_field, size_t field_size);
+LC_EXPORT int lc_batch_device_field_by_name_sized(const lc_batch *b, const char *name, lc_device_field *ret_field,
+                                                  size_t field_size);
+#define lc_batch_device_field(b, i, f) lc_batch_device_field_sized((b), (i), (f), sizeof *(f))
+#define lc_batch_device_field_by_name(b, name, f) lc_batch_device_field_by_name_sized((b), (name), (f), sizeof *(f))
+/* Makes cuda_stream wait for b on the device (no host synchronisation). */
+LC_EXPORT int lc_batch_device_wait(lc_batch *b, void *cuda_stream);
+
 /* Gives the slot back to the daemon (without waiting for its reply) and frees b.
  * Accepts NULL. Releases are pipelined, so the daemon's refusal of one (LC_ENOTLEASED:
  * released already; LC_ESTALE: a recycled slot) is known only once its reply has been

@@ -66,7 +66,8 @@
     X(ECACHE, -4017, "cache_corrupt", "the cache file is corrupt or truncated")          \
     X(ECACHESTALE, -4018, "cache_stale", "the cache file does not match its source")     \
     X(ECACHEVERSION, -4019, "cache_version", "cache file format version not supported")  \
-    X(ECANCELED, -ECANCELED, "canceled", "operation canceled")
+    X(ECANCELED, -ECANCELED, "canceled", "operation canceled")                           \
+    X(EDEVICE, -4020, "device_error", "the device cannot be used")
 
 /* LC_OK and one LC_<NAME> per row: LC_EPERM, ..., LC_EFIELD, ..., LC_ECANCELED. */
 enum lc_error {

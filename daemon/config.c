@@ -89,6 +89,8 @@ static const struct config_key server_keys[] = {
      .flags = CONFIG_KEY_AUTO},
     {.name = "memory_budget", .type = CONFIG_KEY_SIZE, .min = (int64_t)MIB, .max = (int64_t)TIB,
      .def = (int64_t)GIB, SERVER_AT(memory_budget)},
+    {.name = "device_memory_budget", .type = CONFIG_KEY_SIZE, .min = (int64_t)MIB, .max = 64 * (int64_t)TIB,
+     .def = 4 * (int64_t)GIB, SERVER_AT(device_memory_budget)},
     {.name = "max_clients", .type = CONFIG_KEY_INT, .min = 1, .max = 4096, .def = 64,
      SERVER_AT(max_clients)},
     {.name = "max_streams", .type = CONFIG_KEY_INT, .min = 1, .max = 4096, .def = 64,

@@ -119,6 +119,7 @@ struct config {
     char *socket_path;              /* default: $LOADERD_SOCKET, else $XDG_RUNTIME_DIR/loaderd.sock, else /tmp/loaderd-$UID.sock */
     uint32_t workers;               /* worker threads; 0 or auto in YAML: one per usable CPU (cpus.h) */
     uint64_t memory_budget;         /* bytes of shared-memory rings across all streams */
+    uint64_t device_memory_budget;  /* bytes of device rings per GPU, across its streams */
     uint32_t max_clients;
     uint32_t max_streams;           /* per daemon */
     uint32_t max_frame;             /* bytes, LD_FRAME_MIN_LIMIT..LD_FRAME_MAX_LIMIT */

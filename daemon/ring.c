@@ -332,6 +332,16 @@ int ring_ready(ring *r, uint32_t slot)
     return transition(r, slot, RING_FILLING, RING_READY);
 }
 
+int ring_copying(ring *r, uint32_t slot)
+{
+    return transition(r, slot, RING_FILLING, RING_COPYING);
+}
+
+int ring_copied(ring *r, uint32_t slot)
+{
+    return transition(r, slot, RING_COPYING, RING_READY);
+}
+
 int ring_lease(ring *r, uint32_t slot)
 {
     return transition(r, slot, RING_READY, RING_LEASED);
@@ -380,6 +390,7 @@ const char *ring_state_name(enum ring_state state)
 {
     static const char *const names[RING_STATES] = {
         [RING_FREE] = "free", [RING_FILLING] = "filling", [RING_READY] = "ready", [RING_LEASED] = "leased",
+        [RING_COPYING] = "copying",
     };
     return (unsigned)state < RING_STATES ? names[state] : "?";
 }

@@ -8,7 +8,11 @@
  *
  * Slot state machine, driven only from the loop thread (no locking here):
  *   FREE -acquire-> FILLING -ready-> READY -lease-> LEASED -release-> FREE
- * acquire bumps the slot's generation; release must quote the current generation. */
+ *                   FILLING -copying-> COPYING -copied-> READY
+ * acquire bumps the slot's generation; release must quote the current generation.
+ * COPYING covers the device stage (device.h): the slot is filled on the host and its
+ * copy to the device is under way; it is not deliverable and cannot be discarded
+ * (the copy engine reads it) until the copy is reported. */
 #ifndef LD_RING_H
 #define LD_RING_H
 
@@ -18,11 +22,11 @@
 
 #include "ld_wire.h"
 
-enum ring_state { RING_FREE = 0, RING_FILLING = 1, RING_READY = 2, RING_LEASED = 3 };
+enum ring_state { RING_FREE = 0, RING_FILLING = 1, RING_READY = 2, RING_LEASED = 3, RING_COPYING = 4 };
 /* How many states there are: enum ring_state runs from 0 to RING_STATES - 1, so an array
  * indexed by state (counts per state) has RING_STATES entries. */
-#define RING_STATES 4
-_Static_assert(RING_LEASED + 1 == RING_STATES, "RING_STATES counts every enum ring_state");
+#define RING_STATES 5
+_Static_assert(RING_COPYING + 1 == RING_STATES, "RING_STATES counts every enum ring_state");
 #define RING_NAME_MAX LD_SHM_NAME_MAX /* the name clients accept, NUL included */
 
 typedef struct ring ring;
@@ -56,6 +60,8 @@ void *ring_slot(ring *r, uint32_t slot);
  * generation that is not current). A failed call changes nothing. */
 int ring_acquire(ring *r, uint32_t *ret_slot, uint64_t *ret_generation);
 int ring_ready(ring *r, uint32_t slot);
+int ring_copying(ring *r, uint32_t slot);  /* FILLING -> COPYING */
+int ring_copied(ring *r, uint32_t slot);   /* COPYING -> READY */
 int ring_lease(ring *r, uint32_t slot);
 int ring_release(ring *r, uint32_t slot, uint64_t generation);
 /* FILLING or READY back to FREE (stream teardown, cancelled fill). */
@@ -64,7 +70,7 @@ enum ring_state ring_state(const ring *r, uint32_t slot);
 uint64_t ring_generation(const ring *r, uint32_t slot);
 uint32_t ring_count(const ring *r, enum ring_state state);
 /* The state's name as status, streams and metrics show it: "free", "filling", "ready",
- * "leased"; "?" for a value that is not a state. */
+ * "leased", "copying"; "?" for a value that is not a state. */
 const char *ring_state_name(enum ring_state state);
 
 /* Removes /dev/shm objects named `<prefix>.<pid>.*` whose pid is not a live process

@@ -209,6 +209,17 @@ static void server_op_open(conn *c, const cJSON *req, int64_t id)
         server_reply_error(c, id, rc, err);
         return;
     }
+    /* Where batches go (device.h): "device", "transfer", "device_normalize". */
+    const char *device = NULL, *transfer = NULL;
+    struct device_spec dev;
+    if ((cJSON_GetObjectItemCaseSensitive(req, "device") &&
+         (rc = proto_get_str(req, "device", LD_DEVICE_NAME_MAX - 1, &device, err)) < 0) ||
+        (cJSON_GetObjectItemCaseSensitive(req, "transfer") &&
+         (rc = proto_get_str(req, "transfer", 16, &transfer, err)) < 0) ||
+        (rc = device_parse(device, transfer, &dev, err)) < 0) {
+        server_reply_error(c, id, rc, err);
+        return;
+    }
     if (rank >= world) {
         snprintf(err, sizeof err, "rank %" PRId64 " is not below world_size %" PRId64, rank, world);
         server_reply_error(c, id, LD_EINVAL, err);
@@ -236,8 +247,27 @@ static void server_op_open(conn *c, const cJSON *req, int64_t id)
         server_reply_error(c, id, rc, err);
         return;
     }
+    struct device_normalize *norm = calloc(1, sizeof *norm);
+    if (!norm) {
+        server_reply_error(c, id, LD_ENOMEM, NULL);
+        return;
+    }
+    const cJSON *jnorm = cJSON_GetObjectItemCaseSensitive(req, "device_normalize");
+    if (jnorm && !cJSON_IsNull(jnorm) && (dev.kind != DEVICE_CUDA || dev.transfer_client)) {
+        snprintf(err, sizeof err, "field 'device_normalize': needs \"device\": \"cuda:N\" with transfer \"ipc\" "
+                 "(the daemon's GPU runs it)");
+        rc = LD_EFIELD;
+    } else {
+        rc = device_normalize_parse(jnorm, d, norm, err);
+    }
+    if (rc < 0) {
+        free(norm);
+        server_reply_error(c, id, rc, err);
+        return;
+    }
     struct conn_stream *cs = calloc(1, sizeof *cs);
     if (!cs) {
+        free(norm);
         server_reply_error(c, id, LD_ENOMEM, NULL);
         return;
     }
@@ -245,7 +275,7 @@ static void server_op_open(conn *c, const cJSON *req, int64_t id)
         .batch_size = (uint32_t)batch, .shuffle = shuffle, .seed = (uint64_t)seed,
         .epoch = (uint64_t)epoch, .rank = (uint32_t)rank, .world_size = (uint32_t)world,
         .drop_last = drop_last, .start_batch = (uint64_t)start, .prefetch = (uint32_t)prefetch,
-        .epochs = (uint64_t)epochs,
+        .epochs = (uint64_t)epochs, .device = dev, .norm = norm, .device_budget = srv->cfg->device_memory_budget,
         .uid = c->uid, .client_weight = 1, .client_max_share = 1,
     };
     const struct config_client *cc = config_client_for_uid(srv->cfg, c->uid);
@@ -257,6 +287,7 @@ static void server_op_open(conn *c, const cJSON *req, int64_t id)
     uint64_t budget_left = srv->cfg->memory_budget - srv->memory_used;
     err[0] = '\0';
     rc = stream_open(srv->set, d, sid, &p, budget_left, &cs->s, err);
+    free(norm); /* the stage keeps what it needs */
     if (rc < 0) {
         free(cs);
         ld_log(LD_LOG_WARN, "client %" PRIu64 " (%s): open '%s' failed: %s", c->id, c->name, name, err);
@@ -434,6 +465,8 @@ static void server_op_status(conn *c, const cJSON *req, int64_t id)
     cJSON_AddNumberToObject(r, "memory_used", (double)srv->memory_used);
     cJSON_AddNumberToObject(r, "queued_reply_bytes", (double)srv->queued_bytes);
     server_ops_slot_counts(cJSON_AddObjectToObject(r, "slots"), counts);
+    cJSON_AddNumberToObject(r, "device_memory_used", (double)device_budget_used_total());
+    cJSON_AddNumberToObject(r, "device_memory_budget", (double)srv->cfg->device_memory_budget);
     uint64_t bad = 0, replaced = 0, retries = 0;
     for (size_t i = 0; i < srv->n_datasets; i++) {
         bad += atomic_load(&srv->datasets[i]->bad_samples);

@@ -9,6 +9,9 @@
  *                  slot. The last chunk of a slot to finish hands the slot to the hub.
  *   slot_filled()  loop thread (woken by the hub): the slot becomes READY, or the
  *                  stream records the failure at that sequence number.
+ *   start_copy()   loop thread: the filled slot goes through the stream's device stage
+ *                  (device.h): COPYING while a copy to the GPU runs, reported through
+ *                  the hub (slot_copied); the host stage completes at once.
  *   deliver()      loop thread (from a hub completion, or returned by stream_next):
  *                  the slot holding the next sequence is leased to the `next` request.
  *
@@ -99,6 +102,11 @@ struct stream_slot {
     atomic_int err;                 /* first failing chunk wins */
     char errmsg[LD_ERRMSG_MAX];     /* written by the chunk that set err */
     struct stream_task *tasks;      /* max_chunks, preallocated */
+    /* The device copy's report, posted by the stage's thread (stream_copied). */
+    struct hub_completion copy_done;
+    stream *copy_stream;
+    uint32_t copy_slot;
+    atomic_int copy_rc;
 };
 
 struct stream {
@@ -109,6 +117,8 @@ struct stream {
     struct stream_params p;
     sampler smp;
     ring *ring;
+    device_stage *dev;              /* the host stage for a stream without a device */
+    uint64_t slot_used;             /* bytes of a slot the layout uses */
     struct field_layout layout[LD_MAX_FIELDS];
     uint32_t n_slots, max_chunks;
     pool *workers;
@@ -152,6 +162,7 @@ static uint64_t align_up(uint64_t v, uint64_t a)
 /* ---- the set ------------------------------------------------------------------- */
 
 static void slot_filled(stream *s, uint32_t slot);
+static void slot_copied(stream *s, uint32_t slot, int rc);
 static void deliver(stream *s);
 
 static void chunk_done(struct hub_completion *c)
@@ -205,6 +216,20 @@ uint32_t stream_set_live(const stream_set *set)
     return set->live;
 }
 
+/* The device stage's thread: a copy ended. The slot is busy until the loop sees it. */
+static void stream_copied(void *ctx, uint32_t slot, int rc)
+{
+    stream *s = ctx;
+    atomic_store(&s->slots[slot].copy_rc, rc);
+    hub_post(s->set->hub, &s->slots[slot].copy_done);
+}
+
+/* The loop thread, from the hub: a device copy ended. */
+static void slot_copy_done(struct hub_completion *c)
+{
+    struct stream_slot *sl = (struct stream_slot *)((char *)c - offsetof(struct stream_slot, copy_done));
+    slot_copied(sl->copy_stream, sl->copy_slot, atomic_load(&sl->copy_rc));
+}
 /* ---- workers --------------------------------------------------------------------- */
 
 static void chunk_run(struct pool_task *t)
@@ -256,6 +281,7 @@ static void stream_free(stream *s)
             free(s->slots[i].tasks);
         free(s->slots);
     }
+    device_close(s->dev); /* before the ring: it unpins the mapping */
     ring_free(s->ring);
     pool_flow_close(s->workers, s->flow); /* freed when its last running chunk returns */
     if (s->set) {
@@ -368,7 +394,8 @@ static void schedule(stream *s)
     if (s->closing)
         return;
     while (s->next_fill < s->total_seq && s->next_fill < s->failed_seq) {
-        uint32_t ahead = ring_count(s->ring, RING_FILLING) + ring_count(s->ring, RING_READY);
+        uint32_t ahead = ring_count(s->ring, RING_FILLING) + ring_count(s->ring, RING_COPYING) +
+                         ring_count(s->ring, RING_READY);
         if (ahead >= (s->prefetch_auto ? s->pf.depth : s->p.prefetch))
             break;
         uint32_t slot;
@@ -514,6 +541,50 @@ static void slot_idle(stream *s, struct stream_slot *sl)
     sl->cache = NULL;
 }
 
+/* Bytes of the slot that the batch in it uses: its header, and each field up to its
+ * last row (ragged: its offsets and its bytes). A copy moves no more. */
+static uint64_t slot_used_bytes(stream *s, uint32_t slot, uint32_t rows)
+{
+    uint64_t end = sizeof(struct ld_slot_header);
+    uint8_t *base = ring_slot(s->ring, slot);
+    for (int f = 0; f < s->ds->n_fields; f++) {
+        const struct field_layout *l = &s->layout[f];
+        uint64_t e;
+        if (s->ds->fields[f].ragged)
+            e = l->offset + (uint64_t)((const int64_t *)(base + l->offsets_offset))[rows];
+        else
+            e = l->offset + (uint64_t)rows * l->row_bytes;
+        if (e > end)
+            end = e;
+    }
+    return end;
+}
+
+/* A filled slot goes through the device stage: READY now (the host stage) or once
+ * its copy is reported (slot_copied). */
+static void start_copy(stream *s, uint32_t slot)
+{
+    struct stream_slot *sl = &s->slots[slot];
+    int copying = ring_copying(s->ring, slot);
+    ld_require(copying == 0); /* else a slot we were filling is not FILLING: the bookkeeping is broken */
+    int rc = device_submit(s->dev, slot, slot_used_bytes(s, slot, sl->rows), sl->rows);
+    if (rc == 1) {
+        int copied = ring_copied(s->ring, slot);
+        ld_require(copied == 0);
+        return;
+    }
+    if (rc == 0) {
+        sl->busy = true;
+        s->busy_slots++;
+        return;
+    }
+    /* Not queued: the slot goes back FREE through the legal path, nothing delivers it. */
+    int back = ring_copied(s->ring, slot) || ring_lease(s->ring, slot) ||
+               ring_release(s->ring, slot, ring_generation(s->ring, slot));
+    ld_require(back == 0);
+    stream_fail(s, sl->seq, rc, "the copy of the batch to the device could not be queued (see the daemon's log)");
+}
+
 static void slot_filled(stream *s, uint32_t slot)
 {
     struct stream_slot *sl = &s->slots[slot];
@@ -538,8 +609,29 @@ static void slot_filled(stream *s, uint32_t slot)
         stream_fail(s, sl->seq, dataset_sample_error(err) ? LD_ESAMPLE : err, sl->errmsg);
         ring_discard(s->ring, slot);
     } else {
-        int ready = ring_ready(s->ring, slot);
-        ld_require(ready == 0); /* else a slot we were filling is not FILLING: the bookkeeping is broken */
+        start_copy(s, slot);
+    }
+    deliver(s);
+    schedule(s);
+}
+
+/* The slot's copy ended (a device stage that works asynchronously): it is READY. */
+static void slot_copied(stream *s, uint32_t slot, int rc)
+{
+    struct stream_slot *sl = &s->slots[slot];
+    sl->busy = false;
+    s->busy_slots--;
+    if (s->closing) {
+        if (s->busy_slots == 0)
+            stream_free(s);
+        return;
+    }
+    int copied = ring_copied(s->ring, slot);
+    ld_require(copied == 0); /* else a slot being copied is not COPYING: the bookkeeping is broken */
+    if (rc < 0) {
+        stream_fail(s, sl->seq, rc, "the copy of the batch to the device failed (see the daemon's log)");
+        ring_lease(s->ring, slot); /* READY -> LEASED -> FREE: nothing may deliver it */
+        ring_release(s->ring, slot, ring_generation(s->ring, slot));
     }
     deliver(s);
     schedule(s);
@@ -648,6 +740,7 @@ int stream_open(stream_set *set, dataset *d, uint64_t id, const struct stream_pa
     rc = ring_open("loaderd", id, s->n_slots, slot_bytes, 0600, &s->ring, errbuf);
     if (rc < 0)
         goto fail;
+    s->slot_used = off;
 
     s->workers = set->workers;
     s->max_chunks = pool_threads(set->workers);
@@ -680,6 +773,29 @@ int stream_open(stream_set *set, dataset *d, uint64_t id, const struct stream_pa
             goto fail;
         }
     }
+    for (uint32_t i = 0; i < s->n_slots; i++) {
+        s->slots[i].copy_done.done = slot_copy_done;
+        s->slots[i].copy_stream = s;
+        s->slots[i].copy_slot = i;
+    }
+    const struct device_normalize *norm = p->norm && p->norm->field >= 0 ? p->norm : NULL;
+    const struct device_stream_params dp = {
+        .stream_id = id,
+        .ring_base = (uint8_t *)ring_slot(s->ring, 0) - ring_slot_offset(s->ring),
+        .ring_size = ring_total_size(s->ring),
+        .slot_offset = ring_slot_offset(s->ring),
+        .slot_size = ring_slot_size(s->ring),
+        .slot_count = s->n_slots,
+        .slot_bytes = s->slot_used,
+        .budget = p->device_budget,
+        .batch_size = p->batch_size,
+        .norm = norm,
+        .norm_src_offset = norm ? s->layout[norm->field].offset : 0,
+        .norm_name = norm ? d->fields[norm->field].name : NULL,
+    };
+    rc = device_open(&p->device, &dp, stream_copied, s, &s->dev, errbuf);
+    if (rc < 0)
+        goto fail;
     s->set = set;
     set->live++;
     dataset_hold(d);
@@ -791,6 +907,7 @@ void stream_describe_layout(const stream *s, cJSON *o)
         }
         cJSON_AddItemToArray(fields, jf);
     }
+    device_describe(s->dev, &s->p.device, o);
 }
 
 void stream_describe_state(const stream *s, cJSON *o)
@@ -827,6 +944,8 @@ void stream_describe_state(const stream *s, cJSON *o)
     cJSON_AddNumberToObject(o, "worker_cpu_s", st.worker_cpu_s);
     cJSON_AddNumberToObject(o, "prefetch_depth", st.prefetch_depth);
     cJSON_AddNumberToObject(o, "weight", s->weight);
+    cJSON_AddNumberToObject(o, "copying", ring_count(s->ring, RING_COPYING));
+    device_stats(s->dev, o);
 }
 
 void stream_get_stats(const stream *s, struct stream_stats *ret)
@@ -839,7 +958,8 @@ void stream_get_stats(const stream *s, struct stream_stats *ret)
         .batches = s->batches_served, .samples = s->samples_served, .bytes = s->bytes_served,
         .active_s = (double)active / 1e9, .wait_s = (double)wait / 1e9,
         .worker_cpu_s = (double)fs.cpu_ns / 1e9,
-        .prefetch_depth = ring_count(s->ring, RING_FILLING) + ring_count(s->ring, RING_READY),
+        .prefetch_depth = ring_count(s->ring, RING_FILLING) + ring_count(s->ring, RING_COPYING) +
+                          ring_count(s->ring, RING_READY),
     };
     if (active) {
         ret->stall = (double)wait / (double)active;

@@ -19,6 +19,7 @@
 #include <uv.h>
 
 #include "dataset.h"
+#include "device.h"
 #include "hub.h"
 #include "pool.h"
 #include "ring.h"
@@ -49,6 +50,9 @@ struct stream_params {
     uint32_t uid;
     uint32_t client_weight;
     double client_max_share;
+    struct device_spec device;  /* where batches go (device.h); zeroed: the host */
+    const struct device_normalize *norm; /* on-GPU normalize, or NULL */
+    uint64_t device_budget;     /* server.device_memory_budget, per GPU */
 };
 
 /* What `next` delivers. */
@@ -79,9 +83,11 @@ typedef struct stream stream;
 
 #define STREAM_MAX_WAITING 8
 
-/* Lays out the slot, creates and commits the ring. errbuf gets the reason on failure
- * (LD_ERANGE: no batch with these settings; LD_ENOSPC: /dev/shm too small; LD_EINVAL:
- * start_batch past the epoch; LD_EBUDGET: the ring needs more than budget_left bytes). */
+/* Lays out the slot, creates and commits the ring, opens its device stage. errbuf gets
+ * the reason on failure (LD_ERANGE: no batch with these settings; LD_ENOSPC: /dev/shm
+ * too small; LD_EINVAL: start_batch past the epoch; LD_EBUDGET: the ring needs more
+ * than budget_left bytes, or the device ring more than is left of the GPU's budget;
+ * LD_EDEVICE: the device cannot be used, with the reason). */
 int stream_open(stream_set *set, dataset *d, uint64_t id, const struct stream_params *p,
                 uint64_t budget_left, stream **ret_stream, char *errbuf);
 /* Ends the stream: waiting nexts are forgotten (their callbacks never run: the caller

@@ -134,6 +134,30 @@ _Static_assert(offsetof(struct ld_slot_header, batch) == 16, "ld_slot_header.bat
 _Static_assert(offsetof(struct ld_slot_header, rows) == 24, "ld_slot_header.rows");
 _Static_assert(offsetof(struct ld_slot_header, reserved) == 32, "ld_slot_header.reserved");
 
+/* ---- device stage (an open with "device": "cuda:N") -----------------------------
+ * The open reply's "device" object (proto_device_encode / proto_device_decode) carries
+ * the device ring once per stream: one memory handle for the whole ring and, per slot,
+ * a "ready" event (the daemon records it when the slot's copy is done) and a "done"
+ * event (the trainer records it before it releases the slot; the daemon's copy stream
+ * waits on it before it overwrites that device slot). Handles travel as hex strings of
+ * exactly 2 * LD_IPC_HANDLE_SIZE characters. Per batch only slot and generation cross
+ * the socket, as for host batches. Never change without a version bump. */
+#define LD_DEVICE_NAME_MAX 16              /* "cuda:N", including the NUL */
+#define LD_DEVICE_ORDINAL_MAX 255          /* the N of cuda:N */
+#define LD_DEVICE_SLOT_ALIGN (2u << 20)    /* device slots are multiples of 2 MiB */
+#define LD_DEVICE_SLOT_COUNT_MAX (LD_PREFETCH_MAX + 8) /* device slots of one stream */
+#define LD_IPC_HANDLE_SIZE 64              /* cudaIpcMemHandle_t and cudaIpcEventHandle_t */
+#define LD_TRANSFER_IPC "ipc"              /* the daemon copies; the trainer imports its memory */
+#define LD_TRANSFER_CLIENT "client"        /* the trainer copies from its read-only host mapping */
+
+/* The bytes of one CUDA IPC handle, opaque to everything but the CUDA backends (which
+ * pin sizeof(cudaIpcMemHandle_t) and sizeof(cudaIpcEventHandle_t) to this size). */
+struct ld_ipc_handle {
+    uint8_t bytes[LD_IPC_HANDLE_SIZE];
+};
+_Static_assert(sizeof(struct ld_ipc_handle) == 64, "ld_ipc_handle is wire layout");
+_Static_assert(offsetof(struct ld_ipc_handle, bytes) == 0, "ld_ipc_handle.bytes");
+
 /* Writes the 4-byte big-endian header for a payload of `len` bytes. */
 void proto_frame_header(uint32_t len, uint8_t out[LD_FRAME_HEADER_SIZE]);
 

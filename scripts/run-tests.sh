@@ -4,7 +4,9 @@
 #   scripts/run-tests.sh --total [LABEL]  the closing line (LABEL: "make test")
 # Groups: unit (cmocka unit tests), integration (real loaderd + real client),
 #         tsan (the concurrent parts, in a ThreadSanitizer build), python (pytest),
-#         systemd (the units, as installed), fuzz (each libFuzzer harness for $FUZZ_SECONDS seconds, default 10).
+#         systemd (the units, as installed), fuzz (each libFuzzer harness for $FUZZ_SECONDS seconds, default 10),
+#         gpu (scripts/gpu-check.sh says that there is no GPU, where there is none),
+#         device (the device stage's unit tests alone: for the build variant without CUDA).
 #
 # Every program runs under a timeout (TEST_TIMEOUT seconds, default 300; pytest
 # PYTEST_TIMEOUT, default 600), so a deadlock fails the run instead of hanging it.
@@ -90,6 +92,12 @@ for group in "$@"; do
       for t in "$build"/test/test_*; do [ -x "$t" ] && run_cmocka "$t"; done ;;
     integration)
       for t in "$build"/test/itest_*; do [ -x "$t" ] && run_cmocka "$t"; done ;;
+    device)
+      # The device stage, the ring's state machine and the wire: what differs between a
+      # build with CUDA and one without (make test runs it on the other variant).
+      for t in "$build"/test/test_device "$build"/test/test_ring "$build"/test/test_proto; do
+        if [ -x "$t" ]; then run_cmocka "$t"; else failed=$((failed + 1)); failures+=("$t is missing"); fi
+      done ;;
     tsan)
       # The concurrent parts: the worker pool, datasets read from many threads, the
       # cache keeper's thread, and the whole daemon (workers + loop thread) driven by
@@ -132,6 +140,31 @@ for group in "$@"; do
         skipped=$((skipped + 1))
       else
         failed=$((failed + 1)); failures+=("tests/systemd/check-deb.sh (exit $rc)")
+      fi ;;
+    gpu)
+      # scripts/gpu-check.sh on this host, with this build: where there is no GPU it must
+      # say so, write its summary and exit 2 (nothing checked, nothing pretended); where
+      # there is one, run it by hand (it takes minutes and builds its own tree).
+      echo "== scripts/gpu-check.sh (no GPU here)"
+      if [ -e /dev/nvidiactl ]; then
+        echo "== a GPU is present: run scripts/gpu-check.sh"
+        skipped=$((skipped + 1))
+      elif [ ! -x "$build/bin/ld-gpu-check" ]; then
+        echo "== $build has no ld-gpu-check (a build without CUDA): nothing to run"
+        skipped=$((skipped + 1))
+      else
+        res=$(mktemp -d)
+        out=$(GPU_CHECK_BUILD="$build" GPU_CHECK_RESULTS="$res" timeout -k 10 60 scripts/gpu-check.sh 2>&1)
+        rc=$?
+        echo "$out"
+        if [ $rc -eq 2 ] && grep -q '^gpu-check: no GPU present: ' <<<"$out" \
+           && grep -q '^NO GPU: .* nothing was checked$' "$res"/*/summary.txt 2>/dev/null \
+           && grep -q '^  identical   not run' "$res"/*/summary.txt; then
+          passed=$((passed + 1))
+        else
+          failed=$((failed + 1)); failures+=("scripts/gpu-check.sh without a GPU (exit $rc, expected 2 and its summary)")
+        fi
+        rm -rf "$res"
       fi ;;
     python)
       py=/usr/bin/python3

@@ -448,6 +448,17 @@ static int ctl_streams(const cJSON *r)
     if (ret == 0)
         ctl_table_print(&t);
     ctl_table_free(&t);
+    /* Streams with a device ring: where it is, its share of the GPU's budget, the copies. */
+    cJSON_ArrayForEach(s, list) {
+        const char *dev = ctl_str(s, "device", NULL);
+        if (!dev)
+            continue;
+        printf("stream %.0f on %s: device ring %.1f MiB, %.1f of %.1f MiB used on the GPU, %.0f copies, "
+               "%.3f ms per batch, %.2f GB/s host to device, %.0f copying\n", ctl_num(s, "id", 0), dev,
+               ctl_num(s, "device_memory", 0) / 1048576.0, ctl_num(s, "device_memory_used", 0) / 1048576.0,
+               ctl_num(s, "device_memory_budget", 0) / 1048576.0, ctl_num(s, "device_copies", 0),
+               ctl_num(s, "copy_ms_per_batch", 0), ctl_num(s, "h2d_gbps", 0), ctl_num(s, "copying", 0));
+    }
     return ret == 0 ? 0 : ctl_fail("streams", "out of memory");
 }
 

@@ -9,8 +9,11 @@
  * (repeated). When client_parse_open accepts the reply, every field must lie inside a
  * slot and the slots inside shm_size; then the ring is a heap block of exactly
  * shm_size bytes (ASan catches any read past it), and client_fill_batch on the first
- * and last slot must either refuse the slot or give views that lie inside it. */
+ * and last slot must either refuse the slot or give views that lie inside it. A device
+ * block (proto_device.h) that is accepted must be within the wire's limits and survive
+ * an encode and decode unchanged. */
 #include "client_internal.h"
+#include "proto_device.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -112,6 +115,22 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         }
     }
     free(s);
+    /* The device block (a device stream's handles): accepted only within the wire's
+     * limits, and a second decode of what was accepted gives the same bytes. */
+    struct proto_device_info *dev = calloc(2, sizeof *dev);
+    check(dev != NULL);
+    if (proto_device_decode(reply, &dev[0], err) == 0) {
+        check(dev[0].ordinal >= 0 && dev[0].ordinal <= LD_DEVICE_ORDINAL_MAX);
+        check(dev[0].n_fields >= 0 && dev[0].n_fields <= LD_MAX_FIELDS);
+        if (dev[0].ipc)
+            check(dev[0].slot_count >= 1 && dev[0].slot_count <= LD_DEVICE_SLOT_COUNT_MAX &&
+                  dev[0].slot_size % LD_DEVICE_SLOT_ALIGN == 0);
+        cJSON *again = cJSON_CreateObject();
+        check(again != NULL && proto_device_encode(&dev[0], again) == 0);
+        check(proto_device_decode(again, &dev[1], err) == 0 && memcmp(&dev[0], &dev[1], sizeof dev[0]) == 0);
+        cJSON_Delete(again);
+    }
+    free(dev);
     cJSON_Delete(reply);
     free(text);
     return 0;

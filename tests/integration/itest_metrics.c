@@ -285,8 +285,8 @@ static void test_metrics_agree_with_status(void **state)
     assert_true(sample(m2, "loaderd_memory_used_bytes") > 0);
     assert_true(sample(m2, "loaderd_memory_budget_bytes") == num(st, "memory_budget"));
     const cJSON *slots = cJSON_GetObjectItemCaseSensitive(st, "slots");
-    static const char *const states[] = {"free", "filling", "ready", "leased"};
-    for (int k = 0; k < 4; k++) {
+    static const char *const states[] = {"free", "filling", "ready", "leased", "copying"};
+    for (int k = 0; k < 5; k++) {
         char series[64];
         snprintf(series, sizeof series, "loaderd_slots{state=\"%s\"}", states[k]);
         assert_true(sample(m2, series) == num(slots, states[k]));

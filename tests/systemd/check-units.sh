@@ -6,6 +6,8 @@
 #     keeps on stop (RuntimeDirectoryPreserve=yes), and the service has writable cache
 #     and state directories under ProtectSystem=strict;
 #   - no ExecReload= while loaderd has no reload (SIGHUP is logged and ignored);
+#   - the GPU hosts' drop-in is shipped, applied only on request, and with it the unit
+#     verifies, sees the NVIDIA device nodes and stays within the exposure bound;
 #   - systemd-sysusers creates the loaderd user and group from the sysusers.d entry,
 #     and systemd-tmpfiles creates /run/loaderd 0750 loaderd:loaderd, in a scratch root.
 # None of this needs a running systemd. A check whose tool is missing is skipped, saying
@@ -60,6 +62,46 @@ if command -v systemd-analyze >/dev/null 2>&1; then
   fi
 else
   skip "systemd-analyze verify and security: systemd-analyze is not installed (Debian package systemd)"
+fi
+
+# The GPU hosts' drop-in: shipped by every install, applied only with GPU_DROPIN=yes;
+# with it the unit still verifies, sees the NVIDIA devices (and no others) and stays
+# within the exposure bound.
+gpu_conf=$prefix/share/loaderd/systemd/loaderd-gpu.conf
+[ -f "$gpu_conf" ] && ok "installed share/loaderd/systemd/loaderd-gpu.conf" || bad "not installed: share/loaderd/systemd/loaderd-gpu.conf"
+[ ! -e "$units/loaderd.service.d/gpu.conf" ] && ok "the GPU drop-in is not applied by default" \
+  || bad "the GPU drop-in is applied without GPU_DROPIN=yes"
+gprefix=$tmp/gpu-prefix
+if make --no-print-directory -s install-systemd PREFIX="$gprefix" GPU_DROPIN=yes >"$tmp/install-gpu.log" 2>&1 \
+   && [ -f "$gprefix/lib/systemd/system/loaderd.service.d/gpu.conf" ]; then
+  ok "make install-systemd GPU_DROPIN=yes installs loaderd.service.d/gpu.conf"
+  mkdir -p "$gprefix/bin" && cp "$prefix/bin/loaderd" "$gprefix/bin/loaderd"
+  if command -v systemd-analyze >/dev/null 2>&1; then
+    gservice=$gprefix/lib/systemd/system/loaderd.service
+    if out=$(systemd-analyze verify "$gservice" "$gprefix/lib/systemd/system/loaderd.socket" 2>&1) && [ -z "$out" ]; then
+      ok "systemd-analyze verify with the GPU drop-in"
+    else
+      bad "systemd-analyze verify with the GPU drop-in: $out"
+    fi
+    out=$(systemd-analyze security --offline=yes "$gservice" 2>&1)
+    acl=$(printf '%s\n' "$out" | grep 'DeviceAllow=')
+    if printf '%s\n' "$out" | grep -q '✗ PrivateDevices=' && printf '%s\n' "$acl" | grep -q '/dev/nvidiactl:rw' \
+       && printf '%s\n' "$acl" | grep -q 'char-nvidia-frontend:rw' && printf '%s\n' "$acl" | grep -q 'char-nvidia-uvm:rw'; then
+      ok "with the GPU drop-in the service sees /dev/nvidia* (PrivateDevices=no, DeviceAllow= for the NVIDIA nodes)"
+    else
+      bad "the GPU drop-in is not in effect: $(printf '%s\n' "$out" | grep -E 'PrivateDevices=|DeviceAllow=')"
+    fi
+    gscore=$(printf '%s\n' "$out" | sed -n 's/.*Overall exposure level for loaderd.service: \([0-9.]*\).*/\1/p')
+    if [ -n "$gscore" ] && awk -v s="$gscore" 'BEGIN {exit !(s <= 2.5)}'; then
+      ok "systemd-analyze security with the GPU drop-in: exposure $gscore (at most 2.5)"
+    else
+      bad "systemd-analyze security with the GPU drop-in: exposure ${gscore:-?}, more than 2.5"
+    fi
+  else
+    skip "the GPU drop-in: systemd-analyze is not installed"
+  fi
+else
+  cat "$tmp/install-gpu.log"; bad "make install-systemd GPU_DROPIN=yes did not install loaderd.service.d/gpu.conf"
 fi
 
 # The units agree with each other (what verify cannot see).

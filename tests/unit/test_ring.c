@@ -240,7 +240,7 @@ static struct snap take(ring *r)
         s.gen[i] = ring_generation(r, i);
         s.hdr_gen[i] = ((struct ld_slot_header *)ring_slot(r, i))->generation;
     }
-    for (int st = RING_FREE; st <= RING_LEASED; st++)
+    for (int st = 0; st < RING_STATES; st++)
         s.counts[st] = ring_count(r, (enum ring_state)st);
     return s;
 }
@@ -263,7 +263,10 @@ static void drive(ring *r, enum ring_state to)
     assert_int_equal(slot, 0);
     if (to == RING_FILLING)
         return;
-    assert_int_equal(ring_ready(r, 0), 0);
+    assert_int_equal(ring_copying(r, 0), 0);
+    if (to == RING_COPYING)
+        return;
+    assert_int_equal(ring_copied(r, 0), 0);
     if (to == RING_READY)
         return;
     assert_int_equal(ring_lease(r, 0), 0);
@@ -274,6 +277,7 @@ static void reset(ring *r)
 {
     switch (ring_state(r, 0)) {
     case RING_FREE: break;
+    case RING_COPYING: assert_int_equal(ring_copied(r, 0), 0); /* fall through */
     case RING_FILLING:
     case RING_READY: assert_int_equal(ring_discard(r, 0), 0); break;
     case RING_LEASED: assert_int_equal(ring_release(r, 0, ring_generation(r, 0)), 0); break;
@@ -281,7 +285,7 @@ static void reset(ring *r)
 }
 
 enum op { OP_ACQUIRE, OP_READY, OP_LEASE, OP_RELEASE, OP_RELEASE_OLD, OP_RELEASE_NEW,
-          OP_DISCARD, OP_COUNT };
+          OP_DISCARD, OP_COPYING, OP_COPIED, OP_COUNT };
 
 static int apply(ring *r, enum op op, uint32_t slot)
 {
@@ -303,6 +307,8 @@ static int apply(ring *r, enum op op, uint32_t slot)
     case OP_RELEASE_OLD: return ring_release(r, slot, g - 1);
     case OP_RELEASE_NEW: return ring_release(r, slot, g + 1);
     case OP_DISCARD: return ring_discard(r, slot);
+    case OP_COPYING: return ring_copying(r, slot);
+    case OP_COPIED: return ring_copied(r, slot);
     case OP_COUNT: break;
     }
     fail();
@@ -318,30 +324,37 @@ static void test_state_machine(void **state)
             [OP_ACQUIRE] = {0, RING_FILLING}, [OP_READY] = {LD_EBUSY, 0},
             [OP_LEASE] = {LD_EBUSY, 0}, [OP_RELEASE] = {LD_ENOTLEASED, 0},
             [OP_RELEASE_OLD] = {LD_ENOTLEASED, 0}, [OP_RELEASE_NEW] = {LD_ENOTLEASED, 0},
-            [OP_DISCARD] = {LD_EBUSY, 0},
+            [OP_DISCARD] = {LD_EBUSY, 0}, [OP_COPYING] = {LD_EBUSY, 0}, [OP_COPIED] = {LD_EBUSY, 0},
         },
         [RING_FILLING] = {
             [OP_ACQUIRE] = {LD_EAGAIN, 0}, [OP_READY] = {0, RING_READY},
             [OP_LEASE] = {LD_EBUSY, 0}, [OP_RELEASE] = {LD_ENOTLEASED, 0},
             [OP_RELEASE_OLD] = {LD_ENOTLEASED, 0}, [OP_RELEASE_NEW] = {LD_ENOTLEASED, 0},
-            [OP_DISCARD] = {0, RING_FREE},
+            [OP_DISCARD] = {0, RING_FREE}, [OP_COPYING] = {0, RING_COPYING}, [OP_COPIED] = {LD_EBUSY, 0},
         },
         [RING_READY] = {
             [OP_ACQUIRE] = {LD_EAGAIN, 0}, [OP_READY] = {LD_EBUSY, 0},
             [OP_LEASE] = {0, RING_LEASED}, [OP_RELEASE] = {LD_ENOTLEASED, 0},
             [OP_RELEASE_OLD] = {LD_ENOTLEASED, 0}, [OP_RELEASE_NEW] = {LD_ENOTLEASED, 0},
-            [OP_DISCARD] = {0, RING_FREE},
+            [OP_DISCARD] = {0, RING_FREE}, [OP_COPYING] = {LD_EBUSY, 0}, [OP_COPIED] = {LD_EBUSY, 0},
         },
         [RING_LEASED] = {
             [OP_ACQUIRE] = {LD_EAGAIN, 0}, [OP_READY] = {LD_EBUSY, 0},
             [OP_LEASE] = {LD_EBUSY, 0}, [OP_RELEASE] = {0, RING_FREE},
             [OP_RELEASE_OLD] = {LD_ESTALE, 0}, [OP_RELEASE_NEW] = {LD_ESTALE, 0},
-            [OP_DISCARD] = {LD_EBUSY, 0},
+            [OP_DISCARD] = {LD_EBUSY, 0}, [OP_COPYING] = {LD_EBUSY, 0}, [OP_COPIED] = {LD_EBUSY, 0},
+        },
+        /* The copy engine reads the slot: only the copy's end moves it. */
+        [RING_COPYING] = {
+            [OP_ACQUIRE] = {LD_EAGAIN, 0}, [OP_READY] = {LD_EBUSY, 0},
+            [OP_LEASE] = {LD_EBUSY, 0}, [OP_RELEASE] = {LD_ENOTLEASED, 0},
+            [OP_RELEASE_OLD] = {LD_ENOTLEASED, 0}, [OP_RELEASE_NEW] = {LD_ENOTLEASED, 0},
+            [OP_DISCARD] = {LD_EBUSY, 0}, [OP_COPYING] = {LD_EBUSY, 0}, [OP_COPIED] = {0, RING_READY},
         },
     };
     ring *r = open_ring(1, 1, 64);
     int legal = 0;
-    for (int from = RING_FREE; from <= RING_LEASED; from++)
+    for (int from = 0; from < RING_STATES; from++)
         for (int op = 0; op < OP_COUNT; op++) {
             drive(r, (enum ring_state)from);
             assert_int_equal(ring_state(r, 0), from);
@@ -366,9 +379,9 @@ static void test_state_machine(void **state)
             }
             reset(r);
         }
-    /* FREE-acquire, FILLING-ready, FILLING-discard, READY-lease, READY-discard,
-     * LEASED-release. */
-    assert_int_equal(legal, 6);
+    /* FREE-acquire, FILLING-ready, FILLING-discard, FILLING-copying, READY-lease,
+     * READY-discard, LEASED-release, COPYING-copied. */
+    assert_int_equal(legal, 8);
     ring_free(r);
 }
 
@@ -405,7 +418,7 @@ static void test_full_cycle_and_generations(void **state)
 static void test_state_names(void **state)
 {
     (void)state;
-    static const char *const want[RING_STATES] = {"free", "filling", "ready", "leased"};
+    static const char *const want[RING_STATES] = {"free", "filling", "ready", "leased", "copying"};
     for (int st = 0; st < RING_STATES; st++)
         assert_string_equal(ring_state_name((enum ring_state)st), want[st]);
     assert_string_equal(ring_state_name((enum ring_state)RING_STATES), "?");

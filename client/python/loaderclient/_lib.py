@@ -117,7 +117,21 @@ class LcStreamOptions(ctypes.Structure):
                 ("drop_last", ctypes.c_int),
                 ("start_batch", ctypes.c_uint64),
                 ("prefetch", ctypes.c_uint32),
-                ("epochs", ctypes.c_uint64)]
+                ("epochs", ctypes.c_uint64),
+                ("device", ctypes.c_char_p),
+                ("transfer", ctypes.c_int),
+                ("device_normalize", ctypes.c_char_p)]
+
+
+class LcDeviceField(ctypes.Structure):
+    _fields_ = [("name", ctypes.c_char_p),
+                ("dtype", ctypes.c_int),
+                ("ndim", ctypes.c_int),
+                ("shape", ctypes.c_int64 * LC_MAX_DIMS),
+                ("data", ctypes.c_void_p),
+                ("nbytes", ctypes.c_size_t),
+                ("device", ctypes.c_int),
+                ("offsets", ctypes.c_void_p)]
 
 
 def _bind(l):
@@ -144,6 +158,9 @@ def _bind(l):
         "lc_request_json": (i, [P, ctypes.c_char_p, ctypes.POINTER(P)]),
         "lc_free": (None, [P]),
         "lc_stream_options_init": (None, [ctypes.POINTER(LcStreamOptions)]),
+        "lc_stream_device": (i, [P]),
+        "lc_batch_device_field_by_name_sized": (i, [P, ctypes.c_char_p, ctypes.POINTER(LcDeviceField), sz]),
+        "lc_batch_device_wait": (i, [P, P]),
         "lc_stream_open": (i, [P, ctypes.c_char_p, ctypes.POINTER(LcStreamOptions), ctypes.POINTER(P)]),
         "lc_stream_batches_per_epoch": (u64, [P]),
         "lc_stream_samples_per_epoch": (u64, [P]),

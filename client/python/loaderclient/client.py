@@ -18,12 +18,12 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple, TypeVar, Union
 
 import numpy as np
 
-from ._lib import LcStreamOptions, lib
+from ._lib import LcDeviceField, LcStreamOptions, lib
 from . import _lib
 from . import errors
 from ._slots import _DTYPES, _TORCH_DTYPES, MAX_DEFERRED, SlotRing
-from .errors import (ConnectError, EndOfStream, InvalidArgument, LoaderdError, ReleasedError, Timeout,
-                     make_error)
+from .errors import (ConnectError, DeviceError, EndOfStream, InvalidArgument, LoaderdError, ReleasedError,
+                     Timeout, make_error)
 
 __all__ = ["Client", "Stream", "Batch", "RaggedField", "MAX_DEFERRED", "default_socket"]
 
@@ -274,13 +274,20 @@ class Batch(_Closes):
         self._views[name] = v
         return v
 
-    def torch(self, name: str, copy: bool = False) -> Any:
+    def torch(self, name: str, copy: bool = False, device: Any = None) -> Any:
         """Field `name` as a torch tensor sharing the slot's memory (no copy), or with
         copy=True a tensor of its own. In-place operations on a shared tensor work: the
         pages they write are private copies of this process, dropped before the slot holds
         its next batch (the daemon's memory is never changed). torch has no uint16/uint32
         (1.13): such fields raise TypeError unless copy=True, which converts them to int64.
-        A ragged field gives a RaggedField of tensors."""
+        A ragged field gives a RaggedField of tensors.
+
+        device="cuda" (or "cuda:N"), for a stream opened with a device: a CUDA tensor on
+        the daemon's device memory (no copy), with torch's current stream made to wait for
+        the batch (no host synchronisation). It keeps the slot leased like a host view.
+        Raises DeviceError when torch has no CUDA or the stream has no device."""
+        if device is not None and str(device) != "cpu":
+            return self._torch_device(name, device)
         t = _import_torch()
         if self._lease is None or self._state.given_back:
             self._check()
@@ -307,6 +314,40 @@ class Batch(_Closes):
             v = t.from_numpy(v)
         self._tensors[name] = v
         return v
+
+    def _torch_device(self, name, device):
+        t = _import_torch()
+        self._check()
+        dev = t.device(device)
+        if dev.type != "cuda":
+            raise InvalidArgument(errors.EINVAL, "device %r: batches go to CUDA devices only ('cuda' or 'cuda:N')"
+                                  % (str(device),))
+        if not t.cuda.is_available():
+            raise DeviceError(errors.EDEVICE, "batch.torch(%r, device=%r): torch has no usable CUDA here "
+                              "(torch.cuda.is_available() is False)" % (name, str(device)))
+        ordinal = self._stream.device_index
+        if ordinal is None:
+            raise DeviceError(errors.EDEVICE, "stream %d was opened without a device: open it with "
+                              "Client.open(..., device='cuda:N') (or LoaderdDataLoader(device='cuda')) so that "
+                              "its batches are on the GPU" % self._stream.id)
+        if dev.index is not None and dev.index != ordinal:
+            raise InvalidArgument(errors.EINVAL, "batch.torch(%r, device=%r): the stream's batches are on cuda:%d"
+                                  % (name, str(device), ordinal))
+        f = self._field(name)
+        if f.ragged:
+            raise TypeError("field %r is ragged: on the device, use batch.numpy(%r) or a fixed-size field" % (name, name))
+        bptr = self._state.bptr
+        df = LcDeviceField()
+        rc = lib.lc_batch_device_field_by_name_sized(bptr, name.encode(), ctypes.byref(df), ctypes.sizeof(df))
+        if rc < 0:
+            raise self._stream._client._error(rc)
+        cs = t.cuda.current_stream(ordinal)
+        rc = lib.lc_batch_device_wait(bptr, ctypes.c_void_p(cs.cuda_stream))
+        if rc < 0:
+            raise self._stream._client._error(rc)
+        shape = tuple(int(df.shape[i]) for i in range(df.ndim))
+        holder = _CudaView(shape, _DTYPES[df.dtype][0].str, df.data, self._lease)
+        return t.as_tensor(holder, device=t.device("cuda", ordinal))
 
     def _torch_plan(self, plan):
         """Tensors for [(field layout, copy?)] in one go: LoaderdDataLoader's per-batch path
@@ -346,6 +387,22 @@ class Batch(_Closes):
         return "<Batch epoch=%d index=%d rows=%d slot=%d %s>" % (self.epoch, self.index, self.rows, self.slot, state)
 
 
+class _CudaView:
+    """A field on the device as __cuda_array_interface__ (version 3) for torch.as_tensor:
+    the tensor holds this object, which holds the batch's lease, so the slot stays leased
+    while the tensor lives (the same rule as host views). The stream dependency is set
+    before (lc_batch_device_wait on torch's current stream), so "stream" is None."""
+    __slots__ = ("__cuda_array_interface__", "_lease")
+
+    def __init__(self, shape, typestr, ptr, lease):
+        # Not marked read-only (torch refuses read-only device buffers in some versions): a
+        # write changes this process's batch only, since the daemon never reads a device
+        # slot back and rewrites it before its next batch.
+        self.__cuda_array_interface__ = {"shape": shape, "typestr": typestr, "data": (ptr or 0, False),
+                                         "version": 3, "strides": None, "stream": None}
+        self._lease = lease
+
+
 class Stream(_ContextManaged):
     """An ordered sequence of batches of one dataset (see Client.open). Iterating yields
     Batch objects until the stream ends (``epochs`` > 0); by default each ``next()``
@@ -367,6 +424,9 @@ class Stream(_ContextManaged):
         self.id = lib.lc_stream_id(handle)
         self.batches_per_epoch = lib.lc_stream_batches_per_epoch(handle)
         self.samples_per_epoch = lib.lc_stream_samples_per_epoch(handle)
+        ordinal = lib.lc_stream_device(handle)
+        #: The GPU ordinal of a device stream (Client.open(device=...)), else None.
+        self.device_index = ordinal if ordinal >= 0 else None
         self.private_reason = None
         self.dropped_pages = 0                                   # pages given to MADV_DONTNEED
         self._ring = SlotRing(handle, self.id, keep_views_safe)  # the current ring's slot mappings
@@ -718,12 +778,18 @@ class Client(_Closes):
     def open(self, dataset: str, batch_size: int, shuffle: bool = True, seed: int = 0, epoch: int = 0,
              rank: Optional[int] = None, world_size: Optional[int] = None, drop_last: bool = False,
              start_batch: int = 0, prefetch: Optional[int] = None, epochs: int = 0, keep_views_safe: bool = True,
-             auto_release: bool = True) -> Stream:
+             auto_release: bool = True, device: Optional[str] = None, transfer: str = "ipc",
+             device_normalize: Optional[Dict[str, Any]] = None) -> Stream:
         """Opens a stream of `dataset`: batches of `batch_size`, shuffled with (seed, epoch)
         unless shuffle=False, this rank's share (rank, world_size; default 0, 1), starting at
         batch `start_batch` of `epoch`, `prefetch` batches prepared ahead (default: the
         daemon's), `epochs` epochs then end (0: unbounded). See the module documentation for
-        keep_views_safe; auto_release=False keeps every batch until batch.release()."""
+        keep_views_safe; auto_release=False keeps every batch until batch.release().
+        device="cuda:N": batches are also on GPU N (batch.torch(name, device="cuda")); transfer
+        "ipc" (the daemon copies, default) or "client" (this process copies, where CUDA IPC
+        is not possible); device_normalize={"field", "mean", "std", "dtype", "layout"}: the
+        daemon's GPU casts and normalizes that uint8 image field (see the README's GPU
+        section). Raises DeviceError with the reason when the GPU cannot be used."""
         self._check()
         o = LcStreamOptions()
         lib.lc_stream_options_init(ctypes.byref(o))
@@ -743,6 +809,17 @@ class Client(_Closes):
                 raise InvalidArgument(errors.EFIELD, "field 'prefetch': expected an integer in [1, %d], got 0"
                                       % _lib.LIMITS["prefetch_max"])
         o.epochs = _uint("epochs", epochs, 64)
+        dev_name = None
+        if device is not None:
+            dev_name = str(device).encode()
+            o.device = dev_name
+            if transfer not in ("ipc", "client"):
+                raise InvalidArgument(errors.EFIELD, "transfer must be 'ipc' or 'client', got %r" % (transfer,))
+            o.transfer = 1 if transfer == "client" else 0
+        norm_json = None
+        if device_normalize is not None:
+            norm_json = json.dumps(device_normalize).encode()
+            o.device_normalize = norm_json
         h = ctypes.c_void_p()
         with self._lock:
             self._run_deferred()

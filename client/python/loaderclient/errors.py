@@ -53,6 +53,7 @@ ENOMEM = NAME_CODES["out_of_memory"]
 EPROTO = NAME_CODES["protocol_error"]
 ESTALE = NAME_CODES["stale_generation"]
 ELIMIT = NAME_CODES["limit_reached"]
+EDEVICE = NAME_CODES["device_error"]
 
 
 def error_name(code: int) -> str:
@@ -111,6 +112,11 @@ class EndOfStream(LoaderdError):
     """The stream delivered all its epochs. Iteration turns it into StopIteration."""
 
 
+class DeviceError(LoaderdError):
+    """A GPU cannot be used: no driver, no such device, a driver too old, no CUDA in this
+    build or in torch, or a stream opened without a device. The message says which."""
+
+
 class ReleasedError(LoaderdError):
     """A Batch (or a Stream / Client) was used after it was released or closed."""
 
@@ -132,6 +138,7 @@ _BY_NAME: Dict[str, Type[LoaderdError]] = {
     "closed": ConnectionLost,
     "broken_pipe": ConnectionLost,
     "not_connected": ConnectionLost,
+    "device_error": DeviceError,
 }
 _unknown = set(_BY_NAME) - set(NAME_CODES)
 if _unknown:  # a renamed wire name must not silently turn an exception class off

@@ -30,7 +30,7 @@ import torch
 
 from .client import Client, RaggedField, Stream, _Closes, _TORCH_DTYPES
 from . import errors
-from .errors import InvalidArgument, LoaderdError
+from .errors import EDEVICE, DeviceError, InvalidArgument, LoaderdError
 
 __all__ = ["LoaderdDataLoader", "ShareChanged"]
 
@@ -81,8 +81,13 @@ class LoaderdDataLoader(_Closes):
     reconnect: seconds to wait for a daemon that went away to come back (a restart): the
         loop only pauses, and goes on with the very next batch. 0 never waits (the loop
         raises ConnectionLost); default $LOADERD_RECONNECT, else 60 (see Client).
-    device: copy each batch there (``tensor.to(device, non_blocking=True)``); the slot is
-        given back at once. None or "cpu": zero-copy tensors of the shared slot.
+    device: "cuda" or "cuda:N": the daemon puts each batch on that GPU (transfer "ipc", or
+        "client" where CUDA IPC is not possible) and the tensors are CUDA tensors on its
+        device memory, with torch's current stream made to wait for each batch; a batch
+        stays leased while its tensors live. Without CUDA (in torch, the driver, or the
+        daemon) it raises DeviceError. Another device: each batch is copied there
+        (``tensor.to(device, non_blocking=True)``) and the slot is given back at once. None
+        or "cpu": zero-copy tensors of the shared slot.
     pin_memory: return pinned copies (tensor.pin_memory()). Without CUDA it warns and is
         off, as DataLoader does.
     copy: return tensors that own their memory (safe to keep; costs one copy).
@@ -108,7 +113,7 @@ class LoaderdDataLoader(_Closes):
                  worker_init_fn: Optional[Callable[..., Any]] = None, multiprocessing_context: Any = None,
                  generator: Optional[torch.Generator] = None, prefetch_factor: Optional[int] = None,
                  persistent_workers: bool = False, pin_memory_device: str = "",
-                 reconnect: Optional[float] = None) -> None:
+                 reconnect: Optional[float] = None, transfer: str = "ipc") -> None:
         if not isinstance(dataset, str):
             raise InvalidArgument(-4003, "dataset must be the name of a dataset configured in loaderd (a str), "
                                   "got %s: loaderd reads and samples the data itself" % type(dataset).__name__)
@@ -129,10 +134,20 @@ class LoaderdDataLoader(_Closes):
             prefetch = max(1, min(64, int(prefetch_factor) * max(1, int(num_workers or 0))))
         if seed is None:
             seed = int(generator.initial_seed()) % (1 << 53) if generator is not None else 0
+        self._gpu = None          # "cuda:N" when the daemon puts batches on the GPU
         if device is not None:
             device = torch.device(device)
             if device.type == "cpu":
                 device = None
+            elif device.type == "cuda":
+                if not torch.cuda.is_available():
+                    raise DeviceError(EDEVICE, "LoaderdDataLoader(device=%r): torch has no usable CUDA here "
+                                      "(torch.cuda.is_available() is False)" % (str(device),))
+                index = device.index if device.index is not None else torch.cuda.current_device()
+                self._gpu = "cuda:%d" % index
+                if transfer not in ("ipc", "client"):
+                    raise InvalidArgument(-4003, "transfer must be 'ipc' or 'client', got %r" % (transfer,))
+        self._transfer = transfer
         if pin_memory and not torch.cuda.is_available():
             _warn_once("pin_memory", "LoaderdDataLoader: pin_memory=True but CUDA is not available here: "
                        "batches are not pinned (loaderd's slots are shared host memory)")
@@ -219,7 +234,8 @@ class LoaderdDataLoader(_Closes):
         self._stream = self._client.open(self.dataset, self.batch_size, shuffle=self.shuffle, seed=self.seed,
                                          epoch=epoch, rank=share[0], world_size=share[1],
                                          drop_last=self.drop_last, prefetch=self.prefetch, epochs=0,
-                                         keep_views_safe=self.keep_views_safe)
+                                         keep_views_safe=self.keep_views_safe, device=self._gpu,
+                                         transfer=self._transfer)
         self._share = share
         return self._stream
 
@@ -284,7 +300,8 @@ class LoaderdDataLoader(_Closes):
             plan.append((f, own))
         self._plan = plan
         self._names = [f.name for f, _ in plan]
-        self._all_owned = all(own for _, own in plan) or self.device is not None or self.pin_memory
+        self._all_owned = self._gpu is None and (all(own for _, own in plan) or self.device is not None or
+                                                 self.pin_memory)
 
     def _convert(self, batch):
         # A plan holds the field offsets of one ring: a new stream, or a stream reopened
@@ -292,12 +309,16 @@ class LoaderdDataLoader(_Closes):
         if self._plan is None or self._plan_ring is not batch._state.ring:
             self._resolve(batch)
             self._plan_ring = batch._state.ring
-        out = batch._torch_plan(self._plan)
         dev = self.device
-        if dev is not None:
-            out = [_map(t, lambda x: x.to(dev, non_blocking=True)) for t in out]
-        elif self.pin_memory:
-            out = [_map(t, lambda x: x.pin_memory()) for t in out]
+        if self._gpu is not None:
+            # On the daemon's device memory; each tensor keeps the batch leased.
+            out = [batch.torch(f.name, device=self._gpu) for f, _ in self._plan]
+        else:
+            out = batch._torch_plan(self._plan)
+            if dev is not None:
+                out = [_map(t, lambda x: x.to(dev, non_blocking=True)) for t in out]
+            elif self.pin_memory:
+                out = [_map(t, lambda x: x.pin_memory()) for t in out]
         if self._all_owned:
             batch.release()
         if self.as_dict:

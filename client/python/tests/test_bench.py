@@ -158,3 +158,19 @@ def test_result_file_names_no_path_of_this_machine():
     assert out == {"dir": "bench/data/images-10000", "n": 3, "runs": [{"socket": "$TMPDIR/ld-bench-x/s.sock"}],
                    "text": "built in ."}
     assert repo not in json.dumps(out)
+
+
+@pytest.mark.skipif(os.path.exists("/dev/nvidiactl"), reason="a GPU is present: make bench measures it")
+def test_gpu_section_skips_without_a_gpu(scratch):
+    """make bench's GPU section says "no GPU: skipped", and why, where there is none: with
+    a CUDA build (the probe finds no driver) and with a build that has no CUDA at all."""
+    import run
+    build = os.path.dirname(os.path.dirname(os.path.abspath(os.environ.get(
+        "LOADERCLIENT_LIB", os.path.join(support.REPO, "build", "lib", "libloaderclient.so")))))
+    res, md = run.gpu_section(build)
+    assert res["skipped"].startswith("no GPU: ")
+    assert md.startswith("## GPU") and "no GPU: skipped (" in md
+    if os.path.exists(os.path.join(build, "bin", "ld-gpu-check")):
+        assert "no NVIDIA driver" in res["skipped"]
+    res, md = run.gpu_section(scratch)
+    assert res == {"skipped": "no GPU: no ld-gpu-check in the build (built without CUDA)"}

@@ -66,7 +66,8 @@ def test_installed_files(staged):
         PREFIX + "/lib/pkgconfig/loaderclient.pc",
         PREFIX + "/lib/systemd/system/loaderd.service", PREFIX + "/lib/systemd/system/loaderd.socket",
         PREFIX + "/lib/sysusers.d/loaderd.conf", PREFIX + "/lib/tmpfiles.d/loaderd.conf",
-        PREFIX + "/share/doc/loaderd/examples/loaderd.yaml", PREFIX + "/share/doc/loaderd/README.md"]}
+        PREFIX + "/share/doc/loaderd/examples/loaderd.yaml", PREFIX + "/share/doc/loaderd/README.md",
+        PREFIX + "/share/loaderd/systemd/loaderd-gpu.conf"]}
     assert found == want
     lib = os.path.join(root, "lib")
     # The -l link and the soname link, relative, down to the one real file.
