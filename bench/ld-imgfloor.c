@@ -2,7 +2,7 @@
  * the work loaderd's image pipeline does per sample, with no daemon around it.
  *
  *   ld-imgfloor DIR [--pattern GLOB] [--size N] [--limit N] [--repeat R] [--seed S]
- *               [--epoch E] [--dct-scaling] [--json]
+ *               [--epoch E] [--dct-scaling] [--mode MODE] [--json]
  *
  * Finds the files under DIR whose name matches GLOB (default "*.jpg"), in sorted path
  * order; --limit N keeps N of them spread evenly over that order (the generator draws
@@ -31,6 +31,9 @@
  * large. "The same work" means the same output. loaderd's workers add to this floor
  * the file reads, the scheduling and the hand-off of the batch, so loaderd per worker
  * thread cannot be faster than the floor per core.
+ *
+ * --mode MODE runs that mode alone (a profiler then sees nothing else; the warm-up
+ * pass stays).
  *
  * A pass is repeated R times (default 1) and the fastest kept, so that a moment of
  * interference from elsewhere on the machine does not count. Both wall-clock and this
@@ -100,7 +103,7 @@ static int walk_error;
 static int usage(const char *msg)
 {
     fprintf(stderr, "ld-imgfloor: %s\nusage: ld-imgfloor DIR [--pattern GLOB] [--size N] [--limit N] "
-                    "[--repeat R] [--seed S] [--epoch E] [--dct-scaling] [--json]\n", msg);
+                    "[--repeat R] [--seed S] [--epoch E] [--dct-scaling] [--mode MODE] [--json]\n", msg);
     return 2;
 }
 
@@ -259,7 +262,7 @@ static int make_pipeline(int size, bool dct_scaling, transform_pipeline **ret_p,
 }
 
 static void print_json(const char *dir, int size, size_t n_total, size_t n, uint64_t bytes, double read_s,
-                       int repeat, const struct result *res)
+                       int repeat, const struct result *res, const bool *run)
 {
     printf("{\"dir\": \"");
     for (const char *p = dir; *p; p++) {
@@ -271,22 +274,27 @@ static void print_json(const char *dir, int size, size_t n_total, size_t n, uint
     printf("\", \"size\": %d, \"floor_mode\": \"crop\", \"files_found\": %zu, \"images\": %zu, \"bytes\": %llu, \"repeat\": %d, "
            "\"read_s\": %.6f, \"read_ms_per_image\": %.6f, \"modes\": {",
            size, n_total, n, (unsigned long long)bytes, repeat, read_s, read_s * 1e3 / (double)n);
+    bool first = true;
     for (size_t k = 0; k < N_MODES; k++) {
         const struct result *r = &res[k];
+        if (!run[k])
+            continue;
         printf("%s\"%s\": {\"wall_s\": %.6f, \"cpu_s\": %.6f, \"ms_per_image\": %.6f, "
                "\"cpu_ms_per_image\": %.6f, \"images_per_s\": %.3f, \"mean_src_megapixels\": %.6f, "
                "\"mean_decoded_megapixels\": %.6f, \"scales\": {\"1/1\": %llu, \"1/2\": %llu, \"1/4\": %llu, "
                "\"1/8\": %llu}}",
-               k ? ", " : "", modes[k].name, r->wall_s, r->cpu_s, r->wall_s * 1e3 / (double)n,
+               first ? "" : ", ", modes[k].name, r->wall_s, r->cpu_s, r->wall_s * 1e3 / (double)n,
                r->cpu_s * 1e3 / (double)n, (double)n / r->wall_s, (double)r->src_pixels / 1e6 / (double)n,
                (double)r->decoded_pixels / 1e6 / (double)n, (unsigned long long)r->scale_count[0],
                (unsigned long long)r->scale_count[1], (unsigned long long)r->scale_count[2],
                (unsigned long long)r->scale_count[3]);
+        first = false;
     }
     printf("}}\n");
 }
 
-static void print_table(int size, size_t n, uint64_t bytes, double read_s, const struct result *res)
+static void print_table(int size, size_t n, uint64_t bytes, double read_s, const struct result *res,
+                        const bool *run)
 {
     printf("ld-imgfloor: %zu images, %.1f KiB each on average; one thread; output %dx%d\n", n,
            (double)bytes / 1024.0 / (double)n, size, size);
@@ -294,6 +302,8 @@ static void print_table(int size, size_t n, uint64_t bytes, double read_s, const
     printf("  %-22s %10s %10s %12s %14s\n", "mode", "ms/image", "cpu ms", "images/s", "decoded MP");
     for (size_t k = 0; k < N_MODES; k++) {
         const struct result *r = &res[k];
+        if (!run[k])
+            continue;
         printf("  %-22s %10.3f %10.3f %12.1f %14.3f\n", modes[k].name, r->wall_s * 1e3 / (double)n,
                r->cpu_s * 1e3 / (double)n, (double)n / r->wall_s, (double)r->decoded_pixels / 1e6 / (double)n);
     }
@@ -315,6 +325,7 @@ int main(int argc, char **argv)
     const char *dir = NULL, *pattern = "*.jpg";
     long size = 224, limit = 0, repeat = 1, seed = 0, epoch = 1;
     bool json = false, dct_scaling = false;
+    const char *only = NULL;
     for (int a = 1; a < argc; a++) {
         long *target = NULL, max = 0;
         if (!strcmp(argv[a], "--pattern")) {
@@ -338,6 +349,15 @@ int main(int argc, char **argv)
                 return usage("--seed and --epoch take whole numbers >= 0");
         } else if (!strcmp(argv[a], "--dct-scaling")) {
             dct_scaling = true;
+        } else if (!strcmp(argv[a], "--mode")) {
+            if (a + 1 >= argc)
+                return usage("--mode needs decode, decode_resize or crop");
+            only = argv[++a];
+            bool known = false;
+            for (size_t k = 0; k < N_MODES; k++)
+                known = known || !strcmp(only, modes[k].name);
+            if (!known)
+                return usage("--mode needs decode, decode_resize or crop");
         } else if (!strcmp(argv[a], "--json")) {
             json = true;
         } else if (argv[a][0] == '-') {
@@ -403,11 +423,14 @@ int main(int argc, char **argv)
     struct crop_ctx cc = {.pipeline = pipeline, .seed = (uint64_t)seed, .epoch = (uint64_t)epoch,
                           .n_total = walk_list.n};
     struct result res[N_MODES], pass;
+    bool run[N_MODES];
     for (size_t k = 0; k < N_MODES; k++)
-        if (run_pass(&modes[k], (int)size, &cc, samples, chosen, n < 16 ? n : 16, n, &buf, out, &pass, errbuf) < 0)
+        run[k] = !only || !strcmp(only, modes[k].name);
+    for (size_t k = 0; k < N_MODES; k++)
+        if (run[k] && run_pass(&modes[k], (int)size, &cc, samples, chosen, n < 16 ? n : 16, n, &buf, out, &pass, errbuf) < 0)
             goto fail;
     for (size_t k = 0; k < N_MODES; k++) {
-        for (long t = 0; t < repeat; t++) {
+        for (long t = 0; run[k] && t < repeat; t++) {
             if (run_pass(&modes[k], (int)size, &cc, samples, chosen, n, n, &buf, out, &pass, errbuf) < 0)
                 goto fail;
             if (t == 0 || pass.wall_s < res[k].wall_s)
@@ -415,9 +438,9 @@ int main(int argc, char **argv)
         }
     }
     if (json)
-        print_json(dir, (int)size, walk_list.n, n, bytes, read_s, (int)repeat, res);
+        print_json(dir, (int)size, walk_list.n, n, bytes, read_s, (int)repeat, res, run);
     else
-        print_table((int)size, n, bytes, read_s, res);
+        print_table((int)size, n, bytes, read_s, res, run);
     rc = 0;
     goto out;
 fail:
