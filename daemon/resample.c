@@ -4,8 +4,12 @@
  * reads only the rows and columns the other one needs; when the vertical pass comes
  * first it works one output row at a time into a single scratch row, which the
  * horizontal pass turns into the output row at once. Both passes have an SSE2 path
- * (pmaddwd on 16-bit weights) and a plain C path for other machines; a test build
- * without SSE2 gives identical bytes.
+ * (pmaddwd on 16-bit weights) and a plain C path for other machines; the horizontal
+ * pass, which costs the most per pixel, also an SSSE3 one chosen at run time, and it
+ * runs four output pixels at a time with the same number of taps for all. Integer
+ * sums are exact, so every kernel gives the same bytes (test_transform compares them).
+ * A horizontal flip of the output is the horizontal pass walking its positions
+ * backwards: mirroring the rows costs nothing.
  *
  * A pass whose scale is exactly 1 at an integer offset is the identity and is skipped:
  * a crop (or a crop plus a one-axis resize) costs a copy at most. */
@@ -27,7 +31,9 @@ struct axis {
     int32_t *coef;          /* per position: ksize weights */
     int16_t *pairs;         /* horizontal axis, SSE2: per position, npair groups of
                              * {c0, c1, c0, c1, c0, c1, 0, 0}, the last c1 0 when odd */
-    int npair;
+    int npair;              /* pairs stored per position */
+    int npu;                /* pairs the vector kernels run: the most any window needs */
+    int safe_end;           /* positions below this may read their padded windows */
     bool identity;          /* output i is source offset + i */
     int offset;
 };
@@ -101,9 +107,12 @@ static inline uint8_t clip8(int32_t v)
 
 static void axis_pairs(struct axis *a)
 {
+    a->npu = 1;
     for (int i = 0; i < a->n; i++) {
         const int32_t *c = a->coef + (size_t)i * a->ksize;
         int cnt = a->bounds[2 * i + 1];
+        if ((cnt + 1) / 2 > a->npu)
+            a->npu = (cnt + 1) / 2;
         int16_t *p = a->pairs + (size_t)i * a->npair * 8;
         for (int k = 0; k < 2 * a->npair; k += 2, p += 8) {
             int16_t c0 = (int16_t)(k < cnt ? c[k] : 0), c1 = (int16_t)(k + 1 < cnt ? c[k + 1] : 0);
@@ -113,55 +122,228 @@ static void axis_pairs(struct axis *a)
     }
 }
 
-/* One output row of the horizontal pass. `row` holds row_px pixels; the axis's source
- * indexes are relative to pixel `base` of the full row. With SSE2, two taps of all
- * three channels per pmaddwd: pixels k and k + 1 are read as four bytes each (the
- * fourth, the next pixel's red, meets a zero weight), interleaved to
- * {r0, r1, g0, g1, b0, b1, .., ..} and multiplied by {c0, c1, c0, c1, c0, c1, 0, 0}.
- * That reads one pixel and a byte past an odd window, so the few pixels whose window
- * ends at the row's end take the scalar path. */
-static void hpass_row(const uint8_t *restrict row, int row_px, int base, const struct axis *a,
-                      uint8_t *restrict out)
+/* The kernel limit set by resample_simd_limit; atomic so that a test may change it
+ * while no resample runs without a data race on the workers' reads. */
+static _Atomic int simd_cap = RESAMPLE_SIMD_SSSE3;
+
+void resample_simd_limit(enum resample_simd level)
+{
+    simd_cap = (int)level;
+}
+
+enum resample_simd resample_simd_level(void)
+{
+    int cpu = RESAMPLE_SIMD_C;
+#if defined(__SSE2__)
+    cpu = RESAMPLE_SIMD_SSE2;
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+    if (__builtin_cpu_supports("ssse3"))
+        cpu = RESAMPLE_SIMD_SSSE3;
+#endif
+#endif
+    int cap = simd_cap;
+    return (enum resample_simd)(cpu < cap ? cpu : cap);
+}
+
+/* One pixel of the horizontal pass, plain C: axis position p into out. */
+static void hpass_px_c(const uint8_t *restrict row, int base, const struct axis *a, int p,
+                       uint8_t *restrict out)
 {
     const int32_t round = 1 << (RESAMPLE_PRECISION_BITS - 1);
+    const uint8_t *s = row + (size_t)(a->bounds[2 * p] - base) * 3;
+    const int32_t *c = a->coef + (size_t)p * a->ksize;
+    int cnt = a->bounds[2 * p + 1];
+    int32_t r = round, g = round, b = round;
+    for (int k = 0; k < cnt; k++, s += 3) {
+        r += s[0] * c[k];
+        g += s[1] * c[k];
+        b += s[2] * c[k];
+    }
+    out[0] = clip8(r);
+    out[1] = clip8(g);
+    out[2] = clip8(b);
+}
+
 #if defined(__SSE2__)
-    const __m128i zero = _mm_setzero_si128(), rnd = _mm_set1_epi32(round);
-#else
+/* The vector kernels compute two taps of all three channels per pmaddwd: pixels k and
+ * k + 1 of the window are brought to 16-bit lanes {r0, r1, g0, g1, b0, b1, 0, 0} and
+ * multiplied by the position's {c0, c1, c0, c1, c0, c1, 0, 0}. Every position runs
+ * the same number of pairs (a->npu, the most any window needs; shorter windows have
+ * zero weights there), so there is no branch per pixel. A pair reads eight bytes from
+ * its first pixel: positions whose padded window would read past the row
+ * (p >= a->safe_end, and the few others that fail the same test) take the plain C
+ * path. Four output pixels are packed together and stored as twelve bytes. */
+static inline bool hpass_px_safe(const struct axis *a, int p, int base, int row_px)
+{
+    return a->bounds[2 * p] - base + 2 * a->npu < row_px;
+}
+
+static inline __m128i hpass_acc_sse2(const uint8_t *s, const struct axis *a, int p, int np)
+{
+    const __m128i zero = _mm_setzero_si128();
+    const __m128i *cp = (const __m128i *)(const void *)(a->pairs + (size_t)p * a->npair * 8);
+    __m128i acc = _mm_set1_epi32(1 << (RESAMPLE_PRECISION_BITS - 1));
+    for (int k = 0; k < np; k++, s += 6) {
+        int32_t w0, w1;
+        memcpy(&w0, s, 4);
+        memcpy(&w1, s + 3, 4);
+        __m128i px = _mm_unpacklo_epi8(_mm_cvtsi32_si128(w0), _mm_cvtsi32_si128(w1));
+        acc = _mm_add_epi32(acc, _mm_madd_epi16(_mm_unpacklo_epi8(px, zero), _mm_load_si128(cp + k)));
+    }
+    return _mm_srai_epi32(acc, RESAMPLE_PRECISION_BITS);
+}
+
+/* Four pixels' sums to twelve bytes. */
+static inline void hpass_store4_sse2(uint8_t *out, __m128i a0, __m128i a1, __m128i a2, __m128i a3)
+{
+    __m128i v = _mm_packus_epi16(_mm_packs_epi32(a0, a1), _mm_packs_epi32(a2, a3));
+    uint32_t w[4];
+    _mm_storeu_si128((__m128i *)(void *)w, v);
+    uint8_t b[12];
+    memcpy(b, &w[0], 4);
+    memcpy(b + 3, &w[1], 4);
+    memcpy(b + 6, &w[2], 4);
+    memcpy(b + 9, &w[3], 3);
+    memcpy(out, b, 12);
+}
+
+static inline void hpass_store1(uint8_t *out, __m128i a0)
+{
+    __m128i v = _mm_packs_epi32(a0, a0);
+    int32_t w = _mm_cvtsi128_si32(_mm_packus_epi16(v, v));
+    memcpy(out, &w, 3);
+}
+
+/* The row, with NP pairs per position: a constant in the common cases, so that the
+ * compiler unrolls the taps. */
+#define HPASS_ROW_NP(ACC, STORE4, NP)                                                   \
+    do {                                                                                \
+        int n = a->n;                                                                   \
+        for (int i = 0; i < n;) {                                                       \
+            int p = flip ? n - 1 - i : i;                                               \
+            int pmax = flip ? p : i + 3;                                                \
+            uint8_t *o = out + 3 * (size_t)i;                                           \
+            if (i + 4 <= n && pmax < a->safe_end) {                                     \
+                int d = flip ? -1 : 1;                                                  \
+                __m128i a0 = ACC(row + (size_t)(a->bounds[2 * p] - base) * 3, a, p, NP); \
+                __m128i a1 = ACC(row + (size_t)(a->bounds[2 * (p + d)] - base) * 3, a, p + d, NP); \
+                __m128i a2 = ACC(row + (size_t)(a->bounds[2 * (p + 2 * d)] - base) * 3, a, p + 2 * d, NP); \
+                __m128i a3 = ACC(row + (size_t)(a->bounds[2 * (p + 3 * d)] - base) * 3, a, p + 3 * d, NP); \
+                STORE4(o, a0, a1, a2, a3);                                              \
+                i += 4;                                                                 \
+                continue;                                                               \
+            }                                                                           \
+            if (hpass_px_safe(a, p, base, row_px))                                      \
+                hpass_store1(o, ACC(row + (size_t)(a->bounds[2 * p] - base) * 3, a, p, NP)); \
+            else                                                                        \
+                hpass_px_c(row, base, a, p, o);                                         \
+            i++;                                                                        \
+        }                                                                               \
+    } while (0)
+
+#define HPASS_ROW_VEC(ACC, STORE4)                                                      \
+    do {                                                                                \
+        switch (a->npu) {                                                               \
+        case 1:                                                                         \
+            HPASS_ROW_NP(ACC, STORE4, 1);                                               \
+            break;                                                                      \
+        case 2:                                                                         \
+            HPASS_ROW_NP(ACC, STORE4, 2);                                               \
+            break;                                                                      \
+        case 3:                                                                         \
+            HPASS_ROW_NP(ACC, STORE4, 3);                                               \
+            break;                                                                      \
+        default:                                                                        \
+            HPASS_ROW_NP(ACC, STORE4, a->npu);                                          \
+            break;                                                                      \
+        }                                                                               \
+    } while (0)
+
+static void hpass_row_sse2(const uint8_t *restrict row, int row_px, int base, const struct axis *a,
+                           bool flip, uint8_t *restrict out)
+{
+    HPASS_ROW_VEC(hpass_acc_sse2, hpass_store4_sse2);
+}
+
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+#define HAVE_SSSE3_KERNEL 1
+#include <tmmintrin.h>
+
+/* SSSE3: one 8-byte load and one pshufb per pair instead of two loads and three
+ * unpacks, and one pshufb to pack four pixels into twelve bytes. */
+__attribute__((target("ssse3"))) static inline __m128i hpass_acc_ssse3(const uint8_t *s,
+                                                                       const struct axis *a,
+                                                                       int p, int np)
+{
+    const __m128i shuf = _mm_setr_epi8(0, -1, 3, -1, 1, -1, 4, -1, 2, -1, 5, -1, -1, -1, -1, -1);
+    const __m128i *cp = (const __m128i *)(const void *)(a->pairs + (size_t)p * a->npair * 8);
+    __m128i acc = _mm_set1_epi32(1 << (RESAMPLE_PRECISION_BITS - 1));
+    for (int k = 0; k < np; k++, s += 6) {
+        __m128i px = _mm_shuffle_epi8(_mm_loadl_epi64((const __m128i *)(const void *)s), shuf);
+        acc = _mm_add_epi32(acc, _mm_madd_epi16(px, _mm_load_si128(cp + k)));
+    }
+    return _mm_srai_epi32(acc, RESAMPLE_PRECISION_BITS);
+}
+
+__attribute__((target("ssse3"))) static inline void hpass_store4_ssse3(uint8_t *out, __m128i a0,
+                                                                       __m128i a1, __m128i a2,
+                                                                       __m128i a3)
+{
+    const __m128i pack = _mm_setr_epi8(0, 1, 2, 4, 5, 6, 8, 9, 10, 12, 13, 14, -1, -1, -1, -1);
+    __m128i v = _mm_packus_epi16(_mm_packs_epi32(a0, a1), _mm_packs_epi32(a2, a3));
+    v = _mm_shuffle_epi8(v, pack);
+    _mm_storel_epi64((__m128i *)(void *)out, v);
+    int32_t hi = _mm_cvtsi128_si32(_mm_srli_si128(v, 8));
+    memcpy(out + 8, &hi, 4);
+}
+
+__attribute__((target("ssse3"))) static void hpass_row_ssse3(const uint8_t *restrict row, int row_px,
+                                                             int base, const struct axis *a,
+                                                             bool flip, uint8_t *restrict out)
+{
+    HPASS_ROW_VEC(hpass_acc_ssse3, hpass_store4_ssse3);
+}
+#endif
+#endif
+
+/* One output row of the horizontal pass. `row` holds row_px pixels; the axis's source
+ * indexes are relative to pixel `base` of the full row. With `flip`, output pixel i is
+ * axis position n - 1 - i. */
+static void hpass_row(const uint8_t *restrict row, int row_px, int base, const struct axis *a,
+                      bool flip, enum resample_simd level, uint8_t *restrict out)
+{
+#if defined(HAVE_SSSE3_KERNEL)
+    if (level >= RESAMPLE_SIMD_SSSE3) {
+        hpass_row_ssse3(row, row_px, base, a, flip, out);
+        return;
+    }
+#endif
+#if defined(__SSE2__)
+    if (level >= RESAMPLE_SIMD_SSE2) {
+        hpass_row_sse2(row, row_px, base, a, flip, out);
+        return;
+    }
+#endif
     (void)row_px;
-#endif
-    for (int i = 0; i < a->n; i++) {
-        const uint8_t *s = row + (size_t)(a->bounds[2 * i] - base) * 3;
-        const int32_t *c = a->coef + (size_t)i * a->ksize;
-        int cnt = a->bounds[2 * i + 1];
-#if defined(__SSE2__)
-        int np = (cnt + 1) / 2;
-        if (a->bounds[2 * i] - base + 2 * np < row_px) {
-            const __m128i *cp = (const __m128i *)(const void *)(a->pairs + (size_t)i * a->npair * 8);
-            __m128i acc = rnd;
-            for (int k = 0; k < np; k++, s += 6) {
-                int32_t w0, w1;
-                memcpy(&w0, s, 4);
-                memcpy(&w1, s + 3, 4);
-                __m128i px = _mm_unpacklo_epi8(_mm_cvtsi32_si128(w0), _mm_cvtsi32_si128(w1));
-                acc = _mm_add_epi32(acc, _mm_madd_epi16(_mm_unpacklo_epi8(px, zero),
-                                                        _mm_load_si128(cp + k)));
-            }
-            acc = _mm_srai_epi32(acc, RESAMPLE_PRECISION_BITS);
-            acc = _mm_packs_epi32(acc, acc);
-            int32_t v = _mm_cvtsi128_si32(_mm_packus_epi16(acc, acc));
-            memcpy(out + 3 * i, &v, 3);
-            continue;
-        }
-#endif
-        int32_t r = round, g = round, b = round;
-        for (int k = 0; k < cnt; k++, s += 3) {
-            r += s[0] * c[k];
-            g += s[1] * c[k];
-            b += s[2] * c[k];
-        }
-        out[3 * i] = clip8(r);
-        out[3 * i + 1] = clip8(g);
-        out[3 * i + 2] = clip8(b);
+    (void)level;
+    for (int i = 0; i < a->n; i++)
+        hpass_px_c(row, base, a, flip ? a->n - 1 - i : i, out + 3 * (size_t)i);
+}
+
+/* A row mirrored: for a flip when the horizontal pass is the identity. */
+static void copy_mirrored(uint8_t *restrict out, const uint8_t *restrict in, int n)
+{
+    for (int i = 0; i < n; i++)
+        memcpy(out + 3 * (size_t)i, in + 3 * (size_t)(n - 1 - i), 3);
+}
+
+static void mirror_in_place(uint8_t *px, int n)
+{
+    for (int i = 0, k = n - 1; i < k; i++, k--) {
+        uint8_t t[3];
+        memcpy(t, px + 3 * (size_t)i, 3);
+        memcpy(px + 3 * (size_t)i, px + 3 * (size_t)k, 3);
+        memcpy(px + 3 * (size_t)k, t, 3);
     }
 }
 
@@ -296,6 +478,13 @@ int resample_run(const struct resample_job *j, struct image_buf *scratch, uint8_
             x_hi = ax.bounds[2 * i] + ax.bounds[2 * i + 1];
     }
     size_t row_len = nx * 3, src_cols = (size_t)(x_hi - x_lo);
+    if (!ax.identity) {
+        ax.safe_end = 0;
+        while (ax.safe_end < ax.n && ax.bounds[2 * ax.safe_end] - x_lo + 2 * ax.npu < (int)src_cols)
+            ax.safe_end++;
+    }
+    enum resample_simd level = resample_simd_level();
+    bool flip = j->flip;
 
     /* Which pass first: per tap and byte the horizontal pass costs several times the
      * vertical one (which runs sixteen bytes at a time), so it goes where it has fewer
@@ -327,14 +516,16 @@ int resample_run(const struct resample_job *j, struct image_buf *scratch, uint8_
                 vrow = mid;
             }
             uint8_t *out = dst ? dst + (size_t)i * dst_stride : rowbuf;
-            if (ax.identity) {
+            if (ax.identity && flip) {
+                copy_mirrored(out, vrow, ax.n);
+            } else if (ax.identity) {
                 if (!dst) {
                     emit(ctx, i, vrow);
                     continue;
                 }
                 memcpy(out, vrow, row_len);
             } else {
-                hpass_row(vrow, (int)src_cols, x_lo, &ax, out);
+                hpass_row(vrow, (int)src_cols, x_lo, &ax, flip, level, out);
             }
             if (emit)
                 emit(ctx, i, out);
@@ -356,14 +547,16 @@ int resample_run(const struct resample_job *j, struct image_buf *scratch, uint8_
             return r;
         for (int y = y_lo; y < y_hi; y++)
             hpass_row(j->src + (size_t)y * j->src_stride + (size_t)x_lo * 3, (int)src_cols,
-                      x_lo, &ax, t + (size_t)(y - y_lo) * row_len);
+                      x_lo, &ax, flip, level, t + (size_t)(y - y_lo) * row_len);
         tmp = t;
         tmp_stride = row_len;
     }
     for (int i = 0; i < ay.n; i++) {
         const uint8_t *s = tmp + (size_t)(ay.bounds[2 * i] - y_lo) * tmp_stride;
         uint8_t *out = dst ? dst + (size_t)i * dst_stride : rowbuf;
-        if (ay.identity) {
+        if (ay.identity && ax.identity && flip) {
+            copy_mirrored(out, s, ax.n);
+        } else if (ay.identity) {
             if (!dst) {
                 emit(ctx, i, s);
                 continue;
@@ -372,6 +565,9 @@ int resample_run(const struct resample_job *j, struct image_buf *scratch, uint8_
         } else {
             vpass_row(s, tmp_stride, ay.bounds[2 * i + 1], ay.coef + (size_t)i * ay.ksize, out,
                       row_len);
+            /* The horizontal pass mirrored its rows already, unless it was skipped. */
+            if (ax.identity && flip)
+                mirror_in_place(out, ax.n);
         }
         if (emit)
             emit(ctx, i, out);

@@ -15,10 +15,16 @@
  * One call can compute any sub-rectangle of the full output with exactly the pixels
  * the full resize would give (a resize followed by a crop costs only the crop), and
  * the box may be fractional (a crop chosen on the full-size image, mapped onto an
- * image decoded at 1/2 or 1/4 scale). */
+ * image decoded at 1/2 or 1/4 scale). It can also mirror its output rows (a horizontal
+ * flip costs nothing when it rides on the horizontal pass).
+ *
+ * The horizontal pass picks the widest kernel the CPU runs (SSSE3, else SSE2, else
+ * plain C) at each call; all give the same bytes, which resample_simd_limit lets a
+ * test check. */
 #ifndef LD_RESAMPLE_H
 #define LD_RESAMPLE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -36,7 +42,11 @@ struct resample_job {
     int clamp_x0, clamp_y0, clamp_x1, clamp_y1; /* windows stay in [x0, x1) x [y0, y1) */
     int out_w, out_h;               /* the full output */
     int rect_x0, rect_y0, rect_w, rect_h;  /* the part of it to compute */
+    bool flip;                      /* row pixel x is output pixel rect_x0 + rect_w - 1 - x */
 };
+
+/* Kernels, narrowest first. */
+enum resample_simd { RESAMPLE_SIMD_C = 0, RESAMPLE_SIMD_SSE2, RESAMPLE_SIMD_SSSE3 };
 
 /* Called with each output row (rect_w RGB pixels), top to bottom; `row` is valid
  * during the call only. */
@@ -48,5 +58,12 @@ typedef void (*resample_emit_fn)(void *ctx, int y, const uint8_t *row);
  * LD_EINVAL for an inconsistent job, LD_ENOMEM. */
 int resample_run(const struct resample_job *job, struct image_buf *scratch, uint8_t *dst,
                  size_t dst_stride, resample_emit_fn emit, void *ctx);
+
+/* Caps the kernels every later call uses at `level` (the CPU's own limit still
+ * applies): for tests that compare the kernels' bytes, and for benchmarks. */
+void resample_simd_limit(enum resample_simd level);
+
+/* The kernel resample_run uses now. */
+enum resample_simd resample_simd_level(void);
 
 #endif

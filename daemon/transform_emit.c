@@ -65,6 +65,48 @@ struct emitter {
 #define VALUE_F32(c, v) (p->lut32[c][v])
 #define VALUE_F16(c, v) (p->lut16[c][v])
 
+#if defined(__GNUC__) && defined(__SSE2__) && (defined(__x86_64__) || defined(__i386__))
+#define HAVE_SPLIT_SSSE3 1
+#include <tmmintrin.h>
+
+/* uint8 CHW without a flip, the usual training layout: sixteen pixels (48 bytes) at a
+ * time split into the three planes with nine pshufb, the rest one by one. */
+__attribute__((target("ssse3"))) static void split_planes_ssse3(const uint8_t *restrict src, int w,
+                                                                uint8_t *restrict r,
+                                                                uint8_t *restrict g,
+                                                                uint8_t *restrict b)
+{
+    const __m128i m[3][3] = {
+        {_mm_setr_epi8(0, 3, 6, 9, 12, 15, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1),
+         _mm_setr_epi8(-1, -1, -1, -1, -1, -1, 2, 5, 8, 11, 14, -1, -1, -1, -1, -1),
+         _mm_setr_epi8(-1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 1, 4, 7, 10, 13)},
+        {_mm_setr_epi8(1, 4, 7, 10, 13, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1),
+         _mm_setr_epi8(-1, -1, -1, -1, -1, 0, 3, 6, 9, 12, 15, -1, -1, -1, -1, -1),
+         _mm_setr_epi8(-1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 2, 5, 8, 11, 14)},
+        {_mm_setr_epi8(2, 5, 8, 11, 14, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1),
+         _mm_setr_epi8(-1, -1, -1, -1, -1, 1, 4, 7, 10, 13, -1, -1, -1, -1, -1, -1),
+         _mm_setr_epi8(-1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 0, 3, 6, 9, 12, 15)},
+    };
+    int x = 0;
+    for (; x + 16 <= w; x += 16) {
+        const __m128i *s = (const __m128i *)(const void *)(src + 3 * (size_t)x);
+        __m128i a = _mm_loadu_si128(s), bb = _mm_loadu_si128(s + 1), c = _mm_loadu_si128(s + 2);
+        uint8_t *planes[3] = {r + x, g + x, b + x};
+        for (int ch = 0; ch < 3; ch++) {
+            __m128i v = _mm_or_si128(_mm_or_si128(_mm_shuffle_epi8(a, m[ch][0]),
+                                                  _mm_shuffle_epi8(bb, m[ch][1])),
+                                     _mm_shuffle_epi8(c, m[ch][2]));
+            _mm_storeu_si128((__m128i *)(void *)planes[ch], v);
+        }
+    }
+    for (; x < w; x++) {
+        r[x] = src[3 * x];
+        g[x] = src[3 * x + 1];
+        b[x] = src[3 * x + 2];
+    }
+}
+#endif
+
 static void emit_row(void *ctx, int y, const uint8_t *row)
 {
     const struct emitter *e = ctx;
@@ -74,10 +116,18 @@ static void emit_row(void *ctx, int y, const uint8_t *row)
     bool chw = p->out.layout == TRANSFORM_LAYOUT_CHW;
     switch (p->out.dtype) {
     case LD_DTYPE_UINT8:
-        if (!chw && !e->flip)
+        if (!chw && !e->flip) {
             memcpy(e->dst + (size_t)y * w * 3, row, (size_t)w * 3);
-        else
-            EMIT_LOOP(uint8_t, VALUE_U8);
+            break;
+        }
+#if defined(HAVE_SPLIT_SSSE3)
+        if (chw && !e->flip && __builtin_cpu_supports("ssse3")) {
+            uint8_t *r = e->dst + (size_t)y * w;
+            split_planes_ssse3(row, w, r, r + plane, r + 2 * plane);
+            break;
+        }
+#endif
+        EMIT_LOOP(uint8_t, VALUE_U8);
         break;
     case LD_DTYPE_FLOAT32:
         EMIT_LOOP(float, VALUE_F32);
@@ -170,6 +220,9 @@ static int run_resample(const struct stage *st, const struct transform_rect *nex
         j.clamp_y0 = j.clamp_y1 - 1;
     int r;
     if (em) {
+        /* The mirror rides on the horizontal pass: the emitter writes rows as they come. */
+        j.flip = em->flip;
+        em->flip = false;
         r = resample_run(&j, scratch, direct ? em->dst : NULL, (size_t)next->width * 3,
                          direct ? NULL : emit_row, em);
     } else {
@@ -295,8 +348,7 @@ int transform_apply(const transform_pipeline *p, const uint8_t *data, size_t len
                          .flip = pl.flip};
     if (pl.final.width != p->out.width || pl.final.height != p->out.height)
         return internal_error(errbuf, "planned output size differs from the pipeline's");
-    bool direct = p->out.dtype == LD_DTYPE_UINT8 && p->out.layout == TRANSFORM_LAYOUT_HWC &&
-                  !pl.flip;
+    bool direct = p->out.dtype == LD_DTYPE_UINT8 && p->out.layout == TRANSFORM_LAYOUT_HWC;
     for (int k = 0; k < pl.n; k++) {
         const struct stage *st = &pl.st[k];
         const struct transform_rect *next = k + 1 < pl.n ? &pl.st[k + 1].in : &pl.final;

@@ -853,6 +853,135 @@ static void test_resample_rect(void **state)
     free(px);
 }
 
+/* Rows the resampler emits, gathered into an image. */
+struct gathered {
+    uint8_t *px;
+    int w;
+};
+
+static void gather_row(void *ctx, int y, const uint8_t *row)
+{
+    struct gathered *g = ctx;
+    memcpy(g->px + (size_t)y * g->w * 3, row, (size_t)g->w * 3);
+}
+
+/* Every kernel (plain C, SSE2, SSSE3 where the CPU has them) gives the same bytes, into
+ * a buffer or through the emitter, over geometries that take each pass order, the
+ * identity shortcuts, shrinking and enlarging, fractional boxes and sub-rectangles;
+ * and a flipped job gives exactly the mirror of the unflipped one. */
+static void test_resample_kernels(void **state)
+{
+    (void)state;
+    int w = 61, h = 37;
+    uint8_t *px = noisy_rgb(w, h, 17);
+    struct image_buf s;
+    image_buf_init(&s);
+    struct resample_job base = {.src = px, .src_stride = (size_t)w * 3, .src_w = w, .src_h = h,
+                                .box_w = w, .box_h = h, .clamp_x1 = w, .clamp_y1 = h};
+    struct {
+        double bx, by, bw, bh;
+        int ow, oh, rx, ry, rw, rh;
+    } jobs[] = {
+        {0, 0, 61, 37, 100, 50, 0, 0, 100, 50},      /* enlarging both */
+        {0, 0, 61, 37, 36, 22, 0, 0, 36, 22},        /* shrinking 1.7x */
+        {0, 0, 61, 37, 12, 7, 0, 0, 12, 7},          /* shrinking 5x: wide windows */
+        {2.5, 1.25, 50.5, 30.0, 23, 17, 3, 2, 17, 11}, /* fractional box, a rectangle */
+        {0, 0, 61, 37, 12, 90, 0, 0, 12, 90},        /* narrow and tall */
+        {0, 0, 61, 37, 100, 5, 0, 0, 100, 5},        /* wide and flat */
+        {5, 0, 20, 37, 20, 50, 0, 0, 20, 50},        /* x the identity (a crop), y enlarged */
+        {5, 3, 20, 30, 20, 30, 1, 1, 18, 27},        /* both the identity: a crop */
+        {0, 4, 61, 20, 31, 20, 0, 0, 31, 20},        /* y the identity, x shrunk */
+        {0, 0, 61, 37, 1, 1, 0, 0, 1, 1},            /* one pixel */
+        {0, 0, 61, 37, 7, 3, 0, 0, 7, 3},            /* fewer than four pixels a row, almost */
+    };
+    enum resample_simd top = resample_simd_level();
+    for (size_t t = 0; t < sizeof jobs / sizeof jobs[0]; t++) {
+        struct resample_job j = base;
+        j.box_x0 = jobs[t].bx;
+        j.box_y0 = jobs[t].by;
+        j.box_w = jobs[t].bw;
+        j.box_h = jobs[t].bh;
+        j.clamp_x0 = (int)floor(j.box_x0);
+        j.clamp_y0 = (int)floor(j.box_y0);
+        j.clamp_x1 = (int)ceil(j.box_x0 + j.box_w);
+        j.clamp_y1 = (int)ceil(j.box_y0 + j.box_h);
+        j.out_w = jobs[t].ow;
+        j.out_h = jobs[t].oh;
+        j.rect_x0 = jobs[t].rx;
+        j.rect_y0 = jobs[t].ry;
+        j.rect_w = jobs[t].rw;
+        j.rect_h = jobs[t].rh;
+        size_t bytes = (size_t)j.rect_w * j.rect_h * 3, stride = (size_t)j.rect_w * 3;
+        uint8_t *want = malloc(bytes), *got = malloc(bytes), *flipped = NULL;
+        assert_true(want && got);
+        resample_simd_limit(RESAMPLE_SIMD_C);
+        assert_int_equal(resample_simd_level(), RESAMPLE_SIMD_C);
+        assert_int_equal(resample_run(&j, &s, want, stride, NULL, NULL), 0);
+        for (int flip = 0; flip < 2; flip++) {
+            j.flip = flip;
+            if (flip) {
+                flipped = mirror(want, j.rect_w, j.rect_h);
+                memcpy(want, flipped, bytes);
+            }
+            for (int level = RESAMPLE_SIMD_C; level <= (int)top; level++) {
+                resample_simd_limit((enum resample_simd)level);
+                memset(got, 0xa5, bytes);
+                assert_int_equal(resample_run(&j, &s, got, stride, NULL, NULL), 0);
+                if (memcmp(got, want, bytes) != 0)
+                    fail_msg("job %zu, flip %d, kernel %d: bytes differ", t, flip, level);
+                memset(got, 0x5a, bytes);
+                struct gathered g = {got, j.rect_w};
+                assert_int_equal(resample_run(&j, &s, NULL, 0, gather_row, &g), 0);
+                if (memcmp(got, want, bytes) != 0)
+                    fail_msg("job %zu, flip %d, kernel %d, emitted rows: bytes differ", t, flip, level);
+            }
+        }
+        free(flipped);
+        free(want);
+        free(got);
+    }
+    resample_simd_limit(RESAMPLE_SIMD_SSSE3);
+    assert_int_equal(resample_simd_level(), top);
+    image_buf_close(&s);
+    free(px);
+}
+
+/* uint8 CHW is HWC split into planes, pixel for pixel, flipped or not, whatever the
+ * row width (the split runs sixteen pixels at a time, the rest one by one). */
+static void test_chw_planes(void **state)
+{
+    (void)state;
+    int w = 50, h = 31;
+    uint8_t *px = noisy_rgb(w, h, 23);
+    struct blob b = png_encode_rgb(px, w, h);
+    const int widths[] = {37, 16, 5, 48};
+    for (size_t k = 0; k < sizeof widths / sizeof widths[0]; k++) {
+        for (int flipped = 0; flipped < 2; flipped++) {
+            int ow = widths[k], oh = 13;
+            struct transform_spec hwc[] = {flip(flipped ? 1.0 : 0.0), resize_exact(oh, ow),
+                                           to_dtype(LD_DTYPE_UINT8, TRANSFORM_LAYOUT_HWC)};
+            struct transform_spec chw[] = {flip(flipped ? 1.0 : 0.0), resize_exact(oh, ow),
+                                           to_dtype(LD_DTYPE_UINT8, TRANSFORM_LAYOUT_CHW)};
+            transform_pipeline *ph = pipeline(hwc, 3, NULL), *pc = pipeline(chw, 3, NULL);
+            struct image_buf scratch;
+            image_buf_init(&scratch);
+            uint8_t *a = apply(ph, &b, 1, 0, 0, &scratch), *c = apply(pc, &b, 1, 0, 0, &scratch);
+            image_buf_close(&scratch);
+            for (int y = 0; y < oh; y++)
+                for (int x = 0; x < ow; x++)
+                    for (int ch = 0; ch < 3; ch++)
+                        if (c[((size_t)ch * oh + y) * ow + x] != a[((size_t)y * ow + x) * 3 + ch])
+                            fail_msg("width %d, flip %d: pixel (%d,%d,%d) differs", ow, flipped, x, y, ch);
+            free(a);
+            free(c);
+            transform_pipeline_free(ph);
+            transform_pipeline_free(pc);
+        }
+    }
+    blob_free(&b);
+    free(px);
+}
+
 static void test_random_resized_crop_reference(void **state)
 {
     (void)state;
@@ -1715,6 +1844,8 @@ int main(void)
         cmocka_unit_test(test_flip),
         cmocka_unit_test(test_resize_reference),
         cmocka_unit_test(test_resample_rect),
+        cmocka_unit_test(test_resample_kernels),
+        cmocka_unit_test(test_chw_planes),
         cmocka_unit_test(test_random_resized_crop_reference),
         cmocka_unit_test(test_rrc_params),
         cmocka_unit_test(test_prng),
