@@ -5,8 +5,9 @@
  * first it works one output row at a time into a single scratch row, which the
  * horizontal pass turns into the output row at once. Both passes have an SSE2 path
  * (pmaddwd on 16-bit weights) and a plain C path for other machines; the horizontal
- * pass, which costs the most per pixel, also an SSSE3 one chosen at run time, and it
- * runs four output pixels at a time with the same number of taps for all. Integer
+ * pass, which costs the most per pixel, also an SSSE3 one and the vertical pass an
+ * AVX2 one, chosen at run time; the horizontal pass runs four output pixels at a
+ * time with the same number of taps for all. Integer
  * sums are exact, so every kernel gives the same bytes (test_transform compares them).
  * A horizontal flip of the output is the horizontal pass walking its positions
  * backwards: mirroring the rows costs nothing.
@@ -124,7 +125,7 @@ static void axis_pairs(struct axis *a)
 
 /* The kernel limit set by resample_simd_limit; atomic so that a test may change it
  * while no resample runs without a data race on the workers' reads. */
-static _Atomic int simd_cap = RESAMPLE_SIMD_SSSE3;
+static _Atomic int simd_cap = RESAMPLE_SIMD_AVX2;
 
 void resample_simd_limit(enum resample_simd level)
 {
@@ -139,6 +140,8 @@ enum resample_simd resample_simd_level(void)
 #if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
     if (__builtin_cpu_supports("ssse3"))
         cpu = RESAMPLE_SIMD_SSSE3;
+    if (cpu == RESAMPLE_SIMD_SSSE3 && __builtin_cpu_supports("avx2"))
+        cpu = RESAMPLE_SIMD_AVX2;
 #endif
 #endif
     int cap = simd_cap;
@@ -347,16 +350,71 @@ static void mirror_in_place(uint8_t *px, int n)
     }
 }
 
+#if defined(__SSE2__) && defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+#define HAVE_AVX2_KERNEL 1
+#include <immintrin.h>
+
+/* The vertical pass in AVX2: the SSE2 loop below on 32 bytes at a time (unpacks and
+ * packs stay within each 128-bit lane, so the bytes come out in order). Returns how
+ * many bytes it did. */
+__attribute__((target("avx2"))) static size_t vpass_avx2(const uint8_t *restrict src, size_t stride,
+                                                         int cnt, const int32_t *c,
+                                                         uint8_t *restrict out, size_t len)
+{
+    const __m256i zero = _mm256_setzero_si256();
+    const __m256i rnd = _mm256_set1_epi32(1 << (RESAMPLE_PRECISION_BITS - 1));
+    size_t x = 0;
+    for (; x + 32 <= len; x += 32) {
+        __m256i a0 = rnd, a1 = rnd, a2 = rnd, a3 = rnd;
+        int k = 0;
+        for (; k + 2 <= cnt; k += 2) {
+            const uint8_t *p = src + (size_t)k * stride + x;
+            __m256i s0 = _mm256_loadu_si256((const __m256i *)(const void *)p);
+            __m256i s1 = _mm256_loadu_si256((const __m256i *)(const void *)(p + stride));
+            __m256i cc = _mm256_set1_epi32((int32_t)((uint32_t)c[k + 1] << 16 | (uint16_t)c[k]));
+            __m256i lo = _mm256_unpacklo_epi8(s0, s1), hi = _mm256_unpackhi_epi8(s0, s1);
+            a0 = _mm256_add_epi32(a0, _mm256_madd_epi16(_mm256_unpacklo_epi8(lo, zero), cc));
+            a1 = _mm256_add_epi32(a1, _mm256_madd_epi16(_mm256_unpackhi_epi8(lo, zero), cc));
+            a2 = _mm256_add_epi32(a2, _mm256_madd_epi16(_mm256_unpacklo_epi8(hi, zero), cc));
+            a3 = _mm256_add_epi32(a3, _mm256_madd_epi16(_mm256_unpackhi_epi8(hi, zero), cc));
+        }
+        if (k < cnt) {
+            const uint8_t *p = src + (size_t)k * stride + x;
+            __m256i s0 = _mm256_loadu_si256((const __m256i *)(const void *)p);
+            __m256i cc = _mm256_set1_epi32((uint16_t)c[k]);
+            __m256i lo = _mm256_unpacklo_epi8(s0, zero), hi = _mm256_unpackhi_epi8(s0, zero);
+            a0 = _mm256_add_epi32(a0, _mm256_madd_epi16(_mm256_unpacklo_epi16(lo, zero), cc));
+            a1 = _mm256_add_epi32(a1, _mm256_madd_epi16(_mm256_unpackhi_epi16(lo, zero), cc));
+            a2 = _mm256_add_epi32(a2, _mm256_madd_epi16(_mm256_unpacklo_epi16(hi, zero), cc));
+            a3 = _mm256_add_epi32(a3, _mm256_madd_epi16(_mm256_unpackhi_epi16(hi, zero), cc));
+        }
+        a0 = _mm256_srai_epi32(a0, RESAMPLE_PRECISION_BITS);
+        a1 = _mm256_srai_epi32(a1, RESAMPLE_PRECISION_BITS);
+        a2 = _mm256_srai_epi32(a2, RESAMPLE_PRECISION_BITS);
+        a3 = _mm256_srai_epi32(a3, RESAMPLE_PRECISION_BITS);
+        __m256i w0 = _mm256_packs_epi32(a0, a1), w1 = _mm256_packs_epi32(a2, a3);
+        _mm256_storeu_si256((__m256i *)(void *)(out + x), _mm256_packus_epi16(w0, w1));
+    }
+    return x;
+}
+#endif
+
 /* One output row of the vertical pass: out[x] = sum of c[k] * (row k)[x], the rows
  * `stride` apart from `src`. With SSE2 (every x86-64) sixteen bytes and two taps at a
  * time through pmaddwd, which is why the weights fit 16 bits; integer sums are exact,
  * so the vector and scalar paths give the same bytes. */
 static void vpass_row(const uint8_t *restrict src, size_t stride, int cnt, const int32_t *c,
-                      uint8_t *restrict out, size_t len)
+                      uint8_t *restrict out, size_t len, enum resample_simd level)
 {
     const int32_t round = 1 << (RESAMPLE_PRECISION_BITS - 1);
     size_t x = 0;
+#if defined(HAVE_AVX2_KERNEL)
+    if (level >= RESAMPLE_SIMD_AVX2)
+        x = vpass_avx2(src, stride, cnt, c, out, len);
+#endif
 #if defined(__SSE2__)
+    if (level < RESAMPLE_SIMD_SSE2)
+        goto scalar;
     const __m128i zero = _mm_setzero_si128(), rnd = _mm_set1_epi32(round);
     for (; x + 16 <= len; x += 16) {
         __m128i a0 = rnd, a1 = rnd, a2 = rnd, a3 = rnd;
@@ -390,7 +448,9 @@ static void vpass_row(const uint8_t *restrict src, size_t stride, int cnt, const
         __m128i w0 = _mm_packs_epi32(a0, a1), w1 = _mm_packs_epi32(a2, a3);
         _mm_storeu_si128((__m128i *)(void *)(out + x), _mm_packus_epi16(w0, w1));
     }
+scalar:
 #endif
+    (void)level;
     for (; x < len; x++) {
         int32_t acc = round;
         for (int k = 0; k < cnt; k++)
@@ -512,7 +572,7 @@ int resample_run(const struct resample_job *j, struct image_buf *scratch, uint8_
             const uint8_t *vrow = col0;
             if (!ay.identity) {
                 vpass_row(col0, j->src_stride, ay.bounds[2 * i + 1],
-                          ay.coef + (size_t)i * ay.ksize, mid, src_cols * 3);
+                          ay.coef + (size_t)i * ay.ksize, mid, src_cols * 3, level);
                 vrow = mid;
             }
             uint8_t *out = dst ? dst + (size_t)i * dst_stride : rowbuf;
@@ -564,7 +624,7 @@ int resample_run(const struct resample_job *j, struct image_buf *scratch, uint8_
             memcpy(out, s, row_len);
         } else {
             vpass_row(s, tmp_stride, ay.bounds[2 * i + 1], ay.coef + (size_t)i * ay.ksize, out,
-                      row_len);
+                      row_len, level);
             /* The horizontal pass mirrored its rows already, unless it was skipped. */
             if (ax.identity && flip)
                 mirror_in_place(out, ax.n);

@@ -18,9 +18,9 @@
  * image decoded at 1/2 or 1/4 scale). It can also mirror its output rows (a horizontal
  * flip costs nothing when it rides on the horizontal pass).
  *
- * The horizontal pass picks the widest kernel the CPU runs (SSSE3, else SSE2, else
- * plain C) at each call; all give the same bytes, which resample_simd_limit lets a
- * test check. */
+ * Each pass picks the widest kernel the CPU runs (the horizontal one SSSE3, the
+ * vertical one AVX2, else SSE2, else plain C) at each call; all give the same bytes,
+ * which resample_simd_limit lets a test check. */
 #ifndef LD_RESAMPLE_H
 #define LD_RESAMPLE_H
 
@@ -46,7 +46,7 @@ struct resample_job {
 };
 
 /* Kernels, narrowest first. */
-enum resample_simd { RESAMPLE_SIMD_C = 0, RESAMPLE_SIMD_SSE2, RESAMPLE_SIMD_SSSE3 };
+enum resample_simd { RESAMPLE_SIMD_C = 0, RESAMPLE_SIMD_SSE2, RESAMPLE_SIMD_SSSE3, RESAMPLE_SIMD_AVX2 };
 
 /* Called with each output row (rect_w RGB pixels), top to bottom; `row` is valid
  * during the call only. */
