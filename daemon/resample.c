@@ -35,6 +35,7 @@ struct axis {
     int npair;              /* pairs stored per position */
     int npu;                /* pairs the vector kernels run: the most any window needs */
     int safe_end;           /* positions below this may read their padded windows */
+    int *off;               /* per position: the window's first byte in the pass's row */
     bool identity;          /* output i is source offset + i */
     int offset;
 };
@@ -222,22 +223,23 @@ static inline void hpass_store1(uint8_t *out, __m128i a0)
 #define HPASS_ROW_NP(ACC, STORE4, NP)                                                   \
     do {                                                                                \
         int n = a->n;                                                                   \
+        const int *off = a->off;                                                        \
         for (int i = 0; i < n;) {                                                       \
             int p = flip ? n - 1 - i : i;                                               \
             int pmax = flip ? p : i + 3;                                                \
             uint8_t *o = out + 3 * (size_t)i;                                           \
             if (i + 4 <= n && pmax < a->safe_end) {                                     \
                 int d = flip ? -1 : 1;                                                  \
-                __m128i a0 = ACC(row + (size_t)(a->bounds[2 * p] - base) * 3, a, p, NP); \
-                __m128i a1 = ACC(row + (size_t)(a->bounds[2 * (p + d)] - base) * 3, a, p + d, NP); \
-                __m128i a2 = ACC(row + (size_t)(a->bounds[2 * (p + 2 * d)] - base) * 3, a, p + 2 * d, NP); \
-                __m128i a3 = ACC(row + (size_t)(a->bounds[2 * (p + 3 * d)] - base) * 3, a, p + 3 * d, NP); \
+                __m128i a0 = ACC(row + off[p], a, p, NP);                               \
+                __m128i a1 = ACC(row + off[p + d], a, p + d, NP);                       \
+                __m128i a2 = ACC(row + off[p + 2 * d], a, p + 2 * d, NP);               \
+                __m128i a3 = ACC(row + off[p + 3 * d], a, p + 3 * d, NP);               \
                 STORE4(o, a0, a1, a2, a3);                                              \
                 i += 4;                                                                 \
                 continue;                                                               \
             }                                                                           \
             if (hpass_px_safe(a, p, base, row_px))                                      \
-                hpass_store1(o, ACC(row + (size_t)(a->bounds[2 * p] - base) * 3, a, p, NP)); \
+                hpass_store1(o, ACC(row + off[p], a, p, NP));                           \
             else                                                                        \
                 hpass_px_c(row, base, a, p, o);                                         \
             i++;                                                                        \
@@ -494,7 +496,7 @@ int resample_run(const struct resample_job *j, struct image_buf *scratch, uint8_
     ax.npair = (ax.ksize + 1) / 2;
     size_t pair_bytes = nx * (size_t)ax.npair * 8 * sizeof(int16_t);   /* first: 16-aligned */
     size_t coef_bytes = pair_bytes + (nx * ax.ksize + ny * ay.ksize) * sizeof(int32_t) +
-                        (nx + ny) * 2 * sizeof(int);
+                        (nx + ny) * 2 * sizeof(int) + nx * sizeof(int);
     uint8_t *mem;
     int r = image_buf_reserve(scratch, IMAGE_AUX_COEF, coef_bytes, &mem);
     if (r < 0)
@@ -504,6 +506,7 @@ int resample_run(const struct resample_job *j, struct image_buf *scratch, uint8_
     ay.coef = ax.coef + nx * ax.ksize;
     ax.bounds = (int *)(ay.coef + ny * ay.ksize);
     ay.bounds = ax.bounds + 2 * nx;
+    ax.off = ay.bounds + 2 * ny;
     if (ax.identity) {
         ax.offset = (int)j->box_x0 + j->rect_x0;
     } else {
@@ -542,6 +545,8 @@ int resample_run(const struct resample_job *j, struct image_buf *scratch, uint8_
         ax.safe_end = 0;
         while (ax.safe_end < ax.n && ax.bounds[2 * ax.safe_end] - x_lo + 2 * ax.npu < (int)src_cols)
             ax.safe_end++;
+        for (int i = 0; i < ax.n; i++)
+            ax.off[i] = (ax.bounds[2 * i] - x_lo) * 3;
     }
     enum resample_simd level = resample_simd_level();
     bool flip = j->flip;
