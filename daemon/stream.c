@@ -32,7 +32,7 @@
  * slot_filled() or the stalled-read scan, which are hub completions run by the loop;
  * stream_close calls nobody.
  */
-#include "stream.h"
+#include "stream_internal.h"
 
 #include <inttypes.h>
 #include <stdatomic.h>
@@ -67,92 +67,6 @@
  * stream's batch waits for a free worker at most about that long. */
 #define CHUNK_MAX_NS (2u * 1000u * 1000u)
 #define MAX_TIMED_CHUNKS 64u
-
-struct stream_set {
-    hub *hub;
-    pool *workers;
-    uint32_t live;
-    stream *streams;                /* the live ones, linked by set_next */
-    struct hub_completion stalled;  /* posted by the deadline watcher: a read was found stalled */
-};
-
-struct stream_task {
-    struct pool_task base;          /* first: pool hands us this pointer back */
-    stream *s;
-    uint32_t slot;
-    uint32_t row_begin, row_end;
-    struct hub_completion done;     /* the slot's last chunk back: slot_filled() on the loop */
-};
-
-struct field_layout {
-    uint64_t offset;                /* from the slot start */
-    uint64_t row_bytes;             /* fixed fields */
-    uint64_t offsets_offset;        /* ragged fields: int64[batch_size + 1] */
-    uint64_t capacity;              /* ragged fields: bytes at offset */
-};
-
-struct stream_slot {
-    uint64_t seq, epoch, batch;
-    uint32_t rows;
-    uint32_t n_chunks;
-    uint32_t relayouts;             /* times this batch was laid out again (LD_ESTALE) */
-    bool busy;                      /* chunks outstanding; loop thread only */
-    struct cache *cache;            /* what the chunks may read (a keeper reference), or NULL */
-    atomic_uint chunks_left;
-    atomic_int err;                 /* first failing chunk wins */
-    char errmsg[LD_ERRMSG_MAX];     /* written by the chunk that set err */
-    struct stream_task *tasks;      /* max_chunks, preallocated */
-    /* The device copy's report, posted by the stage's thread (stream_copied). */
-    struct hub_completion copy_done;
-    stream *copy_stream;
-    uint32_t copy_slot;
-    atomic_int copy_rc;
-};
-
-struct stream {
-    stream_set *set;
-    stream *set_next;
-    dataset *ds;
-    uint64_t id;
-    struct stream_params p;
-    sampler smp;
-    ring *ring;
-    device_stage *dev;              /* the host stage for a stream without a device */
-    uint64_t slot_used;             /* bytes of a slot the layout uses */
-    struct field_layout layout[LD_MAX_FIELDS];
-    uint32_t n_slots, max_chunks;
-    pool *workers;
-    pool_flow *flow;                /* this stream's queue in the pool (scheduler.h) */
-    bool urgent;                    /* the trainer waits and the batch is not READY */
-    uint32_t weight;                /* in the share of worker time */
-    bool prefetch_auto;             /* opened with prefetch 0: the depth adapts (prefetch.h) */
-    struct prefetch_ctl pf;
-    struct stream_slot *slots;
-    uint64_t total_seq;             /* UINT64_MAX when unbounded */
-    uint64_t next_fill, next_deliver;
-    uint64_t failed_seq;            /* UINT64_MAX while healthy */
-    int fail_rc;
-    char fail_msg[LD_ERRMSG_MAX];
-    uint32_t busy_slots;
-    uint64_t cache_ticket;          /* from the dataset's cache keeper at open */
-    bool closing, unlinked;
-    struct {
-        stream_next_cb cb;
-        void *ctx;
-    } waiters[STREAM_MAX_WAITING];  /* next requests in arrival order (a client may ask ahead) */
-    uint32_t w_head, w_count;
-    uint64_t wait_start_ns;
-    uint64_t batches_served, samples_served, bytes_served, wait_ns;
-    uint64_t first_next_ns;         /* 0 until the trainer first asks */
-    struct stats_mark {
-        uint64_t ns, samples, wait_ns;
-    } mark, last;                   /* the window being measured, and the one before */
-};
-
-static uint64_t now_ns(void)
-{
-    return uv_hrtime();
-}
 
 static uint64_t align_up(uint64_t v, uint64_t a)
 {
@@ -489,20 +403,20 @@ static bool answer_now(stream *s, struct stream_answer *ret)
             s->batches_served++;
             s->samples_served += sl->rows;
             s->bytes_served += ret->batch.bytes;
-            stats_roll(s, now_ns());
+            stats_roll(s, stream_now_ns());
             /* Past the ring's first fill: the first batches are waited for whatever the
              * trainer's rate, so they say nothing about the depth it needs. */
             if (s->prefetch_auto && s->batches_served > s->p.prefetch)
                 prefetch_on_delivery(&s->pf, s->wait_start_ns != 0, ring_count(s->ring, RING_READY));
             if (s->wait_start_ns) {
-                s->wait_ns += now_ns() - s->wait_start_ns;
+                s->wait_ns += stream_now_ns() - s->wait_start_ns;
                 s->wait_start_ns = 0;
             }
             return true;
         }
         if (!atomic_load_explicit(&s->ds->stalled_reads, memory_order_relaxed)) {
             if (!s->wait_start_ns)
-                s->wait_start_ns = now_ns();
+                s->wait_start_ns = stream_now_ns();
             set_urgent(s, true);
             return false;
         }
@@ -842,8 +756,8 @@ int stream_next(stream *s, stream_next_cb cb, void *ctx, struct stream_answer *r
         s->unlinked = true;
     }
     if (!s->first_next_ns)
-        s->first_next_ns = now_ns();
-    stats_roll(s, now_ns());
+        s->first_next_ns = stream_now_ns();
+    stats_roll(s, stream_now_ns());
     /* Known now (and nobody asked before it): the answer is returned, not called back. */
     if (s->w_count == 0 && answer_now(s, ret)) {
         schedule(s); /* a batch leased just now leaves room for one more ahead */
@@ -864,133 +778,4 @@ int stream_release(stream *s, uint32_t slot, uint64_t generation)
     if (rc == 0)
         schedule(s);
     return rc;
-}
-
-static const char *state_name(const stream *s)
-{
-    if (s->closing)
-        return "closing";
-    if (s->next_deliver >= s->failed_seq)
-        return "failed";
-    if (s->next_deliver >= s->total_seq)
-        return "ended";
-    return "running";
-}
-
-void stream_describe_layout(const stream *s, cJSON *o)
-{
-    cJSON_AddNumberToObject(o, "stream", (double)s->id);
-    cJSON_AddStringToObject(o, "shm", ring_name(s->ring));
-    cJSON_AddNumberToObject(o, "shm_size", (double)ring_total_size(s->ring));
-    cJSON_AddNumberToObject(o, "slot_count", ring_slot_count(s->ring));
-    cJSON_AddNumberToObject(o, "slot_size", (double)ring_slot_size(s->ring));
-    cJSON_AddNumberToObject(o, "slot_offset", (double)ring_slot_offset(s->ring));
-    cJSON_AddNumberToObject(o, "batch_size", s->p.batch_size);
-    cJSON_AddNumberToObject(o, "batches_per_epoch", (double)sampler_batches(&s->smp));
-    cJSON_AddNumberToObject(o, "samples_per_epoch", (double)sampler_samples(&s->smp));
-    cJSON *fields = cJSON_AddArrayToObject(o, "fields");
-    for (int f = 0; f < s->ds->n_fields; f++) {
-        const struct dataset_field *df = &s->ds->fields[f];
-        cJSON *jf = cJSON_CreateObject();
-        cJSON_AddStringToObject(jf, "name", df->name);
-        cJSON_AddStringToObject(jf, "dtype", proto_dtype_name(df->dtype));
-        cJSON *shape = cJSON_AddArrayToObject(jf, "shape");
-        for (int i = 0; i < df->ndim; i++)
-            cJSON_AddItemToArray(shape, cJSON_CreateNumber((double)df->shape[i]));
-        cJSON_AddBoolToObject(jf, "ragged", df->ragged);
-        cJSON_AddNumberToObject(jf, "offset", (double)s->layout[f].offset);
-        if (df->ragged) {
-            cJSON_AddNumberToObject(jf, "offsets_offset", (double)s->layout[f].offsets_offset);
-            cJSON_AddNumberToObject(jf, "capacity", (double)s->layout[f].capacity);
-        } else {
-            cJSON_AddNumberToObject(jf, "row_bytes", (double)s->layout[f].row_bytes);
-        }
-        cJSON_AddItemToArray(fields, jf);
-    }
-    device_describe(s->dev, &s->p.device, o);
-}
-
-void stream_describe_state(const stream *s, cJSON *o)
-{
-    uint64_t bpe = sampler_batches(&s->smp);
-    uint64_t pos = s->p.start_batch + s->next_deliver;
-    cJSON_AddNumberToObject(o, "id", (double)s->id);
-    cJSON_AddStringToObject(o, "dataset", s->ds->name);
-    cJSON_AddStringToObject(o, "state", state_name(s));
-    cJSON_AddNumberToObject(o, "batch_size", s->p.batch_size);
-    cJSON_AddNumberToObject(o, "epoch", (double)(s->p.epoch + pos / bpe));
-    cJSON_AddNumberToObject(o, "batch", (double)(pos % bpe));
-    cJSON_AddNumberToObject(o, "batches_per_epoch", (double)bpe);
-    cJSON_AddNumberToObject(o, "rank", s->p.rank);
-    cJSON_AddNumberToObject(o, "world_size", s->p.world_size);
-    cJSON_AddNumberToObject(o, "prefetch", s->prefetch_auto ? s->pf.depth : s->p.prefetch);
-    cJSON_AddBoolToObject(o, "prefetch_auto", s->prefetch_auto);
-    if (s->prefetch_auto)
-        cJSON_AddNumberToObject(o, "prefetch_max", s->p.prefetch);
-    cJSON_AddNumberToObject(o, "slots", s->n_slots);
-    for (int st = 0; st < RING_STATES; st++)
-        cJSON_AddNumberToObject(o, ring_state_name((enum ring_state)st), ring_count(s->ring, (enum ring_state)st));
-    cJSON_AddNumberToObject(o, "batches_served", (double)s->batches_served);
-    cJSON_AddNumberToObject(o, "samples_served", (double)s->samples_served);
-    cJSON_AddNumberToObject(o, "bytes_served", (double)s->bytes_served);
-    struct stream_stats st;
-    stream_get_stats(s, &st);
-    cJSON_AddNumberToObject(o, "client_wait_s", st.wait_s);
-    cJSON_AddNumberToObject(o, "active_s", st.active_s);
-    cJSON_AddNumberToObject(o, "stall", st.stall);
-    cJSON_AddNumberToObject(o, "stall_now", st.stall_now);
-    cJSON_AddNumberToObject(o, "samples_per_s", st.samples_per_s);
-    cJSON_AddNumberToObject(o, "samples_per_s_now", st.samples_per_s_now);
-    cJSON_AddNumberToObject(o, "worker_cpu_s", st.worker_cpu_s);
-    cJSON_AddNumberToObject(o, "prefetch_depth", st.prefetch_depth);
-    cJSON_AddNumberToObject(o, "weight", s->weight);
-    cJSON_AddNumberToObject(o, "copying", ring_count(s->ring, RING_COPYING));
-    device_stats(s->dev, o);
-}
-
-void stream_get_stats(const stream *s, struct stream_stats *ret)
-{
-    uint64_t now = now_ns(), wait = stream_wait_ns(s);
-    uint64_t active = s->first_next_ns ? now - s->first_next_ns : 0;
-    struct scheduler_flow_stats fs;
-    pool_flow_get_stats(s->workers, s->flow, &fs);
-    *ret = (struct stream_stats){
-        .batches = s->batches_served, .samples = s->samples_served, .bytes = s->bytes_served,
-        .active_s = (double)active / 1e9, .wait_s = (double)wait / 1e9,
-        .worker_cpu_s = (double)fs.cpu_ns / 1e9,
-        .prefetch_depth = ring_count(s->ring, RING_FILLING) + ring_count(s->ring, RING_COPYING) +
-                          ring_count(s->ring, RING_READY),
-    };
-    if (active) {
-        ret->stall = (double)wait / (double)active;
-        ret->samples_per_s = (double)s->samples_served * 1e9 / (double)active;
-    }
-    /* Now: the current window once it is long enough (a trainer that stopped asking
-     * decays towards 0), else the previous one, else everything so far. */
-    struct stats_mark w = s->last;
-    if (s->mark.ns && (now - s->mark.ns >= STREAM_STATS_WINDOW_NS || !w.ns))
-        w = (struct stats_mark){now - s->mark.ns, s->samples_served - s->mark.samples, wait - s->mark.wait_ns};
-    if (w.ns) {
-        ret->stall_now = (double)w.wait_ns / (double)w.ns;
-        ret->samples_per_s_now = (double)w.samples * 1e9 / (double)w.ns;
-    }
-    if (ret->stall > 1)
-        ret->stall = 1; /* rounding: a wait is one interval, never longer than the time */
-    if (ret->stall_now > 1)
-        ret->stall_now = 1;
-}
-
-uint64_t stream_ring_bytes(const stream *s)
-{
-    return ring_total_size(s->ring);
-}
-
-const ring *stream_ring(const stream *s)
-{
-    return s->ring;
-}
-
-uint64_t stream_wait_ns(const stream *s)
-{
-    return s->wait_ns + (s->w_count && s->wait_start_ns ? now_ns() - s->wait_start_ns : 0);
 }

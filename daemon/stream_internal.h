@@ -1,0 +1,104 @@
+/* stream_internal — private to daemon/stream*.c: the layout of a stream, its slots and
+ * its tasks, shared by stream.c (the flow of batches) and stream_report.c (what
+ * `open`, `streams`, metrics and `loaderctl top` show of a stream). */
+#ifndef LD_STREAM_INTERNAL_H
+#define LD_STREAM_INTERNAL_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <uv.h>
+
+#include "hub.h"
+#include "pool.h"
+#include "prefetch.h"
+#include "sampler.h"
+#include "stream.h"
+
+struct stream_set {
+    hub *hub;
+    pool *workers;
+    uint32_t live;
+    stream *streams;                /* the live ones, linked by set_next */
+    struct hub_completion stalled;  /* posted by the deadline watcher: a read was found stalled */
+};
+
+struct stream_task {
+    struct pool_task base;          /* first: pool hands us this pointer back */
+    stream *s;
+    uint32_t slot;
+    uint32_t row_begin, row_end;
+    struct hub_completion done;     /* the slot's last chunk back: slot_filled() on the loop */
+};
+
+struct field_layout {
+    uint64_t offset;                /* from the slot start */
+    uint64_t row_bytes;             /* fixed fields */
+    uint64_t offsets_offset;        /* ragged fields: int64[batch_size + 1] */
+    uint64_t capacity;              /* ragged fields: bytes at offset */
+};
+
+struct stream_slot {
+    uint64_t seq, epoch, batch;
+    uint32_t rows;
+    uint32_t n_chunks;
+    uint32_t relayouts;             /* times this batch was laid out again (LD_ESTALE) */
+    bool busy;                      /* chunks outstanding; loop thread only */
+    struct cache *cache;            /* what the chunks may read (a keeper reference), or NULL */
+    atomic_uint chunks_left;
+    atomic_int err;                 /* first failing chunk wins */
+    char errmsg[LD_ERRMSG_MAX];     /* written by the chunk that set err */
+    struct stream_task *tasks;      /* max_chunks, preallocated */
+    /* The device copy's report, posted by the stage's thread (stream_copied). */
+    struct hub_completion copy_done;
+    stream *copy_stream;
+    uint32_t copy_slot;
+    atomic_int copy_rc;
+};
+
+struct stream {
+    stream_set *set;
+    stream *set_next;
+    dataset *ds;
+    uint64_t id;
+    struct stream_params p;
+    sampler smp;
+    ring *ring;
+    device_stage *dev;              /* the host stage for a stream without a device */
+    uint64_t slot_used;             /* bytes of a slot the layout uses */
+    struct field_layout layout[LD_MAX_FIELDS];
+    uint32_t n_slots, max_chunks;
+    pool *workers;
+    pool_flow *flow;                /* this stream's queue in the pool (scheduler.h) */
+    bool urgent;                    /* the trainer waits and the batch is not READY */
+    uint32_t weight;                /* in the share of worker time */
+    bool prefetch_auto;             /* opened with prefetch 0: the depth adapts (prefetch.h) */
+    struct prefetch_ctl pf;
+    struct stream_slot *slots;
+    uint64_t total_seq;             /* UINT64_MAX when unbounded */
+    uint64_t next_fill, next_deliver;
+    uint64_t failed_seq;            /* UINT64_MAX while healthy */
+    int fail_rc;
+    char fail_msg[LD_ERRMSG_MAX];
+    uint32_t busy_slots;
+    uint64_t cache_ticket;          /* from the dataset's cache keeper at open */
+    bool closing, unlinked;
+    struct {
+        stream_next_cb cb;
+        void *ctx;
+    } waiters[STREAM_MAX_WAITING];  /* next requests in arrival order (a client may ask ahead) */
+    uint32_t w_head, w_count;
+    uint64_t wait_start_ns;
+    uint64_t batches_served, samples_served, bytes_served, wait_ns;
+    uint64_t first_next_ns;         /* 0 until the trainer first asks */
+    struct stats_mark {
+        uint64_t ns, samples, wait_ns;
+    } mark, last;                   /* the window being measured, and the one before */
+};
+
+static inline uint64_t stream_now_ns(void)
+{
+    return uv_hrtime();
+}
+
+#endif
