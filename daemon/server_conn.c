@@ -402,8 +402,9 @@ void server_conn_accept(uv_stream_t *listener, int status)
     }
     conn *c = calloc(1, sizeof *c);
     if (!c) {
-        /* The client stays in the listen backlog: it is accepted when memory allows. */
-        ld_log(LD_LOG_ERROR, "cannot accept a client: out of memory");
+        /* Not accepted, libuv stops watching the listener until uv_accept is called:
+         * no client is accepted after this one (see the log). */
+        ld_log(LD_LOG_ERROR, "cannot accept a client: out of memory; no more clients are accepted");
         return;
     }
     c->srv = srv;
