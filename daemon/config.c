@@ -49,6 +49,7 @@
 #define TOKENS (1u << CONFIG_DATASET_TOKEN_WINDOWS)
 #define PACKED (1u << CONFIG_DATASET_PACKED)
 #define IMAGES (1u << CONFIG_DATASET_IMAGE_FOLDER)
+#define SQL (1u << CONFIG_DATASET_SQL)
 
 static int kind_from_name(const char *name);
 static int dtype_from_name(const char *name);
@@ -115,19 +116,23 @@ static const struct config_key server_keys[] = {
 /* stride's default 0 means "same as context" (min is 1, so YAML cannot say 0). */
 static const struct config_key dataset_keys[] = {
     {.name = "kind", .type = CONFIG_KEY_ENUM, DATASET_AT(kind), .from_name = kind_from_name,
-     .choices = "files, token_windows, packed, image_folder", .flags = CONFIG_KEY_REQUIRED,
-     .kinds = FILES | TOKENS | PACKED | IMAGES},
+     .choices = "files, token_windows, packed, image_folder, sql", .flags = CONFIG_KEY_REQUIRED,
+     .kinds = FILES | TOKENS | PACKED | IMAGES | SQL},
     {.name = "path", .type = CONFIG_KEY_PATH, DATASET_AT(path), .flags = CONFIG_KEY_REQUIRED,
-     .kinds = FILES | TOKENS | PACKED | IMAGES},
+     .kinds = FILES | TOKENS | PACKED | IMAGES | SQL},
+    {.name = "query", .type = CONFIG_KEY_STRING, DATASET_AT(sql_query), .flags = CONFIG_KEY_REQUIRED, .kinds = SQL},
+    {.name = "key", .type = CONFIG_KEY_STRING, DATASET_AT(sql_key), .flags = CONFIG_KEY_REQUIRED, .kinds = SQL},
+    {.name = "columns", .type = CONFIG_KEY_COLUMNS, .flags = CONFIG_KEY_REQUIRED, .kinds = SQL},
+    {.name = "version_query", .type = CONFIG_KEY_STRING, DATASET_AT(sql_version_query), .kinds = SQL},
     {.name = "pattern", .type = CONFIG_KEY_STRING, .def_str = "*", DATASET_AT(pattern), .kinds = FILES | IMAGES},
     {.name = "format", .type = CONFIG_KEY_ENUM, .def = CONFIG_FORMAT_RAW, DATASET_AT(format),
      .from_name = format_from_name, .choices = "raw, npy", .kinds = FILES},
     {.name = "manifest", .type = CONFIG_KEY_TABLE, .sub = manifest_keys, .n_sub = sizeof manifest_keys / sizeof manifest_keys[0],
      .kinds = FILES},
     {.name = "on_error", .type = CONFIG_KEY_ENUM, .def = CONFIG_ON_ERROR_REPLACE, DATASET_AT(on_error),
-     .from_name = on_error_from_name, .choices = "replace, fail", .kinds = FILES | IMAGES},
+     .from_name = on_error_from_name, .choices = "replace, fail", .kinds = FILES | IMAGES | SQL},
     {.name = "on_error_warn_fraction", .type = CONFIG_KEY_FRACTION, .def_frac = 0.001,
-     DATASET_AT(on_error_warn_fraction), .kinds = FILES | IMAGES},
+     DATASET_AT(on_error_warn_fraction), .kinds = FILES | IMAGES | SQL},
     {.name = "transforms", .type = CONFIG_KEY_TRANSFORMS, .kinds = IMAGES, .flags = CONFIG_KEY_REQUIRED},
     {.name = "dtype", .type = CONFIG_KEY_ENUM, .def = LD_DTYPE_UINT16, DATASET_AT(token_dtype),
      .from_name = dtype_from_name, .choices = "uint16, uint32", .kinds = TOKENS},
@@ -136,18 +141,18 @@ static const struct config_key dataset_keys[] = {
     {.name = "stride", .type = CONFIG_KEY_INT, .min = 1, .max = 1 << 30, .def = 0, DATASET_AT(stride),
      .kinds = TOKENS},
     {.name = "cache", .type = CONFIG_KEY_TABLE, .sub = cache_keys, .n_sub = sizeof cache_keys / sizeof cache_keys[0],
-     .kinds = FILES | IMAGES},
+     .kinds = FILES | IMAGES | SQL},
     {.name = "follow_links", .type = CONFIG_KEY_ENUM, .def = CONFIG_FOLLOW_LINKS_INSIDE, DATASET_AT(follow_links),
      .from_name = follow_links_from_name, .choices = "inside, outside", .kinds = FILES | IMAGES},
     /* 0 (the default, which YAML cannot say) means "the largest sample". */
     {.name = "max_sample_bytes", .type = CONFIG_KEY_SIZE, .min = 1, .max = (int64_t)TIB, .def = 0,
      DATASET_AT(max_sample_bytes), .kinds = FILES | PACKED},
     {.name = "read_timeout", .type = CONFIG_KEY_INT, .min = 1, .max = 86400, .def = 30, DATASET_AT(read_timeout),
-     .kinds = FILES | IMAGES | PACKED},
+     .kinds = FILES | IMAGES | PACKED | SQL},
     {.name = "weight", .type = CONFIG_KEY_INT, .min = 1, .max = CONFIG_WEIGHT_MAX, .def = 1, DATASET_AT(weight),
-     .kinds = FILES | TOKENS | PACKED | IMAGES},
+     .kinds = FILES | TOKENS | PACKED | IMAGES | SQL},
     {.name = "max_share", .type = CONFIG_KEY_FRACTION, .def_frac = 1.0, DATASET_AT(max_share),
-     .kinds = FILES | TOKENS | PACKED | IMAGES},
+     .kinds = FILES | TOKENS | PACKED | IMAGES | SQL},
 };
 
 /* clients.UID_OR_NAME (scheduling per user). */
@@ -168,6 +173,7 @@ static const char *const kind_names[] = {
     [CONFIG_DATASET_TOKEN_WINDOWS] = "token_windows",
     [CONFIG_DATASET_PACKED] = "packed",
     [CONFIG_DATASET_IMAGE_FOLDER] = "image_folder",
+    [CONFIG_DATASET_SQL] = "sql",
 };
 
 static int on_error_from_name(const char *name)
@@ -581,6 +587,9 @@ void config_free(struct config *c)
         free(c->datasets[i].pattern);
         free(c->datasets[i].cache_path);
         free(c->datasets[i].manifest_path);
+        free(c->datasets[i].sql_query);
+        free(c->datasets[i].sql_key);
+        free(c->datasets[i].sql_version_query);
         for (size_t k = 0; k < c->datasets[i].n_columns; k++)
             free(c->datasets[i].columns[k].name);
         free(c->datasets[i].columns);

@@ -20,6 +20,7 @@ enum config_dataset_kind {
     CONFIG_DATASET_TOKEN_WINDOWS = 2,
     CONFIG_DATASET_PACKED = 3,
     CONFIG_DATASET_IMAGE_FOLDER = 4,
+    CONFIG_DATASET_SQL = 5,
 };
 
 /* on_error: what a sample that cannot be read or decoded does to its batch. */
@@ -41,6 +42,7 @@ enum config_column_type {
     CONFIG_COLUMN_LABEL = 3,        /* the int64 field "label": integers, or class names by rank */
     CONFIG_COLUMN_INT64 = 4,        /* a number, an int64 scalar field */
     CONFIG_COLUMN_FLOAT32 = 5,      /* a number, a float32 scalar field */
+    CONFIG_COLUMN_BLOB = 6,         /* sql: the value's bytes */
 };
 
 struct config_column {
@@ -83,6 +85,10 @@ struct config_dataset {
     int manifest_format;            /* MANIFEST_* (manifest.h); 0: from the file name */
     struct config_column *columns;  /* manifest.columns, in order: the sample's fields */
     size_t n_columns;
+    /* sql: the query (one row per sample), its key column, the cache's version query */
+    char *sql_query;
+    char *sql_key;
+    char *sql_version_query;
     /* token_windows */
     int token_dtype;                /* LD_DTYPE_UINT16 or LD_DTYPE_UINT32 */
     uint32_t context;               /* N: a sample is N+1 tokens */

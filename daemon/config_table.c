@@ -72,7 +72,7 @@ static int column_type_from_name(const char *name)
 {
     static const char *const names[] = {
         [CONFIG_COLUMN_FILE] = "file", [CONFIG_COLUMN_NPY] = "npy", [CONFIG_COLUMN_LABEL] = "label",
-        [CONFIG_COLUMN_INT64] = "int64", [CONFIG_COLUMN_FLOAT32] = "float32",
+        [CONFIG_COLUMN_INT64] = "int64", [CONFIG_COLUMN_FLOAT32] = "float32", [CONFIG_COLUMN_BLOB] = "blob",
     };
     for (size_t i = 1; i < sizeof names / sizeof names[0]; i++)
         if (strcmp(name, names[i]) == 0)
@@ -87,7 +87,9 @@ static int load_columns(const struct config_loader *l, const yaml_node_t *v, con
 {
     struct config_dataset *d = base;
     char got[80];
-    const char *types = "file, npy, label, int64, float32";
+    bool sql = d->kind == CONFIG_DATASET_SQL;
+    const char *types = sql ? "blob, label, int64, float32" : "file, npy, label, int64, float32";
+    const char *first = sql ? "blob" : "file or npy";
     if (v->type != YAML_MAPPING_NODE || v->data.mapping.pairs.top == v->data.mapping.pairs.start)
         return config_yaml_fail(l, v->start_mark, "%s.columns: expected a mapping of column name to type (%s), got %s",
                                 where, types, config_yaml_describe(v, got, sizeof got));
@@ -118,12 +120,14 @@ static int load_columns(const struct config_loader *l, const yaml_node_t *v, con
                                     LD_NAME_MAX - 1, config_yaml_describe(k, got, sizeof got));
         const char *text = t->type == YAML_SCALAR_NODE ? (const char *)t->data.scalar.value : NULL;
         int type = text ? column_type_from_name(text) : -1;
+        if (sql ? type == CONFIG_COLUMN_FILE || type == CONFIG_COLUMN_NPY : type == CONFIG_COLUMN_BLOB)
+            type = -1;
         if (type < 0)
             return config_yaml_fail(l, t->start_mark, "%s.columns.%s: expected one of %s, got %s", where, name, types,
                                     config_yaml_describe(t, got, sizeof got));
-        if (i == 0 && type != CONFIG_COLUMN_FILE && type != CONFIG_COLUMN_NPY)
-            return config_yaml_fail(l, t->start_mark, "%s.columns.%s: the first column must be a file or npy column "
-                                    "(it names the sample), got %s", where, name, text);
+        if (i == 0 && type != CONFIG_COLUMN_FILE && type != CONFIG_COLUMN_NPY && type != CONFIG_COLUMN_BLOB)
+            return config_yaml_fail(l, t->start_mark, "%s.columns.%s: the first column must be a %s column "
+                                    "(the sample's bytes), got %s", where, name, first, text);
         if (type == CONFIG_COLUMN_LABEL && ++labels > 1)
             return config_yaml_fail(l, k->start_mark, "%s.columns.%s: a second label column", where, name);
         if (type != CONFIG_COLUMN_LABEL && strcmp(name, "label") == 0)

@@ -221,5 +221,6 @@ extern const struct dataset_ops source_manifest_ops;   /* files with a manifest 
 extern const struct dataset_ops source_tokens_ops;
 extern const struct dataset_ops source_packed_ops;
 extern const struct dataset_ops source_images_ops;
+extern const struct dataset_ops source_sql_ops;
 
 #endif

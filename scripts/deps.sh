@@ -21,9 +21,10 @@ if command -v pkg-config >/dev/null 2>&1; then
   need_pc libturbojpeg libturbojpeg0-dev
   need_pc libjpeg libjpeg62-turbo-dev
   need_pc libpng libpng-dev
+  need_pc sqlite3 libsqlite3-dev
   if [ "$what" != build ]; then need_pc cmocka libcmocka-dev; fi
 else
-  pkgs+=(libuv1-dev libcjson-dev libyaml-dev libsystemd-dev libxxhash-dev libturbojpeg0-dev libjpeg62-turbo-dev libpng-dev libcmocka-dev)
+  pkgs+=(libuv1-dev libcjson-dev libyaml-dev libsystemd-dev libxxhash-dev libturbojpeg0-dev libjpeg62-turbo-dev libpng-dev libsqlite3-dev libcmocka-dev)
 fi
 # The fuzzers (make fuzz, and briefly in make test): clang with libFuzzer's runtime and
 # llvm-symbolizer for readable sanitizer reports.

@@ -505,7 +505,7 @@ static void test_bad_values(void **state)
                     5, 12, "datasets.tokens.dtype: expected one of uint16, uint32, got 'int8'",
                     NULL);
     expect_error_at("datasets:\n  a: {kind: folder, path: x}\n", 2, 13,
-                    "datasets.a.kind: expected one of files, token_windows, packed, image_folder, got 'folder'", NULL);
+                    "datasets.a.kind: expected one of files, token_windows, packed, image_folder, sql, got 'folder'", NULL);
     expect_error_at("datasets:\n  t: {kind: token_windows, path: x, context: 0}\n", 2, 46,
                     "datasets.t.context: expected an integer in [1, 1048576], got '0'", NULL);
     expect_error_at("datasets:\n  t: {kind: token_windows, path: x, context: 8, stride: 1073741825}\n",
@@ -575,7 +575,7 @@ static void test_missing_keys(void **state)
     expect_error_at("datasets:\n  a:\n    kind: files\n", 2, 3,
                     "datasets.a: missing required key 'path'", NULL);
     expect_error_at("datasets:\n  a:\n    path: x\n", 2, 3,
-                    "datasets.a: missing required key 'kind' (one of files, token_windows, packed, image_folder)", NULL);
+                    "datasets.a: missing required key 'kind' (one of files, token_windows, packed, image_folder, sql)", NULL);
     expect_error_at("datasets:\n  ok: {kind: files, path: x}\n  t:\n    kind: token_windows\n"
                     "    path: t.bin\n",
                     3, 3, "datasets.t: missing required key 'context'", NULL);
@@ -638,6 +638,38 @@ static void test_manifest(void **state)
     expect_error_at(MAN "      columns: {a: file}\n    format: npy\n", 2, 3, "'format' does not apply with a manifest",
                     NULL);
 #undef MAN
+}
+
+/* An sql dataset: its keys, and the column types it takes. */
+static void test_sql_config(void **state)
+{
+    char path[PATH_MAX];
+    struct config *c = load_ok("datasets:\n"
+                               "  s:\n    kind: sql\n    path: /d/x.db\n    query: SELECT id, b FROM t\n    key: id\n"
+                               "    columns: {b: blob, label: label}\n    version_query: SELECT 1\n"
+                               "    cache: {path: /c/s.ldc}\n    on_error: fail\n",
+                               path, sizeof path);
+    const struct config_dataset *s = &c->datasets[0];
+    assert_int_equal(s->kind, CONFIG_DATASET_SQL);
+    assert_string_equal(s->path, "/d/x.db");
+    assert_string_equal(s->sql_query, "SELECT id, b FROM t");
+    assert_string_equal(s->sql_key, "id");
+    assert_string_equal(s->sql_version_query, "SELECT 1");
+    assert_int_equal(s->n_columns, 2);
+    assert_int_equal(s->columns[0].type, CONFIG_COLUMN_BLOB);
+    assert_int_equal(s->columns[1].type, CONFIG_COLUMN_LABEL);
+    assert_string_equal(s->cache_path, "/c/s.ldc");
+    assert_int_equal(s->on_error, CONFIG_ON_ERROR_FAIL);
+    config_free(c);
+#define SQLD "datasets:\n  s:\n    kind: sql\n    path: x.db\n    key: id\n"
+    expect_error_at(SQLD "    columns: {b: blob}\n", 2, 3, "missing required key 'query'", NULL);
+    expect_error_at(SQLD "    query: SELECT 1\n    columns: {b: file}\n", 7, 18,
+                    "datasets.s.columns.b: expected one of blob, label, int64, float32, got 'file'", NULL);
+    expect_error_at(SQLD "    query: SELECT 1\n    columns: {n: int64, b: blob}\n", 7, 18,
+                    "the first column must be a blob column", NULL);
+    expect_error_at(SQLD "    query: SELECT 1\n    columns: {b: blob}\n    pattern: \"*\"\n", 8, 5,
+                    "key 'pattern' is not valid for kind 'sql'", NULL);
+#undef SQLD
 }
 
 static void test_kind_specific_keys(void **state)
@@ -1014,6 +1046,7 @@ int main(void)
         cmocka_unit_test(test_kind_specific_keys),
         cmocka_unit_test(test_files_format),
         cmocka_unit_test(test_manifest),
+        cmocka_unit_test(test_sql_config),
         cmocka_unit_test(test_cache_section),
         cmocka_unit_test(test_transforms),
         cmocka_unit_test(test_transform_schemas),
