@@ -103,7 +103,7 @@ for group in "$@"; do
       # cache keeper's thread, and the whole daemon (workers + loop thread) driven by
       # the integration tests.
       for t in "$build"/test/test_pool "$build"/test/test_hub "$build"/test/test_stream "$build"/test/test_dataset "$build"/test/test_cache \
-               "$build"/test/test_cache_keeper "$build"/test/itest_*; do
+               "$build"/test/test_cache_keeper "$build"/test/test_sql "$build"/test/itest_*; do
         [ -x "$t" ] && run_cmocka "$t"
       done ;;
     fuzz)

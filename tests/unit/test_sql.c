@@ -4,7 +4,7 @@
  * give the same bytes as reads by key; the fingerprint follows the row count or the
  * version query; bad queries, NULLs, duplicate keys and a missing database are refused
  * with the database's message; rows changed or deleted after open are bad samples; the
- * database file removed under an open dataset. */
+ * database file removed under an open dataset; readers on four threads at once. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -13,6 +13,7 @@
 
 #include "testfs.h"
 
+#include <pthread.h>
 #include <sqlite3.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -294,6 +295,57 @@ static void test_database_removed(void **state)
     assert_non_null(strstr(e2, "dataset 'q': cannot open the database"));
 }
 
+/* Readers on several threads share the connection pool: each gets its own connection
+ * (or a pooled one) and the same bytes; run under TSan by make test. */
+struct reader {
+    const dataset *d;
+    int bad;
+};
+
+static void *reader_main(void *arg)
+{
+    struct reader *rd = arg;
+    const dataset *d = rd->d;
+    char err[LD_ERRMSG_MAX];
+    for (int round = 0; round < 3; round++)
+        for (uint64_t i = 0; i < d->count; i++) {
+            uint64_t k = (i * 7 + (uint64_t)round) % d->count;
+            uint8_t buf[32];
+            int64_t lab;
+            void *dst[2] = {buf, &lab};
+            uint64_t len = 0;
+            int r = round == 1 ? d->ops->read_raw(d, k, buf, sizeof buf, &len, &lab, err) : d->ops->read(d, k, dst, err);
+            if (r != 0) {
+                rd->bad++;
+                continue;
+            }
+            int id = (int)k + 1;
+            for (uint64_t j = 0; j < (uint64_t)(20 + id % 7); j++)
+                rd->bad += buf[j] != testfs_byte((unsigned)id, j);
+        }
+    return NULL;
+}
+
+static void test_concurrent_reads(void **state)
+{
+    struct tdir *t = *state;
+    make_db(t->db);
+    struct config_column cols[] = {{"payload", CONFIG_COLUMN_BLOB}, {"cls", CONFIG_COLUMN_LABEL}};
+    struct config_dataset cfg = sql_cfg(t, "SELECT id, payload, cls FROM rec", cols, 2);
+    dataset *d = open_ok(&cfg);
+    pthread_t th[4];
+    struct reader rd[4];
+    for (int i = 0; i < 4; i++) {
+        rd[i] = (struct reader){.d = d};
+        assert_int_equal(pthread_create(&th[i], NULL, reader_main, &rd[i]), 0);
+    }
+    for (int i = 0; i < 4; i++) {
+        pthread_join(th[i], NULL);
+        assert_int_equal(rd[i].bad, 0);
+    }
+    dataset_free(d);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -301,6 +353,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_numbers_and_version, setup, teardown),
         cmocka_unit_test_setup_teardown(test_refused, setup, teardown),
         cmocka_unit_test_setup_teardown(test_database_removed, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_concurrent_reads, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -123,7 +123,12 @@ def test_cache_then_database_removed(sql_daemon):
                 if n == 1:
                     os.unlink(os.path.join(d, "rec.db"))
         assert sorted(seen) == sorted(keys * 2)
-        # A stream reads the source until the cache is proven current, then the cache.
+        # A stream reads the source until the cache is proven current, then the cache:
+        # with the database gone, streams (each checked whole) until one read the cache.
+        deadline = time.monotonic() + 20
+        while c.request({"op": "cache_info", "dataset": "recc"})["hits"] == hits and time.monotonic() < deadline:
+            with c.open("recc", 32, seed=4, epochs=1) as s:
+                assert sorted(i for b in s for i in _check(b, rows)) == keys
         assert c.request({"op": "cache_info", "dataset": "recc"})["hits"] > hits
 
 
