@@ -106,7 +106,7 @@ static void top_print(const cJSON *status, cJSON *streams, bool once)
     cJSON_ArrayForEach(s, list) v[k++] = (cJSON *)s;
     qsort(v, (size_t)n, sizeof *v, top_cmp);
 
-    printf("%6s %-16s %-14s %7s %7s %9s %9s %9s %7s %6s %-8s\n", "STREAM", "DATASET", "CLIENT", "STALL%",
+    printf("%6s %-16s %-14s %7s %7s %9s %9s %9s %7s %6s %s\n", "STREAM", "DATASET", "CLIENT", "STALL%",
            "AVG%", "SAMPLES/S", "AVG/S", "CPU_S", "DEPTH", "WEIGHT", "STATE");
     if (n == 0)
         puts("  (no open streams)");
@@ -118,7 +118,7 @@ static void top_print(const cJSON *status, cJSON *streams, bool once)
         top_rate(top_num(e, "samples_per_s_now"), now_rate, sizeof now_rate);
         top_rate(top_num(e, "samples_per_s"), avg_rate, sizeof avg_rate);
         snprintf(depth, sizeof depth, "%.0f/%.0f", top_num(e, "prefetch_depth"), top_num(e, "prefetch"));
-        printf("%6.0f %-16.16s %-14.14s %7.1f %7.1f %9s %9s %9.2f %7s %6.0f %-8s\n", top_num(e, "id"),
+        printf("%6.0f %-16.16s %-14.14s %7.1f %7.1f %9s %9s %9.2f %7s %6.0f %s\n", top_num(e, "id"),
                top_str(e, "dataset"), top_str(e, "client"), 100 * top_num(e, "stall_now"), 100 * top_num(e, "stall"),
                now_rate, avg_rate, top_num(e, "worker_cpu_s"), depth, top_num(e, "weight"), top_str(e, "state"));
         int j = 0;
