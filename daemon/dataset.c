@@ -46,6 +46,9 @@ static int dataset_bound(dataset *d, uint64_t bound, char *errbuf)
     return 0;
 }
 
+/* Datasets opened and not yet freed (dataset_live_count). */
+static _Atomic uint32_t dataset_live;
+
 int dataset_open(const struct config_dataset *cfg, dataset **ret_dataset, char *errbuf)
 {
     const struct dataset_ops *ops;
@@ -82,6 +85,7 @@ int dataset_open(const struct config_dataset *cfg, dataset **ret_dataset, char *
         dataset_deadline_stop();
         return rc;
     }
+    atomic_fetch_add(&dataset_live, 1); /* dataset_free takes it back */
     d->on_error = cfg->on_error;
     d->warn_fraction = cfg->on_error_warn_fraction;
     d->weight = cfg->weight ? cfg->weight : 1;
@@ -113,6 +117,12 @@ void dataset_free(dataset *d)
         pthread_mutex_destroy(&d->tally_lock);
     d->ops->free(d);
     dataset_deadline_stop();
+    atomic_fetch_sub(&dataset_live, 1);
+}
+
+uint32_t dataset_live_count(void)
+{
+    return atomic_load(&dataset_live);
 }
 
 const char *dataset_kind(const dataset *d)

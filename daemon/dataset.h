@@ -212,6 +212,9 @@ bool dataset_sample_error(int rc);
 /* Opens a dataset of any kind from its config. */
 int dataset_open(const struct config_dataset *cfg, dataset **ret_dataset, char *errbuf);
 void dataset_free(dataset *d);
+/* Datasets in memory: the served ones and those a rescan or a reload replaced that
+ * streams still read (`status` shows it as datasets_in_memory). */
+uint32_t dataset_live_count(void);
 const char *dataset_kind(const dataset *d);
 /* Bytes of one row of a fixed field (product of shape times dtype size). */
 uint64_t dataset_row_bytes(const dataset *d, int field);

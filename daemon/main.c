@@ -3,11 +3,13 @@
  * order so that no socket file and no shared-memory object is left behind.
  *
  * Every signal an operator or systemd commonly sends is handled, so that none kills the
- * process without that clean-up: SIGHUP (which conventionally asks for a reload, not
- * supported yet) and SIGUSR1/SIGUSR2 are logged and ignored, SIGPIPE is ignored (a
- * client that hangs up is seen as a write error on its connection).
+ * process without that clean-up: SIGHUP reloads the config (server_reload.c),
+ * SIGUSR1/SIGUSR2 are logged and ignored, SIGPIPE is ignored (a client that hangs up is
+ * seen as a write error on its connection).
  *
- * Startup errors are fatal with a clear message and exit status 1. */
+ * Startup errors are fatal with a clear message and exit status 1, except a dataset
+ * that cannot be opened (its path missing or unreadable): the daemon serves the others
+ * and lists it as unavailable until a reload opens it. --check fails on it. */
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
@@ -29,7 +31,7 @@
 
 /* Signals that stop the daemon cleanly, and signals that are only logged. */
 static const int stop_signals[] = {SIGTERM, SIGINT, SIGQUIT};
-static const int ignored_signals[] = {SIGHUP, SIGUSR1, SIGUSR2};
+static const int ignored_signals[] = {SIGHUP, SIGUSR1, SIGUSR2}; /* SIGHUP: a reload */
 #define N_STOP (sizeof stop_signals / sizeof stop_signals[0])
 #define N_IGNORED (sizeof ignored_signals / sizeof ignored_signals[0])
 
@@ -62,8 +64,8 @@ static void usage(FILE *f)
                "                     else /tmp/loaderd-UID/loaderd.sock)\n"
                "  NOTIFY_SOCKET, LISTEN_FDS, WATCHDOG_USEC   set by systemd (Type=notify, socket\n"
                "                     activation, watchdog)\n"
-               "\nsignals: SIGTERM, SIGINT, SIGQUIT stop cleanly (exit 0); SIGHUP, SIGUSR1, SIGUSR2 are\n"
-               "logged and ignored.\n"
+               "\nsignals: SIGTERM, SIGINT, SIGQUIT stop cleanly (exit 0); SIGHUP reloads the config;\n"
+               "SIGUSR1, SIGUSR2 are logged and ignored.\n"
                "exit status: 0 after a clean stop or a passed --check, 1 for a startup error, 2 for a\n"
                "bad command line\n");
 }
@@ -147,9 +149,9 @@ static void on_stop_signal(uv_signal_t *h, int signum)
 
 static void on_ignored_signal(uv_signal_t *h, int signum)
 {
-    (void)h;
+    struct daemon *d = h->data;
     if (signum == SIGHUP)
-        ld_log(LD_LOG_WARN, "received SIGHUP: reload is not supported yet; ignoring SIGHUP");
+        server_reload_signal(d->srv);
     else
         ld_log(LD_LOG_WARN, "received SIG%s: loaderd gives it no meaning; ignoring it", sigabbrev_np(signum));
 }
@@ -202,7 +204,8 @@ int main(int argc, char **argv)
     char err[LD_ERRMSG_MAX];
     struct config *cfg = NULL;
     dataset **datasets = NULL;
-    size_t n_open = 0;
+    char **why = NULL;              /* per dataset that could not be opened: the reason */
+    size_t n_open = 0, n_failed = 0, n_why = 0;
     pool *workers = NULL;
     struct daemon d = {0};
     int status = 1;
@@ -227,7 +230,10 @@ int main(int argc, char **argv)
     }
 
     datasets = calloc(cfg->n_datasets ? cfg->n_datasets : 1, sizeof *datasets);
-    if (!datasets) {
+    why = calloc(cfg->n_datasets ? cfg->n_datasets : 1, sizeof *why);
+    if (why)
+        n_why = cfg->n_datasets;
+    if (!datasets || !why) {
         ld_log(LD_LOG_ERROR, "cannot open %zu datasets: out of memory", cfg->n_datasets);
         goto out;
     }
@@ -235,8 +241,21 @@ int main(int argc, char **argv)
         uint64_t t0 = uv_hrtime();
         if (dataset_open(&cfg->datasets[n_open], &datasets[n_open], err) < 0) {
             struct config_pos at = config_dataset_error_at(&cfg->datasets[n_open], err);
-            ld_log(LD_LOG_ERROR, "%s:%d:%d: %s", cfg->file, at.line, at.column, err);
-            goto out;
+            if (check_only) {
+                ld_log(LD_LOG_ERROR, "%s:%d:%d: %s", cfg->file, at.line, at.column, err);
+                goto out;
+            }
+            /* The others are served; this one is listed as unavailable until a reload
+             * can open it. */
+            ld_log(LD_LOG_ERROR, "%s:%d:%d: %s; dataset '%s' is unavailable until a reload can open it",
+                   cfg->file, at.line, at.column, err, cfg->datasets[n_open].name);
+            datasets[n_open] = NULL;
+            if (!(why[n_open] = strdup(err))) {
+                ld_log(LD_LOG_ERROR, "out of memory");
+                goto out;
+            }
+            n_failed++;
+            continue;
         }
         const dataset *ds = datasets[n_open];
         ld_log(LD_LOG_INFO, "dataset '%s' (%s): %" PRIu64 " samples from %s, opened in %.1f ms", ds->name,
@@ -276,13 +295,17 @@ int main(int argc, char **argv)
         goto out;
     }
     err[0] = '\0';
-    if ((rc = server_new(d.loop, d.hub, cfg, datasets, n_open, workers, &d.srv, err)) < 0) {
+    uint64_t budget = cfg->memory_budget;
+    if ((rc = server_new(d.loop, d.hub, cfg, datasets, why, workers, &d.srv, err)) < 0) {
         ld_log(LD_LOG_ERROR, "%s", err[0] ? err : ld_strerror(rc));
         goto out;
     }
+    cfg = NULL; /* the server's now, with the datasets */
+    n_open = 0;
 
-    ld_log(LD_LOG_INFO, "listening on %s with %u workers, memory budget %" PRIu64 " MiB",
-           server_socket_path(d.srv), pool_threads(workers), cfg->memory_budget >> 20);
+    ld_log(LD_LOG_INFO, "listening on %s with %u workers, memory budget %" PRIu64 " MiB%s",
+           server_socket_path(d.srv), pool_threads(workers), budget >> 20,
+           n_failed ? "; some datasets are unavailable (see `loaderctl datasets`)" : "");
     notify_send("READY=1");
     uv_run(d.loop, UV_RUN_DEFAULT);
     ld_log(LD_LOG_INFO, "stopped");
@@ -301,6 +324,9 @@ out:
     pool_free(workers);
     for (size_t i = 0; i < n_open; i++)
         dataset_free(datasets[i]);
+    for (size_t i = 0; i < n_why; i++)
+        free(why[i]);
+    free(why);
     free(datasets);
     config_free(cfg);
     return status;

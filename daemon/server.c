@@ -171,7 +171,7 @@ static void server_tick(uv_timer_t *t)
         server_maybe_done(srv);
 }
 
-int server_new(uv_loop_t *loop, hub *h, const struct config *cfg, dataset **datasets, size_t n_datasets,
+int server_new(uv_loop_t *loop, hub *h, struct config *cfg, dataset *const *datasets, char *const *why,
                pool *workers, server **ret_server, char *errbuf)
 {
     server *srv = calloc(1, sizeof *srv);
@@ -181,25 +181,12 @@ int server_new(uv_loop_t *loop, hub *h, const struct config *cfg, dataset **data
     }
     srv->loop = loop;
     srv->cfg = cfg;
-    srv->datasets = datasets;
-    srv->n_datasets = n_datasets;
     srv->workers = workers;
     srv->started_ns = uv_hrtime();
-    srv->keepers = calloc(n_datasets ? n_datasets : 1, sizeof *srv->keepers);
-    srv->watches = calloc(n_datasets ? n_datasets : 1, sizeof *srv->watches);
-    if (!srv->keepers || !srv->watches) {
-        free(srv->keepers);
-        free(srv->watches);
-        free(srv);
-        snprintf(errbuf, LD_ERRMSG_MAX, "out of memory");
-        return LD_ENOMEM;
-    }
     srv->hub = h;
     int rc = stream_set_new(h, workers, &srv->set);
     if (rc < 0) {
         snprintf(errbuf, LD_ERRMSG_MAX, "cannot set up the streams: %s", ld_strerror(rc));
-        free(srv->keepers);
-        free(srv->watches);
         free(srv);
         return rc;
     }
@@ -221,6 +208,8 @@ int server_new(uv_loop_t *loop, hub *h, const struct config *cfg, dataset **data
         if (rc < 0)
             snprintf(errbuf, LD_ERRMSG_MAX, "cannot listen on '%s': %s", srv->socket_path, uv_strerror(rc));
     }
+    if (rc == 0)
+        rc = server_install_datasets(srv, datasets, why, errbuf); /* nothing to undo when it fails */
     if (rc < 0) {
         if (srv->metrics)
             metrics_http_close(srv->metrics, NULL, NULL);
@@ -233,19 +222,8 @@ int server_new(uv_loop_t *loop, hub *h, const struct config *cfg, dataset **data
         uv_close((uv_handle_t *)&srv->flusher, NULL);
         stream_set_free(srv->set);
         uv_run(loop, UV_RUN_NOWAIT); /* let the handles close before srv goes */
-        free(srv->keepers);
-        free(srv->watches);
         free(srv);
         return rc;
-    }
-    for (size_t i = 0; i < n_datasets; i++) {
-        char err[LD_ERRMSG_MAX];
-        if (dataset_watch_new(&cfg->datasets[i], datasets[i], &srv->watches[i], err) < 0)
-            ld_log(LD_LOG_WARN, "%s; files added later are served after a restart", err);
-        if (!cfg->datasets[i].cache_path)
-            continue; /* no `cache:` section (mode off with a path still answers cache requests) */
-        if (cache_keeper_new(loop, datasets[i], &cfg->datasets[i], &srv->keepers[i], err) < 0)
-            ld_log(LD_LOG_WARN, "%s; serving from the source", err); /* a cache is an optimisation */
     }
     srv->watchdog_ns = notify_watchdog_usec() * 1000;
     uv_timer_start(&srv->tick, server_tick, 1000, 1000);
@@ -272,7 +250,7 @@ static void server_maybe_done(server *srv)
     uv_close((uv_handle_t *)&srv->tick, server_handle_closed);
 }
 
-static void server_part_closed(void *ctx)
+void server_part_closed(void *ctx)
 {
     server_closed_one(ctx);
 }
@@ -308,6 +286,7 @@ void server_stop(server *srv, void (*done)(void *ctx), void *ctx)
             cache_keeper_close(srv->keepers[i], server_part_closed, srv);
         }
     }
+    server_close_old_keepers(srv);
     /* Streams with work still running are freed as it comes back; the tick checks. */
     uv_timer_stop(&srv->tick);
     uv_timer_start(&srv->tick, server_tick, 10, 10);
@@ -322,8 +301,16 @@ void server_free(server *srv)
         cache_keeper_free(srv->keepers[i]);
         dataset_watch_free(srv->watches[i]);
     }
+    /* The reloads' leftovers first: their keepers point at retired datasets. */
+    server_reload_free(srv);
+    for (size_t i = 0; i < srv->n_datasets; i++)
+        dataset_free(srv->datasets[i]);
+    free(srv->datasets);
+    free(srv->defs);
     free(srv->keepers);
     free(srv->watches);
+    free(srv->unavailable);
+    config_free(srv->cfg);
     free(srv);
 }
 

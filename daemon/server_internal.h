@@ -7,6 +7,8 @@
  *                     in request order, write batching, and closing.
  *   server_ops.c      the requests: the ops[] table and one op_* per request.
  *   server_metrics.c  the Prometheus text of the daemon's counters.
+ *   server_reload.c   a reload: the config read again, datasets added, changed and
+ *                     removed, and the datasets that could not be opened.
  *
  * Everything here runs on the loop thread. No callback runs inside the call that caused
  * it: a stream returns the answer to a `next` that it knows at once and calls back only
@@ -89,11 +91,33 @@ struct conn {
     char rbuf[SERVER_READ_BUF_SIZE];
 };
 
+/* A configured dataset that could not be opened (its path is missing or unreadable):
+ * listed by `datasets`, refused at open with the reason; a reload tries it again. */
+struct server_unavailable {
+    char name[LD_NAME_MAX];
+    char reason[LD_ERRMSG_MAX];     /* "FILE:LINE:COLUMN: why" */
+};
+
+/* The cache keeper of a dataset a reload changed or removed: its streams may still
+ * read through it, so it runs (holding the dataset) until the server stops. */
+struct server_old_keeper {
+    cache_keeper *k;
+    dataset *d;
+};
+
 struct server {
     uv_loop_t *loop;
-    const struct config *cfg;
-    dataset **datasets;
+    struct config *cfg;             /* the one running (owned), server.c / server_reload.c */
+    dataset **datasets;             /* the available datasets (owned) */
+    const struct config_dataset **defs; /* per dataset: its definition, in cfg or an older one */
     size_t n_datasets;
+    struct server_unavailable *unavailable;
+    size_t n_unavailable;
+    struct config **old_cfgs;       /* configs replaced by reloads: kept definitions point there */
+    size_t n_old_cfgs;
+    struct server_old_keeper *old_keepers;
+    size_t n_old_keepers;
+    uint64_t reloads;               /* successful ones */
     cache_keeper **keepers;         /* per dataset; NULL where the dataset has no cache */
     dataset_watch **watches;        /* per dataset: rescans a folder that changed */
     pool *workers;
@@ -128,6 +152,8 @@ struct server {
 /* ---- server.c ---- */
 /* A handle or a keeper of the server finished closing (counts towards `done`). */
 void server_closed_one(server *srv);
+/* The same, in cache_keeper_close's callback shape (ctx: the server). */
+void server_part_closed(void *ctx);
 
 /* ---- server_conn.c ---- */
 /* The listener's connection callback: accepts one client. */
@@ -158,6 +184,20 @@ void server_reply_error(conn *c, int64_t id, int code, const char *message);
 void server_ops_handle(conn *c, const char *payload, size_t len);
 /* Closes one of the connection's streams (its waiting nexts are answered `closed`). */
 void server_ops_close_stream(conn *c, struct conn_stream *cs);
+
+/* ---- server_reload.c ---- */
+/* The `reload` request (an operator op). */
+void server_ops_reload(conn *c, const cJSON *req, int64_t id);
+/* The unavailable dataset named name, or NULL. */
+const struct server_unavailable *server_find_unavailable(const server *srv, const char *name);
+/* Fills the arrays of srv for cfg's datasets: opened[i] for cfg->datasets[i], or NULL
+ * with why[i] (watches and keepers started for the opened ones). Used at start. */
+int server_install_datasets(server *srv, dataset *const *opened, char *const *why, char *errbuf);
+/* Frees what the reloads kept: old configs, the old keepers (after
+ * server_close_old_keepers) and their datasets. */
+void server_reload_free(server *srv);
+/* At stop: closes the old keepers (each counts towards `done`). */
+void server_close_old_keepers(server *srv);
 
 /* ---- server_metrics.c ---- */
 /* The Prometheus text of the daemon's counters now (see metrics.h). */

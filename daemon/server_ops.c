@@ -180,6 +180,14 @@ static void server_op_datasets(conn *c, const cJSON *req, int64_t id)
             cache_report_keeper(srv->keepers[i], cJSON_AddObjectToObject(jd, "cache"));
         cJSON_AddItemToArray(list, jd);
     }
+    /* Those that could not be opened: after the others, with the reason. */
+    for (size_t i = 0; i < srv->n_unavailable; i++) {
+        cJSON *jd = cJSON_CreateObject();
+        cJSON_AddStringToObject(jd, "name", srv->unavailable[i].name);
+        cJSON_AddBoolToObject(jd, "available", false);
+        cJSON_AddStringToObject(jd, "unavailable", srv->unavailable[i].reason);
+        cJSON_AddItemToArray(list, jd);
+    }
     server_reply_send(c, r);
 }
 
@@ -226,6 +234,13 @@ static void server_op_open(conn *c, const cJSON *req, int64_t id)
         return;
     }
     dataset *d = server_ops_find_dataset(srv, name);
+    const struct server_unavailable *u = d ? NULL : server_find_unavailable(srv, name);
+    if (u) {
+        ld_errorf(err, "dataset '%s' is unavailable: %s (fix it, then `loaderctl reload`)", name,
+                 u->reason);
+        server_reply_error(c, id, LD_EDATASET, err);
+        return;
+    }
     if (!d) {
         snprintf(err, sizeof err, "no dataset named '%s' (see `loaderctl datasets`)", name);
         server_reply_error(c, id, LD_ENODATASET, err);
@@ -284,7 +299,8 @@ static void server_op_open(conn *c, const cJSON *req, int64_t id)
         p.client_max_share = cc->max_share;
     }
     uint64_t sid = ++srv->next_stream_id;
-    uint64_t budget_left = srv->cfg->memory_budget - srv->memory_used;
+    /* A reload may have lowered the budget below what is in use. */
+    uint64_t budget_left = srv->memory_used < srv->cfg->memory_budget ? srv->cfg->memory_budget - srv->memory_used : 0;
     err[0] = '\0';
     rc = stream_open(srv->set, d, sid, &p, budget_left, &cs->s, err);
     free(norm); /* the stage keeps what it needs */
@@ -454,6 +470,9 @@ static void server_op_status(conn *c, const cJSON *req, int64_t id)
     cJSON_AddNumberToObject(r, "clients", srv->n_conns);
     cJSON_AddNumberToObject(r, "streams", srv->n_streams);
     cJSON_AddNumberToObject(r, "datasets", (double)srv->n_datasets);
+    cJSON_AddNumberToObject(r, "datasets_unavailable", (double)srv->n_unavailable);
+    cJSON_AddNumberToObject(r, "datasets_in_memory", dataset_live_count());
+    cJSON_AddNumberToObject(r, "reloads", (double)srv->reloads);
     cJSON_AddNumberToObject(r, "workers", pool_threads(srv->workers));
     cJSON_AddNumberToObject(r, "batches_served", (double)srv->batches_served);
     cJSON_AddNumberToObject(r, "samples_served", (double)srv->samples_served);
@@ -632,7 +651,7 @@ static const struct {
     {LD_OP_STATUS, server_op_status},   {LD_OP_STREAMS, server_op_streams},
     {LD_OP_CACHE_BUILD, server_op_cache_build}, {LD_OP_CACHE_INFO, server_op_cache_info},
     {LD_OP_CACHE_VERIFY, server_op_cache_verify},
-    {LD_OP_METRICS, server_op_metrics},
+    {LD_OP_METRICS, server_op_metrics}, {LD_OP_RELOAD, server_ops_reload},
 };
 
 void server_ops_handle(conn *c, const char *payload, size_t len)
@@ -662,7 +681,7 @@ void server_ops_handle(conn *c, const char *payload, size_t len)
             ops[i].run(c, req, id);
         } else {
             snprintf(err, sizeof err, "unknown op '%s' (expected hello, datasets, open, next, release, "
-                                      "close, status, streams, cache_build, cache_info, cache_verify or metrics)", op);
+                                      "close, status, streams, cache_build, cache_info, cache_verify, metrics or reload)", op);
             server_reply_error(c, id, LD_EUNKNOWNOP, err);
         }
     }

@@ -125,6 +125,8 @@ struct stream_stats {
 };
 void stream_get_stats(const stream *s, struct stream_stats *ret_stats);
 
+/* The dataset the stream was opened on (a reload may have retired it since). */
+const dataset *stream_dataset(const stream *s);
 uint64_t stream_ring_bytes(const stream *s);
 const ring *stream_ring(const stream *s);
 uint64_t stream_wait_ns(const stream *s);

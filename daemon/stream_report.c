@@ -123,6 +123,11 @@ void stream_get_stats(const stream *s, struct stream_stats *ret)
         ret->stall_now = 1;
 }
 
+const dataset *stream_dataset(const stream *s)
+{
+    return s->ds;
+}
+
 uint64_t stream_ring_bytes(const stream *s)
 {
     return ring_total_size(s->ring);

@@ -69,6 +69,7 @@
 #define LD_OP_CACHE_INFO "cache_info"
 #define LD_OP_CACHE_VERIFY "cache_verify"
 #define LD_OP_METRICS "metrics"
+#define LD_OP_RELOAD "reload"
 
 /* Element types of batch fields. Never renumber: the wire carries the names, the
  * Python binding the numbers. */

@@ -1,6 +1,6 @@
 /* loaderctl — the operator's view into a running loaderd, and its benchmark client.
  *
- * Read-only commands (status, datasets, streams, metrics) send one request through
+ * Read-only commands (status, datasets, streams, metrics) and reload send one request through
  * libloaderclient's lc_request_json and print the reply as a table, or as JSON with
  * --json. `read` attaches as a trainer would: it opens a stream, takes every batch,
  * releases it at once (or after reading every byte with --touch) and reports samples/s
@@ -43,6 +43,9 @@ static const struct {
     {"datasets", "  datasets [--json]      the configured datasets and their fields\n"},
     {"streams", "  streams [--json]       the open streams\n"},
     {"metrics", "  metrics [--json]       the counters in the Prometheus text format (0.0.4)\n"},
+    {"reload", "  reload [--json]        re-read loaderd's config file: datasets added, changed and\n"
+               "                         removed (open streams of a changed one finish on the old\n"
+               "                         definition); a config with errors is refused (exit 1)\n"},
     {"top", CTL_TOP_USAGE},
     {"read", "  read DATASET [--epochs N] [--batch-size B] [--no-shuffle] [--seed S] [--epoch E]\n"
              "       [--rank R] [--world-size W] [--drop-last] [--start-batch K] [--prefetch P]\n"
@@ -223,6 +226,45 @@ static void ctl_fmt_bytes(double b, char *buf, size_t size)
     ld_format_bytes(b >= 0 && b < 0x1p64 ? (uint64_t)b : 0, buf, size);
 }
 
+/* ---- reload ------------------------------------------------------------------------ */
+
+/* One line of names from an array of strings or of {name, streams} objects. */
+static void ctl_reload_names(const cJSON *r, const char *key, const char *label)
+{
+    const cJSON *list = cJSON_GetObjectItemCaseSensitive(r, key), *e;
+    if (cJSON_GetArraySize(list) <= 0)
+        return;
+    printf("%-10s", label);
+    int k = 0;
+    cJSON_ArrayForEach(e, list) {
+        const char *name = cJSON_IsString(e) ? e->valuestring : ctl_str(e, "name", "?");
+        int streams = (int)ctl_num(e, "streams", 0);
+        printf("%s %s", k++ ? "," : "", name);
+        if (streams)
+            printf(" (%d open stream%s finish%s on the old definition)", streams, streams == 1 ? "" : "s",
+                   streams == 1 ? "es" : "");
+    }
+    printf("\n");
+}
+
+static int ctl_reload(const cJSON *r)
+{
+    const cJSON *e;
+    printf("reloaded: %.0f datasets served\n", ctl_num(r, "datasets", 0));
+    ctl_reload_names(r, "added", "added:");
+    ctl_reload_names(r, "changed", "changed:");
+    ctl_reload_names(r, "removed", "removed:");
+    ctl_reload_names(r, "unchanged", "unchanged:");
+    cJSON_ArrayForEach(e, cJSON_GetObjectItemCaseSensitive(r, "unavailable"))
+        printf("unavailable: %s: %s\n", ctl_str(e, "name", "?"), ctl_str(e, "reason", "?"));
+    cJSON_ArrayForEach(e, cJSON_GetObjectItemCaseSensitive(r, "live"))
+        printf("%s: %.0f (was %.0f)\n", ctl_str(e, "key", "?"), ctl_num(e, "now", 0), ctl_num(e, "was", 0));
+    cJSON_ArrayForEach(e, cJSON_GetObjectItemCaseSensitive(r, "restart_needed"))
+        printf("%s: the file says '%s' but that takes a restart; still '%s'\n", ctl_str(e, "key", "?"),
+               ctl_str(e, "file", "?"), ctl_str(e, "running", "?"));
+    return 0;
+}
+
 /* ---- metrics ----------------------------------------------------------------------- */
 
 /* Prints the exposition as it came, for a scraper's textfile collector or a person. */
@@ -384,11 +426,13 @@ static int ctl_datasets(const cJSON *r)
     int ret = ctl_table_add(&t, hdr);
     const cJSON *d;
     cJSON_ArrayForEach(d, cJSON_GetObjectItemCaseSensitive(r, "datasets")) {
-        char samples[32], fields[512];
-        snprintf(samples, sizeof samples, "%.0f", ctl_num(d, "samples", 0));
+        char samples[32], fields[512], source[1024];
+        const char *why = ctl_str(d, "unavailable", NULL);
+        snprintf(samples, sizeof samples, why ? "-" : "%.0f", ctl_num(d, "samples", 0));
         ctl_fields_summary(cJSON_GetObjectItemCaseSensitive(d, "fields"), fields, sizeof fields);
-        const char *row[] = { ctl_str(d, "name", "?"), ctl_str(d, "kind", "?"), samples, fields,
-                              ctl_str(d, "source", "") };
+        snprintf(source, sizeof source, "%s%s", why ? "UNAVAILABLE: " : "", why ? why : ctl_str(d, "source", ""));
+        const char *row[] = { ctl_str(d, "name", "?"), ctl_str(d, "kind", why ? "-" : "?"), samples, fields,
+                              source };
         if (ret == 0)
             ret = ctl_table_add(&t, row);
     }
@@ -900,6 +944,8 @@ int main(int argc, char **argv)
         print = ctl_streams;
     else if (strcmp(cmd, "metrics") == 0)
         print = ctl_metrics;
+    else if (strcmp(cmd, "reload") == 0)
+        print = ctl_reload;
     else
         return ctl_usage_error("unknown command %s", cmd);
     for (int k = 1; k < cargc; k++) {

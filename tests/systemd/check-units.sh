@@ -5,7 +5,8 @@
 #   - the socket unit listens in the service's runtime directory, which the service
 #     keeps on stop (RuntimeDirectoryPreserve=yes), and the service has writable cache
 #     and state directories under ProtectSystem=strict;
-#   - no ExecReload= while loaderd has no reload (SIGHUP is logged and ignored);
+#   - a reload sends loaderd SIGHUP: ExecReload= kills -HUP $MAINPID (Type=notify), or
+#     Type=notify-reload does it itself;
 #   - the GPU hosts' drop-in is shipped, applied only on request, and with it the unit
 #     verifies, sees the NVIDIA device nodes and stays within the exposure bound;
 #   - systemd-sysusers creates the loaderd user and group from the sysusers.d entry,
@@ -116,11 +117,12 @@ rundir=$(key RuntimeDirectory "$service")
 [ -n "$(key CacheDirectory "$service")" ] && [ -n "$(key StateDirectory "$service")" ] \
   && ok "CacheDirectory= and StateDirectory= are writable under ProtectSystem=strict" \
   || bad "no CacheDirectory= or StateDirectory="
-if grep -q '^ExecReload=' "$service"; then
-  bad "ExecReload= is set, but loaderd has no reload (SIGHUP is logged and ignored)"
-else
-  ok "no ExecReload= (loaderd has no reload yet)"
-fi
+reload=$(key ExecReload "$service")
+case "$(key Type "$service"):$reload" in
+  notify-reload:) ok "Type=notify-reload: systemd sends SIGHUP and waits for READY=1" ;;
+  notify:*kill\ -HUP\ \$MAINPID) ok "ExecReload=$reload: a reload is SIGHUP, bracketed by RELOADING=1/READY=1" ;;
+  *) bad "no reload that sends SIGHUP (Type=$(key Type "$service"), ExecReload=$reload)" ;;
+esac
 [ "$(key User "$service")" = loaderd ] && [ "$(key SocketGroup "$socket")" = loaderd ] \
   && ok "the service runs as loaderd; the socket belongs to group loaderd" || bad "User=/SocketGroup= are not loaderd"
 

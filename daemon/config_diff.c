@@ -1,0 +1,83 @@
+/* config_diff — compares the running config with one loaded again for a reload
+ * (server_reload.c): a dataset whose definition is the same keeps its open dataset and
+ * its streams; a restart-only server key that changed is reported and keeps its
+ * running value. Positions in the file are not part of a definition: moving a dataset
+ * in the file, or adding a comment above it, changes nothing. */
+#include "config_diff.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static bool config_diff_str_same(const char *a, const char *b)
+{
+    if (!a || !b)
+        return a == b;
+    return strcmp(a, b) == 0;
+}
+
+static bool config_diff_transform_same(const struct transform_spec *a, const struct transform_spec *b)
+{
+    if (a->kind != b->kind)
+        return false;
+    if (a->kind == TRANSFORM_PLUGIN)
+        return config_diff_str_same(a->plugin.path, b->plugin.path) &&
+               config_diff_str_same(a->plugin.params_json, b->plugin.params_json);
+    /* The other kinds hold numbers only, in specs the config zeroes before it fills them. */
+    return memcmp(a, b, sizeof *a) == 0;
+}
+
+bool config_dataset_same(const struct config_dataset *a, const struct config_dataset *b)
+{
+    if (!config_diff_str_same(a->name, b->name) || a->kind != b->kind || !config_diff_str_same(a->path, b->path) ||
+        !config_diff_str_same(a->pattern, b->pattern) || a->format != b->format ||
+        a->token_dtype != b->token_dtype || a->context != b->context || a->stride != b->stride ||
+        !config_diff_str_same(a->cache_path, b->cache_path) || a->cache_mode != b->cache_mode ||
+        a->cache_fingerprint != b->cache_fingerprint || a->on_error != b->on_error ||
+        a->on_error_warn_fraction != b->on_error_warn_fraction || a->follow_links != b->follow_links ||
+        a->max_sample_bytes != b->max_sample_bytes || a->read_timeout != b->read_timeout ||
+        a->n_transforms != b->n_transforms || a->weight != b->weight || a->max_share != b->max_share)
+        return false;
+    for (size_t t = 0; t < a->n_transforms; t++)
+        if (!config_diff_transform_same(&a->transforms[t], &b->transforms[t]))
+            return false;
+    return true;
+}
+
+/* One string key: reported when it differs, then the loaded config takes the running
+ * value (the two swap: each config frees what it holds). */
+static int config_diff_str_key(const char *key, char **running, char **loaded,
+                               void (*fn)(void *, const char *, const char *, const char *), void *ctx)
+{
+    if (config_diff_str_same(*running, *loaded))
+        return 0;
+    fn(ctx, key, *running ? *running : "(none)", *loaded ? *loaded : "(none)");
+    char *t = *running;
+    *running = *loaded;
+    *loaded = t;
+    return 1;
+}
+
+int config_diff_restart_keys(const struct config *running, struct config *loaded,
+                             void (*fn)(void *ctx, const char *key, const char *running_value,
+                                        const char *loaded_value),
+                             void *ctx)
+{
+    /* The running config is const to its readers; its strings are swapped, not read
+     * differently: the running config is only ever freed after this. */
+    struct config *r = (struct config *)running;
+    int n = 0;
+    n += config_diff_str_key("server.socket", &r->socket_path, &loaded->socket_path, fn, ctx);
+    n += config_diff_str_key("server.socket_group", &r->socket_group, &loaded->socket_group, fn, ctx);
+    n += config_diff_str_key("server.metrics.listen", &r->metrics_listen, &loaded->metrics_listen, fn, ctx);
+    if (running->workers != loaded->workers) {
+        char a[32], b[32];
+        snprintf(a, sizeof a, "%" PRIu32, running->workers);
+        snprintf(b, sizeof b, "%" PRIu32, loaded->workers);
+        fn(ctx, "server.workers", a, b);
+        loaded->workers = running->workers;
+        n++;
+    }
+    return n;
+}
