@@ -45,17 +45,19 @@ bool config_dataset_same(const struct config_dataset *a, const struct config_dat
     return true;
 }
 
-/* One string key: reported when it differs, then the loaded config takes the running
- * value (the two swap: each config frees what it holds). */
-static int config_diff_str_key(const char *key, char **running, char **loaded,
+/* One string key: reported when it differs, then the loaded config takes a copy of the
+ * running value (kept as it was when memory is short: the report stands). */
+static int config_diff_str_key(const char *key, const char *running, char **loaded,
                                void (*fn)(void *, const char *, const char *, const char *), void *ctx)
 {
-    if (config_diff_str_same(*running, *loaded))
+    if (config_diff_str_same(running, *loaded))
         return 0;
-    fn(ctx, key, *running ? *running : "(none)", *loaded ? *loaded : "(none)");
-    char *t = *running;
-    *running = *loaded;
-    *loaded = t;
+    fn(ctx, key, running ? running : "(none)", *loaded ? *loaded : "(none)");
+    char *copy = running ? strdup(running) : NULL;
+    if (!running || copy) {
+        free(*loaded);
+        *loaded = copy;
+    }
     return 1;
 }
 
@@ -64,13 +66,10 @@ int config_diff_restart_keys(const struct config *running, struct config *loaded
                                         const char *loaded_value),
                              void *ctx)
 {
-    /* The running config is const to its readers; its strings are swapped, not read
-     * differently: the running config is only ever freed after this. */
-    struct config *r = (struct config *)running;
     int n = 0;
-    n += config_diff_str_key("server.socket", &r->socket_path, &loaded->socket_path, fn, ctx);
-    n += config_diff_str_key("server.socket_group", &r->socket_group, &loaded->socket_group, fn, ctx);
-    n += config_diff_str_key("server.metrics.listen", &r->metrics_listen, &loaded->metrics_listen, fn, ctx);
+    n += config_diff_str_key("server.socket", running->socket_path, &loaded->socket_path, fn, ctx);
+    n += config_diff_str_key("server.socket_group", running->socket_group, &loaded->socket_group, fn, ctx);
+    n += config_diff_str_key("server.metrics.listen", running->metrics_listen, &loaded->metrics_listen, fn, ctx);
     if (running->workers != loaded->workers) {
         char a[32], b[32];
         snprintf(a, sizeof a, "%" PRIu32, running->workers);
