@@ -10,6 +10,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* sizeof(struct config_dataset) on x86-64 when config_dataset_same was last brought up
+ * to date with it. */
+#define CONFIG_DIFF_DATASET_SIZE 448
+
 static bool config_diff_str_same(const char *a, const char *b)
 {
     if (!a || !b)
@@ -28,6 +32,15 @@ static bool config_diff_transform_same(const struct transform_spec *a, const str
     return memcmp(a, b, sizeof *a) == 0;
 }
 
+/* A member added to struct config_dataset must be compared above, or a reload would keep
+ * the old definition of a dataset whose new key changed: this fails the build until it is
+ * (then update the size). */
+#if UINTPTR_MAX == 0xffffffffffffffffu && defined(__x86_64__)
+_Static_assert(sizeof(struct config_dataset) == CONFIG_DIFF_DATASET_SIZE,
+               "struct config_dataset changed: compare the new member in config_dataset_same, then update "
+               "CONFIG_DIFF_DATASET_SIZE");
+#endif
+
 bool config_dataset_same(const struct config_dataset *a, const struct config_dataset *b)
 {
     if (!config_diff_str_same(a->name, b->name) || a->kind != b->kind || !config_diff_str_same(a->path, b->path) ||
@@ -37,8 +50,13 @@ bool config_dataset_same(const struct config_dataset *a, const struct config_dat
         a->cache_fingerprint != b->cache_fingerprint || a->on_error != b->on_error ||
         a->on_error_warn_fraction != b->on_error_warn_fraction || a->follow_links != b->follow_links ||
         a->max_sample_bytes != b->max_sample_bytes || a->read_timeout != b->read_timeout ||
-        a->n_transforms != b->n_transforms || a->weight != b->weight || a->max_share != b->max_share)
+        a->n_transforms != b->n_transforms || a->weight != b->weight || a->max_share != b->max_share ||
+        !config_diff_str_same(a->manifest_path, b->manifest_path) || a->manifest_format != b->manifest_format ||
+        a->n_columns != b->n_columns)
         return false;
+    for (size_t k = 0; k < a->n_columns; k++)
+        if (!config_diff_str_same(a->columns[k].name, b->columns[k].name) || a->columns[k].type != b->columns[k].type)
+            return false;
     for (size_t t = 0; t < a->n_transforms; t++)
         if (!config_diff_transform_same(&a->transforms[t], &b->transforms[t]))
             return false;
