@@ -2,7 +2,7 @@
  * reload): whether a dataset's definition is the same, and which server.* keys that
  * only a restart can apply were changed.
  *
- * Live at a reload: the datasets, server.memory_budget, max_clients, max_streams,
+ * Live at a reload: the datasets, server.memory_budget, device_memory_budget, max_clients, max_streams,
  * max_frame (for connections accepted from then on), prefetch, hello_timeout,
  * idle_timeout, max_reply_bytes, max_total_reply_bytes, log_level and `clients:`.
  * Restart only: server.socket, socket_group, workers and metrics.listen (the socket is

@@ -158,6 +158,7 @@ static void server_reload_live_key(cJSON *live, const char *key, uint64_t was, u
 static void server_reload_live_keys(const struct config *was, const struct config *now, cJSON *live)
 {
     server_reload_live_key(live, "server.memory_budget", was->memory_budget, now->memory_budget);
+    server_reload_live_key(live, "server.device_memory_budget", was->device_memory_budget, now->device_memory_budget);
     server_reload_live_key(live, "server.max_clients", was->max_clients, now->max_clients);
     server_reload_live_key(live, "server.max_streams", was->max_streams, now->max_streams);
     server_reload_live_key(live, "server.max_frame", was->max_frame, now->max_frame);
