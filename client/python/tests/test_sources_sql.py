@@ -137,6 +137,7 @@ def test_bad_query_refuses_the_start(scratch):
     _make_db(os.path.join(d, "x.db"))
     cfg = support.Daemon(d, "  bad:\n    kind: sql\n    path: x.db\n    query: SELECT id, payload FROM records\n"
                             "    key: id\n    columns: {payload: blob}\n")
-    p = subprocess.run([cfg.bin, "--config", cfg.config], capture_output=True, text=True, timeout=30)
+    # --check refuses it; the daemon itself serves it as unavailable (itest_reload).
+    p = subprocess.run([cfg.bin, "--config", cfg.config, "--check"], capture_output=True, text=True, timeout=30)
     assert p.returncode != 0
     assert "dataset 'bad'" in p.stderr and "no such table: records" in p.stderr, p.stderr
