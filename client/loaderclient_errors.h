@@ -67,7 +67,8 @@
     X(ECACHESTALE, -4018, "cache_stale", "the cache file does not match its source")     \
     X(ECACHEVERSION, -4019, "cache_version", "cache file format version not supported")  \
     X(ECANCELED, -ECANCELED, "canceled", "operation canceled")                           \
-    X(EDEVICE, -4020, "device_error", "the device cannot be used")
+    X(EDEVICE, -4020, "device_error", "the device cannot be used")                       \
+    X(EDENIED, -4021, "permission_denied", "denied by the daemon's access rules")
 
 /* LC_OK and one LC_<NAME> per row: LC_EPERM, ..., LC_EFIELD, ..., LC_ECANCELED. */
 enum lc_error {

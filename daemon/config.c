@@ -20,6 +20,7 @@
 #include <pwd.h>
 #include <unistd.h>
 
+#include "config_access.h"
 #include "config_table.h"
 #include "cpus.h"
 #include "config_yaml.h"
@@ -458,6 +459,21 @@ const struct config_client *config_client_for_uid(const struct config *c, uint32
     return NULL;
 }
 
+static int load_access(const struct config_loader *l, const yaml_node_t *key, const yaml_node_t *v,
+                       struct config *c)
+{
+    return config_access_load(l, key, v, &c->access);
+}
+
+/* access.datasets names datasets of the config, whichever section came first. */
+static int check_access(const struct config_loader *l, const struct config *c)
+{
+    const char *names[CONFIG_MAX_DATASETS];
+    for (size_t i = 0; i < c->n_datasets && i < CONFIG_MAX_DATASETS; i++)
+        names[i] = c->datasets[i].name;
+    return config_access_check(l, &c->access, names, c->n_datasets);
+}
+
 static const struct section {
     const char *name;
     bool required;
@@ -467,6 +483,7 @@ static const struct section {
     {"server", false, load_server},
     {"datasets", true, load_datasets},
     {"clients", false, load_clients},
+    {"access", false, load_access},
 };
 
 static int load_root(const struct config_loader *l, struct config *c)
@@ -565,7 +582,7 @@ int config_load(const char *path, struct config **ret_config, char *errbuf)
     }
     if ((ret = config_table_defaults(&l, server_keys, N_KEYS(server_keys), 0, c)) < 0)
         goto out;
-    if ((ret = load_root(&l, c)) < 0)
+    if ((ret = load_root(&l, c)) < 0 || (ret = check_access(&l, c)) < 0)
         goto out;
     if ((ret = resolve_server(&l, c)) < 0)
         goto out;
@@ -599,6 +616,7 @@ void config_free(struct config *c)
     }
     free(c->datasets);
     free(c->clients);
+    access_config_clear(&c->access);
     free(c->socket_path);
     free(c->socket_group);
     free(c->metrics_listen);

@@ -9,6 +9,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "access.h"
 #include "transform.h"
 
 #define CONFIG_MAX_FILE_BYTES (1u << 20)
@@ -141,6 +142,7 @@ struct config {
     size_t n_datasets;
     struct config_client *clients;
     size_t n_clients;
+    struct access_config access;    /* the `access:` section (access.h); all unset: everyone */
 };
 
 /* Loads and validates `path`. On failure returns LD_ECONFIG (or -errno when the file

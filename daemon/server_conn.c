@@ -24,6 +24,8 @@
  * disconnected. */
 #include "server_internal.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <malloc.h>
 #include <stdio.h>
@@ -381,16 +383,69 @@ static void server_conn_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf
     }
 }
 
-/* The connected process's uid; our own if the kernel cannot say (it always can on a
- * Unix socket). */
-static uint32_t server_conn_peer_uid(uv_pipe_t *pipe)
+/* The connected process's credentials, from the kernel when the connection was made
+ * (SO_PEERCRED: a process cannot lie about them), and its name then. The name comes
+ * from /proc and is only informative (a process chooses it); our own uid and gid stand
+ * in when the kernel cannot say, which it always can on a Unix socket. */
+static void server_conn_peer_cred(conn *c)
 {
     uv_os_fd_t fd;
     struct ucred cred;
     socklen_t len = sizeof cred;
-    if (uv_fileno((uv_handle_t *)pipe, &fd) == 0 && getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0)
-        return (uint32_t)cred.uid;
-    return (uint32_t)getuid();
+    c->uid = (uint32_t)getuid();
+    c->gid = (uint32_t)getgid();
+    c->pid = 0;
+    c->comm[0] = '\0';
+    if (uv_fileno((uv_handle_t *)&c->pipe, &fd) != 0 || getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0)
+        return;
+    c->uid = (uint32_t)cred.uid;
+    c->gid = (uint32_t)cred.gid;
+    c->pid = (int32_t)cred.pid;
+    /* The supplementary groups, for access rules by group (Linux 4.13+; without them a
+     * rule matches the primary group only). A peer in more groups than the array holds
+     * is asked again with room for all, and the first ones are kept. */
+    gid_t few[ACCESS_MAX_PEER_GROUPS], *groups = few;
+    socklen_t glen = sizeof few;
+    int grc = getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, groups, &glen);
+    if (grc < 0 && errno == ERANGE && (groups = malloc(glen)) != NULL)
+        grc = getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, groups, &glen);
+    if (grc == 0 && groups) {
+        size_t n = glen / sizeof groups[0];
+        c->n_groups = (uint32_t)(n > ACCESS_MAX_PEER_GROUPS ? ACCESS_MAX_PEER_GROUPS : n);
+        for (uint32_t i = 0; i < c->n_groups; i++)
+            c->groups[i] = (uint32_t)groups[i];
+    }
+    if (groups != few)
+        free(groups);
+    if (cred.pid <= 0)
+        return;
+    char path[40];
+    snprintf(path, sizeof path, "/proc/%d/comm", (int)cred.pid);
+    int cfd = open(path, O_RDONLY | O_CLOEXEC);
+    if (cfd < 0)
+        return; /* gone already, or /proc is not mounted: the name stays unknown */
+    ssize_t n = read(cfd, c->comm, sizeof c->comm - 1);
+    close(cfd);
+    if (n < 0)
+        n = 0;
+    c->comm[n] = '\0';
+    c->comm[strcspn(c->comm, "\n")] = '\0';
+    for (char *p = c->comm; *p; p++) /* a name is printed in tables: keep it to one plain line */
+        if ((unsigned char)*p < 0x20 || (unsigned char)*p == 0x7f)
+            *p = '?';
+}
+
+struct access_peer server_conn_peer(const conn *c)
+{
+    return (struct access_peer){.uid = c->uid, .gid = c->gid, .groups = c->groups, .n_groups = c->n_groups};
+}
+
+void server_conn_describe_peer(const conn *c, cJSON *o)
+{
+    cJSON_AddNumberToObject(o, "uid", c->uid);
+    cJSON_AddNumberToObject(o, "gid", c->gid);
+    cJSON_AddNumberToObject(o, "pid", c->pid);
+    cJSON_AddStringToObject(o, "process", c->comm);
 }
 
 void server_conn_accept(uv_stream_t *listener, int status)
@@ -422,7 +477,7 @@ void server_conn_accept(uv_stream_t *listener, int status)
         return;
     }
     c->connected_ns = c->last_frame_ns = uv_hrtime();
-    c->uid = server_conn_peer_uid(&c->pipe);
+    server_conn_peer_cred(c);
     c->next = srv->conns;
     if (srv->conns)
         srv->conns->prev = c;
@@ -441,6 +496,18 @@ void server_conn_accept(uv_stream_t *listener, int status)
         server_conn_fatal(c, LD_ELIMIT, err);
         return;
     }
-    ld_log(LD_LOG_DEBUG, "client %" PRIu64 " connected", c->id);
+    struct access_peer peer = server_conn_peer(c);
+    if (!access_allows(&srv->cfg->access.connect, &peer, (uint32_t)getuid())) {
+        char who[160], allowed[224], err[LD_ERRMSG_MAX + 512];
+        access_describe_peer(&peer, who, sizeof who);
+        access_describe_rule(&srv->cfg->access.connect, allowed, sizeof allowed);
+        snprintf(err, sizeof err, "permission denied: %s (pid %d) may not connect to this daemon (access.connect "
+                 "allows %s)", who, c->pid, allowed);
+        ld_log(LD_LOG_WARN, "client %" PRIu64 ": %s", c->id, err);
+        server_conn_fatal(c, LD_EDENIED, err);
+        return;
+    }
+    ld_log(LD_LOG_DEBUG, "client %" PRIu64 " connected: uid %u, gid %u, pid %d (%s)", c->id, c->uid, c->gid, c->pid,
+           c->comm);
     uv_read_start((uv_stream_t *)&c->pipe, server_conn_alloc, server_conn_read);
 }

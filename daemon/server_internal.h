@@ -24,6 +24,7 @@
 #include <sys/un.h>
 #include <uv.h>
 
+#include "access.h"
 #include "cache_keeper.h"
 #include "dataset_watch.h"
 #include "hub.h"
@@ -79,7 +80,14 @@ struct conn {
     conn *flush_next;
     struct hub_completion abort;    /* server_conn_abort: closes it from the loop */
     char name[LD_NAME_MAX];
-    uint32_t uid;                   /* the peer's (SO_PEERCRED), for scheduling by client */
+    /* The peer's credentials (SO_PEERCRED) at connect, and its process name then
+     * (/proc/PID/comm): for scheduling by client, access control, and the operator's
+     * `streams` and `status`. pid is 0 when the peer is in another pid namespace. */
+    uint32_t uid, gid;
+    int32_t pid;
+    char comm[16];
+    uint32_t groups[ACCESS_MAX_PEER_GROUPS]; /* supplementary (SO_PEERGROUPS), for access rules */
+    uint32_t n_groups;
     struct reply *out_head, *out_tail;
     uint32_t out_count;             /* replies in the outbox, sent or not */
     uint64_t queued_bytes;          /* replies queued and not yet written to the socket */
@@ -178,6 +186,11 @@ void server_reply_fill(conn *c, struct reply *r, cJSON *msg);
 /* Queues msg (consumed) as the next reply. */
 void server_reply_send(conn *c, cJSON *msg);
 void server_reply_error(conn *c, int64_t id, int code, const char *message);
+
+/* Adds the connection's credentials (uid, gid, pid, process) to o. */
+void server_conn_describe_peer(const conn *c, cJSON *o);
+/* The connection's credentials, for access.h's checks. */
+struct access_peer server_conn_peer(const conn *c);
 
 /* ---- server_ops.c ---- */
 /* Handles one request frame. */

@@ -104,6 +104,24 @@ static cache_keeper *server_ops_keeper_of(server *srv, const dataset *d)
     return NULL;
 }
 
+/* Whether the connection passes rule r; when not, replies permission_denied naming what
+ * was denied (`what`), for whom, and who the rule (`rule_name`) allows. The connection
+ * stays: a denial changes nothing else. */
+static bool server_ops_allowed(conn *c, int64_t id, const struct access_rule *r, const char *rule_name,
+                               const char *what)
+{
+    struct access_peer peer = server_conn_peer(c);
+    if (access_allows(r, &peer, (uint32_t)getuid()))
+        return true;
+    char who[160], allowed[224], err[LD_ERRMSG_MAX + 512];
+    access_describe_peer(&peer, who, sizeof who);
+    access_describe_rule(r, allowed, sizeof allowed);
+    snprintf(err, sizeof err, "permission denied: %s may not %s (%s allows %s)", who, what, rule_name, allowed);
+    ld_log(LD_LOG_WARN, "client %" PRIu64 " (%s, pid %d): %s", c->id, c->name, c->pid, err);
+    server_reply_error(c, id, LD_EDENIED, err);
+    return false;
+}
+
 /* ---- operations ----------------------------------------------------------------- */
 
 static void server_op_hello(conn *c, const cJSON *req, int64_t id)
@@ -246,6 +264,11 @@ static void server_op_open(conn *c, const cJSON *req, int64_t id)
         server_reply_error(c, id, LD_ENODATASET, err);
         return;
     }
+    char what[LD_NAME_MAX + 64], rule_name[LD_NAME_MAX + 32];
+    snprintf(what, sizeof what, "open a stream on dataset '%s'", name);
+    snprintf(rule_name, sizeof rule_name, "access.datasets.%s", name);
+    if (!server_ops_allowed(c, id, access_dataset_rule(&srv->cfg->access, name), rule_name, what))
+        return;
     if (c->reserved) {
         snprintf(err, sizeof err, "all %u client slots are taken (server.max_clients); this connection holds "
                  "the one kept for operator commands, which cannot open streams", srv->cfg->max_clients);
@@ -495,6 +518,23 @@ static void server_op_status(conn *c, const cJSON *req, int64_t id)
     cJSON_AddNumberToObject(r, "bad_samples", (double)bad);
     cJSON_AddNumberToObject(r, "replaced_samples", (double)replaced);
     cJSON_AddNumberToObject(r, "resource_retries", (double)retries);
+    /* Who is connected: each connection's credentials and its streams. */
+    cJSON *conns = cJSON_AddArrayToObject(r, "connections");
+    for (conn *k = srv->conns; k; k = k->next) {
+        if (k->state == CONN_CLOSED)
+            continue;
+        cJSON *jc = cJSON_CreateObject();
+        int n = 0;
+        for (struct conn_stream *cs = k->streams; cs; cs = cs->next)
+            n++;
+        cJSON_AddNumberToObject(jc, "id", (double)k->id);
+        cJSON_AddStringToObject(jc, "client", k->name);
+        server_conn_describe_peer(k, jc);
+        cJSON_AddNumberToObject(jc, "streams", n);
+        cJSON_AddNumberToObject(jc, "connected_s", (double)(uv_hrtime() - k->connected_ns) / 1e9);
+        cJSON_AddBoolToObject(jc, "self", k == c);
+        cJSON_AddItemToArray(conns, jc);
+    }
     cJSON *caches = cJSON_AddArrayToObject(r, "caches");
     for (size_t i = 0; i < srv->n_datasets; i++) {
         if (!srv->keepers[i])
@@ -637,21 +677,26 @@ static void server_op_streams(conn *c, const cJSON *req, int64_t id)
             stream_describe_state(cs->s, js);
             cJSON_AddNumberToObject(js, "client_id", (double)k->id);
             cJSON_AddStringToObject(js, "client", k->name);
+            server_conn_describe_peer(k, js);
             cJSON_AddItemToArray(list, js);
         }
     server_reply_send(c, r);
 }
 
+/* `operator`: the request changes what the daemon does for everyone (a cache rebuilt,
+ * a verify's disk and CPU time, a reload), so it needs access.operators. */
 static const struct {
     const char *name;
     void (*run)(conn *c, const cJSON *req, int64_t id);
+    bool operator;
 } ops[] = {
-    {LD_OP_HELLO, server_op_hello},     {LD_OP_DATASETS, server_op_datasets}, {LD_OP_OPEN, server_op_open},
-    {LD_OP_NEXT, server_op_next},       {LD_OP_RELEASE, server_op_release},   {LD_OP_CLOSE, server_op_close},
-    {LD_OP_STATUS, server_op_status},   {LD_OP_STREAMS, server_op_streams},
-    {LD_OP_CACHE_BUILD, server_op_cache_build}, {LD_OP_CACHE_INFO, server_op_cache_info},
-    {LD_OP_CACHE_VERIFY, server_op_cache_verify},
-    {LD_OP_METRICS, server_op_metrics}, {LD_OP_RELOAD, server_ops_reload},
+    {LD_OP_HELLO, server_op_hello, false},     {LD_OP_DATASETS, server_op_datasets, false},
+    {LD_OP_OPEN, server_op_open, false},       {LD_OP_NEXT, server_op_next, false},
+    {LD_OP_RELEASE, server_op_release, false}, {LD_OP_CLOSE, server_op_close, false},
+    {LD_OP_STATUS, server_op_status, false},   {LD_OP_STREAMS, server_op_streams, false},
+    {LD_OP_CACHE_BUILD, server_op_cache_build, true}, {LD_OP_CACHE_INFO, server_op_cache_info, false},
+    {LD_OP_CACHE_VERIFY, server_op_cache_verify, true},
+    {LD_OP_METRICS, server_op_metrics, false}, {LD_OP_RELOAD, server_ops_reload, true},
 };
 
 void server_ops_handle(conn *c, const char *payload, size_t len)
@@ -678,7 +723,10 @@ void server_ops_handle(conn *c, const char *payload, size_t len)
             if (strcmp(op, ops[i].name) == 0)
                 break;
         if (i < sizeof ops / sizeof ops[0]) {
-            ops[i].run(c, req, id);
+            char what[LD_OP_NAME_MAX + 48];
+            snprintf(what, sizeof what, "run the operator command '%s'", op);
+            if (!ops[i].operator || server_ops_allowed(c, id, &c->srv->cfg->access.operators, "access.operators", what))
+                ops[i].run(c, req, id);
         } else {
             snprintf(err, sizeof err, "unknown op '%s' (expected hello, datasets, open, next, release, "
                                       "close, status, streams, cache_build, cache_info, cache_verify, metrics or reload)", op);

@@ -15,7 +15,9 @@
 #include <cJSON.h>
 #include <errno.h>
 #include <inttypes.h>
+#include <grp.h>
 #include <limits.h>
+#include <pwd.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -279,6 +281,29 @@ static int ctl_metrics(const cJSON *r)
 
 /* ---- status ------------------------------------------------------------------------ */
 
+/* A connection's credentials for a person: "alice(1000)/users(100)", the names as this
+ * machine's user database knows them (the daemon reports numbers). */
+static void ctl_peer_ids(const cJSON *o, char *buf, size_t size)
+{
+    double uid = ctl_num(o, "uid", -1), gid = ctl_num(o, "gid", -1);
+    if (uid < 0) {
+        snprintf(buf, size, "?");
+        return;
+    }
+    struct passwd *pw = getpwuid((uid_t)uid);
+    struct group *gr = getgrgid((gid_t)gid);
+    char u[64], g[64];
+    if (pw)
+        snprintf(u, sizeof u, "%s(%.0f)", pw->pw_name, uid);
+    else
+        snprintf(u, sizeof u, "%.0f", uid);
+    if (gr)
+        snprintf(g, sizeof g, "%s(%.0f)", gr->gr_name, gid);
+    else
+        snprintf(g, sizeof g, "%.0f", gid);
+    snprintf(buf, size, "%s/%s", u, g);
+}
+
 /* "ready", "building 42%", "failed: why", ... */
 static void ctl_cache_state(const cJSON *cache, char *buf, size_t size)
 {
@@ -327,12 +352,20 @@ static int ctl_status(const cJSON *r)
         printf("%-16s %s: %s, %.0f samples (%s) served from it\n", "cache", ctl_str(cache, "dataset", "?"), line,
                ctl_num(cache, "hits", 0), hb);
     }
+    const cJSON *conn;
+    cJSON_ArrayForEach(conn, cJSON_GetObjectItemCaseSensitive(r, "connections")) {
+        char ids[160];
+        ctl_peer_ids(conn, ids, sizeof ids);
+        printf("%-16s %.0f %s: uid/gid %s, pid %.0f (%s), %.0f streams%s\n", "connection", ctl_num(conn, "id", 0),
+               ctl_str(conn, "client", "?"), ids, ctl_num(conn, "pid", 0), ctl_str(conn, "process", "?"),
+               ctl_num(conn, "streams", 0), cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(conn, "self")) ? " (this one)" : "");
+    }
     return 0;
 }
 
 /* ---- tables ------------------------------------------------------------------------ */
 
-#define CTL_MAX_COLS 12
+#define CTL_MAX_COLS 16
 
 /* A table held as strings, printed with each column as wide as its widest cell. */
 struct ctl_table {
@@ -467,14 +500,16 @@ static int ctl_streams(const cJSON *r)
         puts("no open streams");
         return 0;
     }
-    struct ctl_table t = { .ncols = 11 };
-    const char *hdr[] = { "ID", "DATASET", "CLIENT", "BATCH", "POSITION", "PREFETCH",
+    struct ctl_table t = { .ncols = 14 };
+    const char *hdr[] = { "ID", "DATASET", "CLIENT", "UID/GID", "PID", "PROCESS", "BATCH", "POSITION", "PREFETCH",
                           "SLOTS free/fill/ready/leased", "BATCHES", "SAMPLES", "WAIT_S", "STATE" };
     int ret = ctl_table_add(&t, hdr);
     const cJSON *s;
     cJSON_ArrayForEach(s, list) {
-        char id[32], bs[32], pos[96], pf[32], slots[96], batches[32], samples[32], wait[32];
+        char id[32], bs[32], pos[96], pf[32], slots[96], batches[32], samples[32], wait[32], ids[160], pid[32];
         snprintf(id, sizeof id, "%.0f", ctl_num(s, "id", 0));
+        ctl_peer_ids(s, ids, sizeof ids);
+        snprintf(pid, sizeof pid, "%.0f", ctl_num(s, "pid", 0));
         snprintf(bs, sizeof bs, "%.0f", ctl_num(s, "batch_size", 0));
         snprintf(pos, sizeof pos, "epoch %.0f batch %.0f/%.0f", ctl_num(s, "epoch", 0), ctl_num(s, "batch", 0),
                  ctl_num(s, "batches_per_epoch", 0));
@@ -484,7 +519,8 @@ static int ctl_streams(const cJSON *r)
         snprintf(batches, sizeof batches, "%.0f", ctl_num(s, "batches_served", 0));
         snprintf(samples, sizeof samples, "%.0f", ctl_num(s, "samples_served", 0));
         snprintf(wait, sizeof wait, "%.3f", ctl_num(s, "client_wait_s", 0));
-        const char *row[] = { id, ctl_str(s, "dataset", "?"), ctl_str(s, "client", ""), bs, pos, pf, slots,
+        const char *row[] = { id, ctl_str(s, "dataset", "?"), ctl_str(s, "client", ""), ids, pid,
+                              ctl_str(s, "process", ""), bs, pos, pf, slots,
                               batches, samples, wait, ctl_str(s, "state", "?") };
         if (ret == 0)
             ret = ctl_table_add(&t, row);

@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -26,6 +27,7 @@
 #include <unistd.h>
 
 #include "harness.h"
+#include <cJSON.h>
 #include "loaderclient.h"
 
 #define N_FILES 120
@@ -302,6 +304,288 @@ static void test_default_socket_meets(void **state)
     harness_free(h);
 }
 
+/* Reads the pipe to its end into msg (NUL-terminated). */
+static void read_all(int fd, char *msg, size_t size)
+{
+    size_t n = 0;
+    ssize_t got;
+    while (n + 1 < size && (got = read(fd, msg + n, size - 1 - n)) > 0)
+        n += (size_t)got;
+    msg[n] = '\0';
+}
+
+/* The stream of `streams --json` opened by pid, or NULL. */
+static const cJSON *find_by_pid(const cJSON *list, pid_t pid)
+{
+    const cJSON *e;
+    cJSON_ArrayForEach(e, list) {
+        const cJSON *p = cJSON_GetObjectItemCaseSensitive(e, "pid");
+        if (cJSON_IsNumber(p) && p->valuedouble == (double)pid)
+            return e;
+    }
+    return NULL;
+}
+
+static void assert_peer(const cJSON *e, uid_t uid, gid_t gid, const char *process, const char *client)
+{
+    assert_non_null(e);
+    assert_true(cJSON_GetObjectItemCaseSensitive(e, "uid")->valuedouble == (double)uid);
+    assert_true(cJSON_GetObjectItemCaseSensitive(e, "gid")->valuedouble == (double)gid);
+    assert_string_equal(cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(e, "process")), process);
+    assert_string_equal(cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(e, "client")), client);
+}
+
+/* Every connection's credentials as the kernel gave them (uid, gid, pid) and its process
+ * name are shown by `streams` and `status`, in JSON and for a person. As root the trainer
+ * is another user (in the socket's group), so the numbers cannot be the daemon's own. */
+static void test_credentials_shown(void **state)
+{
+    (void)state;
+    uid_t uid = getuid();
+    gid_t gid = getgid();
+    bool other = harness_test_user(TEST_TRAINER, TEST_GROUP, &uid, &gid) == 0;
+    struct harness *h = harness_new();
+    harness_gen_files(h, "rec", N_FILES, FILE_SIZE, 0, false);
+    harness_write_config(h, other ? "  workers: 1\n  memory_budget: 64MiB\n  socket_group: " TEST_GROUP "\n"
+                                  : "  workers: 1\n  memory_budget: 64MiB\n",
+                         datasets_yaml);
+    if (other)
+        assert_int_equal(chmod(h->dir, 0711), 0);
+    harness_start(h);
+    int ready[2], done[2];
+    assert_int_equal(pipe(ready), 0);
+    assert_int_equal(pipe(done), 0);
+    pid_t child = fork();
+    assert_true(child >= 0);
+    if (child == 0) {
+        close(ready[0]);
+        close(done[1]);
+        if (other)
+            harness_become(uid, gid);
+        prctl(PR_SET_NAME, "ldtest-creds", 0, 0, 0);
+        lc_client *c = NULL;
+        lc_stream *s = NULL;
+        char err[1024];
+        int r = lc_connect(h->socket, 5000, "creds-trainer", &c, err, sizeof err);
+        if (r == 0) {
+            lc_stream_options o;
+            lc_stream_options_init(&o);
+            o.batch_size = 8;
+            r = lc_stream_open(c, "records", &o, &s);
+            if (r < 0)
+                snprintf(err, sizeof err, "%s", lc_client_error(c));
+        }
+        dprintf(ready[1], "%s", r == 0 ? "ok" : err);
+        close(ready[1]);
+        char x;
+        while (read(done[0], &x, 1) > 0) /* held open until the parent has looked */
+            ;
+        if (s)
+            lc_stream_close(s);
+        lc_client_close(c);
+        _exit(0);
+    }
+    close(ready[1]);
+    close(done[0]);
+    char msg[1024];
+    read_all(ready[0], msg, sizeof msg);
+    close(ready[0]);
+    if (strcmp(msg, "ok") != 0) {
+        close(done[1]);
+        waitpid(child, NULL, 0);
+        fail_msg("the trainer could not open its stream: %s", msg);
+    }
+    static char out[65536];
+    assert_int_equal(harness_ctl(h, out, sizeof out, "--json", "streams", NULL), 0);
+    cJSON *j = cJSON_Parse(out);
+    assert_non_null(j);
+    assert_peer(find_by_pid(cJSON_GetObjectItemCaseSensitive(j, "streams"), child), uid, gid, "ldtest-creds",
+                "creds-trainer");
+    cJSON_Delete(j);
+    assert_int_equal(harness_ctl(h, out, sizeof out, "--json", "status", NULL), 0);
+    j = cJSON_Parse(out);
+    assert_non_null(j);
+    const cJSON *conns = cJSON_GetObjectItemCaseSensitive(j, "connections");
+    const cJSON *e = find_by_pid(conns, child);
+    assert_peer(e, uid, gid, "ldtest-creds", "creds-trainer");
+    assert_int_equal((int)cJSON_GetObjectItemCaseSensitive(e, "streams")->valuedouble, 1);
+    /* loaderctl's own connection is there too, marked as the one asking. */
+    const cJSON *self = NULL, *k;
+    cJSON_ArrayForEach(k, conns)
+        if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(k, "self")))
+            self = k;
+    assert_non_null(self);
+    assert_true(cJSON_GetObjectItemCaseSensitive(self, "uid")->valuedouble == (double)getuid());
+    assert_string_equal(cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(self, "process")), "loaderctl");
+    cJSON_Delete(j);
+    /* For a person: the pid and the process name in both. */
+    char want[64];
+    snprintf(want, sizeof want, "pid %d (ldtest-creds)", (int)child);
+    assert_int_equal(harness_ctl(h, out, sizeof out, "status", NULL), 0);
+    if (!strstr(out, want) || (other && !strstr(out, TEST_TRAINER "(")))
+        fail_msg("status lacks '%s' (or the user's name):\n%s", want, out);
+    assert_int_equal(harness_ctl(h, out, sizeof out, "streams", NULL), 0);
+    snprintf(want, sizeof want, "%d", (int)child);
+    if (!strstr(out, "ldtest-creds") || !strstr(out, want) || !strstr(out, "UID/GID"))
+        fail_msg("streams lacks the trainer's pid %s and process name:\n%s", want, out);
+    close(done[1]);
+    int wst;
+    waitpid(child, &wst, 0);
+    assert_true(WIFEXITED(wst) && WEXITSTATUS(wst) == 0);
+    harness_stop_clean(h);
+    harness_free(h);
+}
+
+/* A child that becomes uid/gid, runs body and writes what body returns ("ok" or why
+ * not) to the parent, which returns it in msg. */
+static void run_as(struct harness *h, uid_t uid, gid_t gid, void (*body)(struct harness *h, char *msg, size_t size),
+                   char *msg, size_t size)
+{
+    int p[2];
+    assert_int_equal(pipe(p), 0);
+    pid_t child = fork();
+    assert_true(child >= 0);
+    if (child == 0) {
+        close(p[0]);
+        harness_become(uid, gid);
+        char out[2048] = "";
+        body(h, out, sizeof out);
+        dprintf(p[1], "%s", out);
+        _exit(0);
+    }
+    close(p[1]);
+    read_all(p[0], msg, size);
+    close(p[0]);
+    int wst;
+    waitpid(child, &wst, 0);
+    assert_true(WIFEXITED(wst));
+    if (WEXITSTATUS(wst) == 120)
+        fail_msg("the child could not become uid %u", (unsigned)uid);
+}
+
+/* The trainer: allowed to connect and to read `records`; denied `secret` and the
+ * operator command, each with permission_denied naming what and whom, and the
+ * connection serves it on after each denial. */
+static void trainer_body(struct harness *h, char *msg, size_t size)
+{
+    lc_client *c = NULL;
+    char err[1024];
+    int r = lc_connect(h->socket, 5000, "acl-trainer", &c, err, sizeof err);
+    if (r < 0) {
+        snprintf(msg, size, "connect: %d %s", r, err);
+        return;
+    }
+    lc_stream_options o;
+    lc_stream_options_init(&o);
+    o.batch_size = 10;
+    o.shuffle = 0;
+    lc_stream *s = NULL;
+    r = lc_stream_open(c, "secret", &o, &s);
+    if (r != LC_EDENIED || !strstr(lc_client_error(c), "permission denied: uid ") ||
+        !strstr(lc_client_error(c), "(" TEST_TRAINER ")") ||
+        !strstr(lc_client_error(c), "may not open a stream on dataset 'secret'") ||
+        !strstr(lc_client_error(c), "access.datasets.secret allows users 0 (root)")) {
+        snprintf(msg, size, "open secret: %d %s", r, lc_client_error(c));
+        goto out;
+    }
+    char *reply = NULL;
+    r = lc_request_json(c, "{\"op\":\"cache_build\",\"dataset\":\"records\"}", &reply);
+    lc_free(reply);
+    if (r != LC_EDENIED || !strstr(lc_client_error(c), "may not run the operator command 'cache_build'") ||
+        !strstr(lc_client_error(c), "access.operators")) {
+        snprintf(msg, size, "cache_build: %d %s", r, lc_client_error(c));
+        goto out;
+    }
+    /* Nothing else changed: the same connection reads the dataset it may read. */
+    r = lc_stream_open(c, "records", &o, &s);
+    lc_batch *b = NULL;
+    if (r == 0)
+        r = lc_stream_next(s, 5000, &b);
+    if (r < 0) {
+        snprintf(msg, size, "records after the denials: %d %s", r, lc_client_error(c));
+        goto out;
+    }
+    lc_field f;
+    lc_batch_field_by_name(b, "data", &f);
+    bool exact = lc_batch_rows(b) == 10;
+    for (uint32_t i = 0; exact && i < 10; i++)
+        exact = harness_file_matches(i, (const uint8_t *)f.data + i * FILE_SIZE, FILE_SIZE, FILE_SIZE, false);
+    lc_batch_release(b);
+    snprintf(msg, size, "%s", exact ? "ok" : "records: wrong content");
+out:
+    lc_client_close(c);
+}
+
+/* A user the config does not let connect, though the socket lets it in. */
+static void stranger_body(struct harness *h, char *msg, size_t size)
+{
+    lc_client *c = NULL;
+    char err[1024];
+    setenv("LOADERD_UID", "0", 1);
+    int r = lc_connect(h->socket, 5000, "acl-stranger", &c, err, sizeof err);
+    if (r == LC_EDENIED && strstr(err, "(" TEST_SQUATTER ")") && strstr(err, "may not connect to this daemon") &&
+        strstr(err, "access.connect allows users ") && strstr(err, "(" TEST_TRAINER ")"))
+        snprintf(msg, size, "ok");
+    else
+        snprintf(msg, size, "connect: %d %s", r, err);
+    lc_client_close(c);
+}
+
+/* access: who may connect, open which dataset, run operator commands. Denials say what
+ * and for whom; root passes every rule. */
+static void test_access_rules(void **state)
+{
+    (void)state;
+    uid_t uid, other_uid;
+    gid_t gid, other_gid;
+    if (harness_test_user(TEST_TRAINER, TEST_GROUP, &uid, &gid) < 0 ||
+        harness_test_user(TEST_SQUATTER, TEST_GROUP, &other_uid, &other_gid) < 0) {
+        print_message("skipped: creating a second user needs root\n");
+        skip();
+    }
+    struct harness *h = harness_new();
+    harness_gen_files(h, "rec", N_FILES, FILE_SIZE, 0, false);
+    char extra[512];
+    snprintf(extra, sizeof extra,
+             "  workers: 1\n  memory_budget: 64MiB\n  socket_group: " TEST_GROUP "\n"
+             "access:\n"
+             "  connect: {users: [" TEST_TRAINER "]}\n"
+             "  operators: {users: [root]}\n"
+             "  datasets:\n"
+             "    secret: {users: [0]}\n");
+    harness_write_config(h, extra, "  records:\n    kind: files\n    path: rec\n"
+                                   "  secret:\n    kind: files\n    path: rec\n");
+    assert_int_equal(chmod(h->dir, 0711), 0);
+    harness_start(h);
+    char msg[2048];
+    setenv("LOADERD_UID", "0", 1);
+    run_as(h, uid, gid, trainer_body, msg, sizeof msg);
+    if (strcmp(msg, "ok") != 0)
+        fail_msg("trainer: %s", msg);
+    run_as(h, other_uid, other_gid, stranger_body, msg, sizeof msg);
+    unsetenv("LOADERD_UID");
+    if (strcmp(msg, "ok") != 0)
+        fail_msg("stranger: %s", msg);
+    /* Root passes: the operator command reaches the dataset (which has no cache). */
+    static char out[8192];
+    assert_int_equal(harness_ctl(h, out, sizeof out, "cache", "build", "records", NULL), 1);
+    if (!strstr(out, "has no cache configured"))
+        fail_msg("root's cache build: %s", out);
+    lc_client *c = harness_connect(h, 5000, "root-reader");
+    lc_stream_options o;
+    lc_stream_options_init(&o);
+    o.batch_size = 10;
+    lc_stream *s = NULL;
+    assert_int_equal(lc_stream_open(c, "secret", &o, &s), 0);
+    lc_client_close(c);
+    char *log = harness_log(h);
+    bool logged = strstr(log, "may not connect") && strstr(log, "may not open a stream on dataset 'secret'");
+    free(log);
+    assert_true(logged);
+    harness_stop_clean(h);
+    harness_free(h);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -309,6 +593,8 @@ int main(void)
         cmocka_unit_test(test_squatter_refused),
         cmocka_unit_test(test_group_trainer_reads),
         cmocka_unit_test(test_default_socket_meets),
+        cmocka_unit_test(test_credentials_shown),
+        cmocka_unit_test(test_access_rules),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

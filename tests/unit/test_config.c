@@ -447,7 +447,7 @@ static void test_unknown_keys(void **state)
                     5, 5, "unknown key 'patern' in 'datasets.a' (expected one of: kind, path, pattern, format, manifest, on_error, on_error_warn_fraction, cache, follow_links, max_sample_bytes, read_timeout, weight, max_share)",
                     NULL);
     expect_error_at(ONE_DATASET "servers:\n  workers: 1\n", 3, 1,
-                    "unknown top-level key 'servers' (expected one of: server, datasets, clients)", NULL);
+                    "unknown top-level key 'servers' (expected one of: server, datasets, clients, access)", NULL);
 }
 
 static void test_wrong_types(void **state)
@@ -1024,10 +1024,87 @@ static void test_scheduling_keys(void **state)
                     "datasets.a.weight: expected an integer in [1, 1000], got '0'", NULL);
 }
 
+/* access: users and groups by name or number, rules per dataset, in any order with
+ * datasets:; typos fail at load with their position. */
+static void test_access_section(void **state)
+{
+    char path[PATH_MAX];
+    struct config *c = load_ok("access:\n"
+                               "  connect: {users: [root, 1234], groups: [root, \"77\"]}\n"
+                               "  operators: {users: 0}\n"
+                               "  datasets:\n"
+                               "    b: {groups: [0]}\n"
+                               "datasets:\n"
+                               "  a: {kind: files, path: x}\n"
+                               "  b: {kind: files, path: x}\n",
+                               path, sizeof path);
+    const struct access_config *a = &c->access;
+    assert_true(a->connect.set);
+    assert_int_equal(a->connect.n_uids, 2);
+    assert_int_equal(a->connect.uids[0], 0);
+    assert_int_equal(a->connect.uids[1], 1234);
+    assert_int_equal(a->connect.n_gids, 2);
+    assert_int_equal(a->connect.gids[1], 77);
+    assert_true(a->operators.set);
+    assert_int_equal(a->operators.n_uids, 1);
+    assert_int_equal(a->operators.n_gids, 0);
+    assert_null(access_dataset_rule(a, "a"));
+    const struct access_rule *rb = access_dataset_rule(a, "b");
+    assert_non_null(rb);
+    assert_int_equal(rb->n_gids, 1);
+    /* The checks: a listed uid, a listed group (primary or supplementary), and no one
+     * else; the daemon's own uid and root pass everything. */
+    uint32_t extra[2] = {5, 77};
+    struct access_peer p = {.uid = 1234, .gid = 9};
+    assert_true(access_allows(&a->connect, &p, 999));
+    p = (struct access_peer){.uid = 4000, .gid = 9};
+    assert_false(access_allows(&a->connect, &p, 999));
+    assert_true(access_allows(&a->connect, &p, 4000)); /* the daemon's own user */
+    p.groups = extra;
+    p.n_groups = 2;
+    assert_true(access_allows(&a->connect, &p, 999)); /* supplementary group 77 */
+    p = (struct access_peer){.uid = 4000, .gid = 77};
+    assert_true(access_allows(&a->connect, &p, 999)); /* primary group 77 */
+    assert_false(access_allows(&a->operators, &p, 999));
+    assert_true(access_allows(NULL, &p, 999));       /* no rule: everyone */
+    assert_true(access_allows(&c->access.connect, &(struct access_peer){.uid = 0, .gid = 5}, 999));
+    char buf[256];
+    access_describe_rule(&a->connect, buf, sizeof buf);
+    assert_string_equal(buf, "users 0 (root), 1234; groups 0 (root), 77");
+    access_describe_rule(&a->connect, buf, 12); /* cut, never overrun */
+    assert_int_equal(strlen(buf), 11);
+    config_free(c);
+
+    /* No section: no rule is set, everyone passes. */
+    c = load_ok(ONE_DATASET, path, sizeof path);
+    assert_false(c->access.connect.set);
+    assert_false(c->access.operators.set);
+    assert_int_equal(c->access.n_datasets, 0);
+    config_free(c);
+
+    expect_error_at(ONE_DATASET "access:\n  connect: {users: [no-such-user-xyz]}\n", 4, 21,
+                    "access.connect.users[0]: no user named 'no-such-user-xyz' (give a user name or a uid)", NULL);
+    expect_error_at(ONE_DATASET "access:\n  operators: {groups: [no-such-group-xyz]}\n", 4, 24,
+                    "access.operators.groups[0]: no group named 'no-such-group-xyz'", NULL);
+    expect_error_at(ONE_DATASET "access:\n  connect: {users: [\"-1\"]}\n", 4, 21,
+                    "access.connect.users[0]: uid -1 is out of range", NULL);
+    expect_error_at(ONE_DATASET "access:\n  connect: {user: [root]}\n", 4, 13,
+                    "access.connect: unknown key 'user' (expected users or groups)", NULL);
+    expect_error_at(ONE_DATASET "access:\n  conect: {users: [root]}\n", 4, 3,
+                    "access: unknown key 'conect' (expected connect, operators or datasets)", NULL);
+    expect_error_at(ONE_DATASET "access:\n  connect: [root]\n", 4, 12,
+                    "access.connect: expected a mapping with users and groups, got a sequence", NULL);
+    expect_error_at(ONE_DATASET "access:\n  connect: {users: {a: 1}}\n", 4, 20,
+                    "access.connect.users: expected a list of user names or numbers", NULL);
+    expect_error_at("access:\n  datasets:\n    nope: {users: [root]}\n" ONE_DATASET, 3, 5,
+                    "access.datasets: no dataset named 'nope' under datasets:", NULL);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_scheduling_keys),
+        cmocka_unit_test(test_access_section),
         cmocka_unit_test(test_full_config),
         cmocka_unit_test(test_defaults),
         cmocka_unit_test(test_sizes),

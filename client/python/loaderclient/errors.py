@@ -117,6 +117,11 @@ class DeviceError(LoaderdError):
     build or in torch, or a stream opened without a device. The message says which."""
 
 
+class PermissionDenied(LoaderdError, PermissionError):
+    """``permission_denied``: the daemon's ``access:`` rules do not let this user do that
+    (the message names what, for whom, and who may). The connection stays usable."""
+
+
 class ReleasedError(LoaderdError):
     """A Batch (or a Stream / Client) was used after it was released or closed."""
 
@@ -133,6 +138,7 @@ _BY_NAME: Dict[str, Type[LoaderdError]] = {
     "over_budget": OverBudget,
     "end_of_stream": EndOfStream,
     "bad_sample": SampleError,
+    "permission_denied": PermissionDenied,
     "timed_out": Timeout,
     "connection_reset": ConnectionLost,
     "closed": ConnectionLost,

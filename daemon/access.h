@@ -1,0 +1,60 @@
+/* access — who may do what: the rules of the config's `access:` section and the check
+ * of a connection's credentials against them.
+ *
+ * A rule lists users and groups (held as numbers; the config resolves names when it
+ * loads). A peer passes a rule when its uid is listed, or when its primary group or
+ * one of its supplementary groups (as the kernel reported them at connect) is listed.
+ * A rule that is not set lets everyone through, which is the daemon's behaviour
+ * without an `access:` section: whoever can reach the socket may do everything. Root
+ * and the daemon's own user pass every rule: they own the process and its files. */
+#ifndef LD_ACCESS_H
+#define LD_ACCESS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define ACCESS_MAX_IDS 256
+#define ACCESS_MAX_PEER_GROUPS 64
+
+struct access_rule {
+    bool set;                       /* false: everyone passes */
+    uint32_t *uids;
+    size_t n_uids;
+    uint32_t *gids;
+    size_t n_gids;
+};
+
+/* access.datasets.NAME: who may open streams on a configured dataset. */
+struct access_dataset_rule {
+    char *dataset;
+    int line, column;               /* of its key in the config, for the check that it exists */
+    struct access_rule rule;
+};
+
+struct access_config {
+    struct access_rule connect;     /* who may connect at all */
+    struct access_rule operators;   /* cache_build, cache_verify, reload, stop */
+    struct access_dataset_rule *datasets;
+    size_t n_datasets;
+};
+
+/* A connection's credentials, as SO_PEERCRED and SO_PEERGROUPS gave them. */
+struct access_peer {
+    uint32_t uid, gid;
+    const uint32_t *groups;
+    size_t n_groups;
+};
+
+/* Whether p passes r. `self_uid` is the daemon's own uid (passes like root). */
+bool access_allows(const struct access_rule *r, const struct access_peer *p, uint32_t self_uid);
+/* The rule of access.datasets.<name>, or NULL (everyone who may connect). */
+const struct access_rule *access_dataset_rule(const struct access_config *a, const char *name);
+/* "uid 1001 (alice), gid 1001 (trainers)": the peer for a denial's message. */
+void access_describe_peer(const struct access_peer *p, char *buf, size_t size);
+/* "users alice(1001), 1002; groups vision(300)": what a rule allows, for a denial's message. */
+void access_describe_rule(const struct access_rule *r, char *buf, size_t size);
+void access_rule_clear(struct access_rule *r);
+void access_config_clear(struct access_config *a);
+
+#endif

@@ -1,0 +1,206 @@
+/* config_access — the `access:` section of the config (access.h): who may connect, who
+ * may run operator commands, and who may open streams on which dataset.
+ *
+ *     access:
+ *       connect:   {users: [alice, 1001], groups: [trainers]}
+ *       operators: {users: [ops], groups: [loaderd-admin]}
+ *       datasets:
+ *         imagenet: {groups: [vision]}
+ *
+ * Users and groups are names or numbers; names are resolved when the config loads, so
+ * that a typo fails at start rather than never matching. A dataset named under
+ * access.datasets must be one the config defines (checked once every section is read,
+ * whatever their order in the file). */
+#include "config_access.h"
+
+#include <grp.h>
+#include <pwd.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "config_yaml.h"
+#include "ld_error.h"
+#include "proto.h"
+
+static int config_access_oom(const struct config_loader *l)
+{
+    ld_errorf(l->errbuf, "%s: out of memory", l->file);
+    return LD_ENOMEM;
+}
+
+/* One id of a users or groups list: a number, or a name this machine knows. */
+static int config_access_id(const struct config_loader *l, const yaml_node_t *v, const char *where, bool group,
+                            uint32_t *ret)
+{
+    int rc = 0;
+    const char *text = config_yaml_text(l, v, where, &rc);
+    if (!text)
+        return rc;
+    int64_t id;
+    if (config_yaml_parse_int(text, &id)) {
+        if (id < 0 || id > (int64_t)UINT32_MAX - 1)
+            return config_yaml_fail(l, v->start_mark, "%s: %s %s is out of range", where, group ? "gid" : "uid", text);
+        *ret = (uint32_t)id;
+        return 0;
+    }
+    char buf[4096];
+    if (group) {
+        struct group gr, *found = NULL;
+        if (getgrnam_r(text, &gr, buf, sizeof buf, &found) != 0 || !found)
+            return config_yaml_fail(l, v->start_mark, "%s: no group named '%s' (give a group name or a gid)", where,
+                                    text);
+        *ret = (uint32_t)found->gr_gid;
+    } else {
+        struct passwd pw, *found = NULL;
+        if (getpwnam_r(text, &pw, buf, sizeof buf, &found) != 0 || !found)
+            return config_yaml_fail(l, v->start_mark, "%s: no user named '%s' (give a user name or a uid)", where,
+                                    text);
+        *ret = (uint32_t)found->pw_uid;
+    }
+    return 0;
+}
+
+/* A users or groups list (a single name counts as a list of one). */
+static int config_access_ids(const struct config_loader *l, const yaml_node_t *v, const char *where, bool group,
+                             uint32_t **ret_ids, size_t *ret_n)
+{
+    char got[80], at[LD_NAME_MAX + 64];
+    if (config_yaml_is_null(v))
+        return 0;
+    if (v->type == YAML_SCALAR_NODE) {
+        if (!(*ret_ids = calloc(1, sizeof **ret_ids)))
+            return config_access_oom(l);
+        *ret_n = 1;
+        return config_access_id(l, v, where, group, *ret_ids);
+    }
+    if (v->type != YAML_SEQUENCE_NODE)
+        return config_yaml_fail(l, v->start_mark, "%s: expected a list of %s names or numbers, got %s", where,
+                                group ? "group" : "user", config_yaml_describe(v, got, sizeof got));
+    size_t n = (size_t)(v->data.sequence.items.top - v->data.sequence.items.start);
+    if (n > ACCESS_MAX_IDS)
+        return config_yaml_fail(l, v->start_mark, "%s: more than %d entries", where, ACCESS_MAX_IDS);
+    if (!(*ret_ids = calloc(n ? n : 1, sizeof **ret_ids)))
+        return config_access_oom(l);
+    for (size_t i = 0; i < n; i++) {
+        snprintf(at, sizeof at, "%s[%zu]", where, i);
+        int rc = config_access_id(l, config_yaml_node(l, v->data.sequence.items.start[i]), at, group,
+                                  &(*ret_ids)[i]);
+        if (rc < 0)
+            return rc;
+        (*ret_n)++;
+    }
+    return 0;
+}
+
+/* A rule: {users: [...], groups: [...]}. Present means set, even when both are empty
+ * (then only root and the daemon's user pass). */
+static int config_access_rule(const struct config_loader *l, const yaml_node_t *v, const char *where,
+                              struct access_rule *r)
+{
+    char got[80], at[LD_NAME_MAX + 64];
+    int rc;
+    r->set = true;
+    if (config_yaml_is_null(v))
+        return 0;
+    if (v->type != YAML_MAPPING_NODE)
+        return config_yaml_fail(l, v->start_mark, "%s: expected a mapping with users and groups, got %s", where,
+                                config_yaml_describe(v, got, sizeof got));
+    for (const yaml_node_pair_t *pair = v->data.mapping.pairs.start; pair < v->data.mapping.pairs.top; pair++) {
+        const yaml_node_t *k = config_yaml_node(l, pair->key), *val = config_yaml_node(l, pair->value);
+        const char *name = NULL;
+        if ((rc = config_yaml_key_text(l, k, where, &name)) < 0 ||
+            (rc = config_yaml_check_duplicate(l, v, pair, name, "", "key")) < 0)
+            return rc;
+        snprintf(at, sizeof at, "%s.%s", where, name);
+        if (strcmp(name, "users") == 0)
+            rc = config_access_ids(l, val, at, false, &r->uids, &r->n_uids);
+        else if (strcmp(name, "groups") == 0)
+            rc = config_access_ids(l, val, at, true, &r->gids, &r->n_gids);
+        else
+            rc = config_yaml_fail(l, k->start_mark, "%s: unknown key '%s' (expected users or groups)", where, name);
+        if (rc < 0)
+            return rc;
+    }
+    return 0;
+}
+
+static int config_access_datasets(const struct config_loader *l, const yaml_node_t *v, struct access_config *a)
+{
+    char got[80], at[LD_NAME_MAX + 64];
+    int rc;
+    if (config_yaml_is_null(v))
+        return 0;
+    if (v->type != YAML_MAPPING_NODE)
+        return config_yaml_fail(l, v->start_mark, "access.datasets: expected a mapping of dataset name to "
+                                "{users, groups}, got %s", config_yaml_describe(v, got, sizeof got));
+    size_t n = (size_t)(v->data.mapping.pairs.top - v->data.mapping.pairs.start);
+    if (!(a->datasets = calloc(n ? n : 1, sizeof *a->datasets)))
+        return config_access_oom(l);
+    for (size_t i = 0; i < n; i++) {
+        const yaml_node_pair_t *pair = &v->data.mapping.pairs.start[i];
+        const yaml_node_t *k = config_yaml_node(l, pair->key);
+        const char *name = NULL;
+        if ((rc = config_yaml_key_text(l, k, "access.datasets", &name)) < 0 ||
+            (rc = config_yaml_check_duplicate(l, v, pair, name, "access.datasets: ", "dataset")) < 0)
+            return rc;
+        struct access_dataset_rule *d = &a->datasets[a->n_datasets];
+        if (!(d->dataset = strdup(name)))
+            return config_access_oom(l);
+        a->n_datasets++;
+        d->line = (int)k->start_mark.line + 1;
+        d->column = (int)k->start_mark.column + 1;
+        snprintf(at, sizeof at, "access.datasets.%.*s", LD_NAME_MAX - 1, name);
+        if ((rc = config_access_rule(l, config_yaml_node(l, pair->value), at, &d->rule)) < 0)
+            return rc;
+    }
+    return 0;
+}
+
+int config_access_load(const struct config_loader *l, const yaml_node_t *key, const yaml_node_t *v,
+                       struct access_config *a)
+{
+    char got[80];
+    int rc;
+    (void)key;
+    if (config_yaml_is_null(v))
+        return 0;
+    if (v->type != YAML_MAPPING_NODE)
+        return config_yaml_fail(l, v->start_mark, "access: expected a mapping (connect, operators, datasets), got %s",
+                                config_yaml_describe(v, got, sizeof got));
+    for (const yaml_node_pair_t *pair = v->data.mapping.pairs.start; pair < v->data.mapping.pairs.top; pair++) {
+        const yaml_node_t *k = config_yaml_node(l, pair->key), *val = config_yaml_node(l, pair->value);
+        const char *name = NULL;
+        if ((rc = config_yaml_key_text(l, k, "access", &name)) < 0 ||
+            (rc = config_yaml_check_duplicate(l, v, pair, name, "access: ", "key")) < 0)
+            return rc;
+        if (strcmp(name, "connect") == 0)
+            rc = config_access_rule(l, val, "access.connect", &a->connect);
+        else if (strcmp(name, "operators") == 0)
+            rc = config_access_rule(l, val, "access.operators", &a->operators);
+        else if (strcmp(name, "datasets") == 0)
+            rc = config_access_datasets(l, val, a);
+        else
+            rc = config_yaml_fail(l, k->start_mark,
+                                  "access: unknown key '%s' (expected connect, operators or datasets)", name);
+        if (rc < 0)
+            return rc;
+    }
+    return 0;
+}
+
+int config_access_check(const struct config_loader *l, const struct access_config *a, const char *const *names,
+                        size_t n_names)
+{
+    for (size_t i = 0; i < a->n_datasets; i++) {
+        size_t j = 0;
+        while (j < n_names && strcmp(names[j], a->datasets[i].dataset) != 0)
+            j++;
+        if (j == n_names) {
+            ld_errorf(l->errbuf, "%s:%d:%d: access.datasets: no dataset named '%s' under datasets:", l->file,
+                      a->datasets[i].line, a->datasets[i].column, a->datasets[i].dataset);
+            return LD_ECONFIG;
+        }
+    }
+    return 0;
+}
