@@ -594,6 +594,80 @@ out:
     return ret;
 }
 
+/* A message of the spec's loader, as the trainer should read it: the file position
+ * goes ("spec:1:42: ") and the dataset's place ("datasets.spec") is the spec's ("spec"). */
+static void config_spec_message(const char *msg, char *errbuf)
+{
+    char out[LD_ERRMSG_MAX];
+    size_t n = 0;
+    const char *p = msg;
+    if (strncmp(p, "spec:", 5) == 0) {
+        const char *sep = strstr(p, ": ");
+        if (sep)
+            p = sep + 2;
+    }
+    bool placed = strncmp(p, "datasets.spec", 13) == 0 || strstr(p, "'datasets.spec");
+    if (!placed)
+        n += (size_t)snprintf(out, sizeof out, "spec: ");
+    while (*p && n + 1 < sizeof out) {
+        if (strncmp(p, "datasets.spec", 13) == 0) {
+            n += (size_t)snprintf(out + n, sizeof out - n, "spec");
+            p += 13;
+        } else {
+            out[n++] = *p++;
+        }
+    }
+    out[n < sizeof out ? n : sizeof out - 1] = '\0';
+    snprintf(errbuf, LD_ERRMSG_MAX, "%s", out);
+}
+
+int config_load_spec(const char *spec_json, size_t len, const char *dir, struct config **ret_config,
+                     char *errbuf)
+{
+    char msg[LD_ERRMSG_MAX] = "";
+    struct config_loader l = {.file = "spec", .errbuf = msg};
+    yaml_document_t doc;
+    struct config *c = NULL;
+    char *text = NULL;
+    int ret;
+
+    if (errbuf)
+        errbuf[0] = '\0';
+    if (memchr(spec_json, '\n', len) || memchr(spec_json, '\r', len) || memchr(spec_json, '\0', len)) {
+        /* Compact JSON is one line: a line break could start another top-level key. */
+        ret = LD_ECONFIG;
+        ld_errorf(msg, "spec: expected one line of compact JSON");
+        goto out;
+    }
+    /* JSON is YAML's flow style: the spec becomes the one dataset of a config. */
+    if (asprintf(&text, "datasets:\n  spec: %.*s\n", (int)len, spec_json) < 0) {
+        text = NULL;
+        ret = LD_ENOMEM;
+        ld_errorf(msg, "out of memory");
+        goto out;
+    }
+    if ((ret = config_yaml_open_text(&l, text, strlen(text), dir, &doc)) < 0)
+        goto out;
+    c = calloc(1, sizeof *c);
+    if (!c || !(c->file = strdup("spec"))) {
+        ret = LD_ENOMEM;
+        ld_errorf(msg, "out of memory");
+        goto out;
+    }
+    if ((ret = config_table_defaults(&l, server_keys, N_KEYS(server_keys), 0, c)) < 0 ||
+        (ret = load_root(&l, c)) < 0)
+        goto out;
+    *ret_config = c;
+    c = NULL;
+out:
+    if (ret < 0 && errbuf)
+        config_spec_message(msg, errbuf);
+    free(text);
+    config_free(c);
+    config_yaml_close(&l);
+    return ret;
+}
+
 void config_free(struct config *c)
 {
     if (!c)

@@ -156,6 +156,14 @@ void config_free(struct config *c);
 struct config_pos config_dataset_error_at(const struct config_dataset *d, const char *msg);
 /* The `clients:` entry for uid, or NULL (weight 1, no cap). */
 const struct config_client *config_client_for_uid(const struct config *c, uint32_t uid);
+/* A dataset that a trainer declares (a JSON object: kind, path, pattern, transforms,
+ * cache... as under `datasets:`), read by the same tables as the config file, into a
+ * config whose one dataset is named "spec"; relative paths resolve against dir. On
+ * failure the message is the one the config file would get, placed at the spec's key
+ * instead of a file position: "spec.transforms[1].size: expected ...". LD_ECONFIG,
+ * LD_ENOMEM. */
+int config_load_spec(const char *spec_json, size_t len, const char *dir, struct config **ret_config,
+                     char *errbuf);
 /* The default socket path for a user run, into buf (size bytes). */
 void config_default_socket(char *buf, size_t size);
 

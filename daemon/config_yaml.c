@@ -543,21 +543,14 @@ out:
     return ret;
 }
 
-int config_yaml_open(struct config_loader *l, yaml_document_t *doc)
+/* Checks the event stream of buf and loads its document into *doc: what a file and a
+ * text have in common. */
+static int config_yaml_load(struct config_loader *l, const unsigned char *buf, size_t len, yaml_document_t *doc)
 {
     yaml_parser_t parser;
     bool have_parser = false;
-    unsigned char *buf = NULL;
-    size_t len = 0;
     int ret;
 
-    if ((ret = read_file(l, &buf, &len)) < 0)
-        goto out;
-    if ((ret = config_dir(l->file, &l->dir)) < 0) {
-        ld_errorf(l->errbuf, "%s: cannot resolve the config's directory: %s", l->file,
-                  ld_strerror(ret));
-        goto out;
-    }
     if ((ret = check_events(l, buf, len)) < 0)
         goto out;
     if (!yaml_parser_initialize(&parser)) {
@@ -575,8 +568,40 @@ int config_yaml_open(struct config_loader *l, yaml_document_t *doc)
 out:
     if (have_parser)
         yaml_parser_delete(&parser);
+    return ret;
+}
+
+int config_yaml_open(struct config_loader *l, yaml_document_t *doc)
+{
+    unsigned char *buf = NULL;
+    size_t len = 0;
+    int ret;
+
+    if ((ret = read_file(l, &buf, &len)) < 0)
+        goto out;
+    if ((ret = config_dir(l->file, &l->dir)) < 0) {
+        ld_errorf(l->errbuf, "%s: cannot resolve the config's directory: %s", l->file,
+                  ld_strerror(ret));
+        goto out;
+    }
+    ret = config_yaml_load(l, buf, len, doc);
+out:
     free(buf);
     return ret;
+}
+
+int config_yaml_open_text(struct config_loader *l, const char *text, size_t len, const char *dir,
+                          yaml_document_t *doc)
+{
+    if (len > CONFIG_MAX_FILE_BYTES) {
+        ld_errorf(l->errbuf, "%s: larger than the %u bytes a config may have", l->file, CONFIG_MAX_FILE_BYTES);
+        return LD_ECONFIG;
+    }
+    if (!(l->dir = strdup(dir))) {
+        ld_errorf(l->errbuf, "%s: out of memory", l->file);
+        return LD_ENOMEM;
+    }
+    return config_yaml_load(l, (const unsigned char *)text, len, doc);
 }
 
 void config_yaml_close(struct config_loader *l)

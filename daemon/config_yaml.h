@@ -23,6 +23,10 @@ struct config_loader {
  * aliases, a second document and deep nesting, then loads the document into *doc and
  * sets l->dir and l->doc. */
 int config_yaml_open(struct config_loader *l, yaml_document_t *doc);
+/* The same for a text in memory (len bytes; l->file names it in messages); relative
+ * paths in it resolve against dir. */
+int config_yaml_open_text(struct config_loader *l, const char *text, size_t len, const char *dir,
+                          yaml_document_t *doc);
 /* Frees what config_yaml_open set (the document, the directory). */
 void config_yaml_close(struct config_loader *l);
 

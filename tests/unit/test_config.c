@@ -1100,11 +1100,84 @@ static void test_access_section(void **state)
                     "access.datasets: no dataset named 'nope' under datasets:", NULL);
 }
 
+/* Loads `json` as a trainer's spec and as the dataset "spec" of a config file; both
+ * fail, and the spec's message is the file's without its position. */
+static void spec_fails_as_file(const char *json, const char *want)
+{
+    char path[PATH_MAX], text[4096], errbuf[LD_ERRMSG_MAX], spec_err[LD_ERRMSG_MAX], expect[LD_ERRMSG_MAX];
+    struct config *c = untouched;
+    snprintf(text, sizeof text, "datasets:\n  spec: %s\n", json);
+    assert_int_equal(load_text(text, path, sizeof path, &c, errbuf), LD_ECONFIG);
+    assert_int_equal(config_load_spec(json, strlen(json), "/data", &c, spec_err), LD_ECONFIG);
+    assert_ptr_equal(c, untouched);
+    /* The file's message after "PATH:LINE:COL: ", with "datasets.spec" read as "spec". */
+    const char *m = errbuf + strlen(path) + 1;
+    m = strchr(strchr(m, ':') + 1, ':') + 2;
+    size_t n = 0;
+    while (*m && n + 1 < sizeof expect) {
+        if (strncmp(m, "datasets.spec", 13) == 0) {
+            memcpy(expect + n, "spec", 4);
+            n += 4;
+            m += 13;
+        } else {
+            expect[n++] = *m++;
+        }
+    }
+    expect[n] = '\0';
+    assert_string_equal(spec_err, expect);
+    if (!strstr(spec_err, want))
+        fail_msg("spec message '%s' lacks '%s'", spec_err, want);
+}
+
+/* A trainer's spec goes through the config's own tables: the same dataset, and the same
+ * messages placed at the spec's keys. */
+static void test_spec(void **state)
+{
+    struct config *c = NULL;
+    char err[LD_ERRMSG_MAX];
+    const char *ok = "{\"kind\":\"files\",\"path\":\"train\",\"pattern\":\"*.bin\",\"on_error\":\"fail\"}";
+    assert_int_equal(config_load_spec(ok, strlen(ok), "/data", &c, err), 0);
+    assert_int_equal(c->n_datasets, 1);
+    assert_string_equal(c->datasets[0].name, "spec");
+    assert_int_equal(c->datasets[0].kind, CONFIG_DATASET_FILES);
+    assert_string_equal(c->datasets[0].path, "/data/train");
+    assert_string_equal(c->datasets[0].pattern, "*.bin");
+    assert_int_equal(c->datasets[0].on_error, CONFIG_ON_ERROR_FAIL);
+    config_free(c);
+    const char *im = "{\"kind\":\"image_folder\",\"path\":\"/abs/im\",\"transforms\":"
+                     "[{\"decode\":{}},{\"random_resized_crop\":{\"size\":32}}]}";
+    if (config_load_spec(im, strlen(im), "/data", &c, err) != 0)
+        fail_msg("spec refused: %s", err);
+    assert_string_equal(c->datasets[0].path, "/abs/im");
+    assert_int_equal(c->datasets[0].n_transforms, 2);
+    config_free(c);
+
+    spec_fails_as_file("{\"kind\":\"files\",\"path\":\"x\",\"patern\":\"*\"}",
+                       "unknown key 'patern' in 'spec'");
+    spec_fails_as_file("{\"kind\":\"filez\",\"path\":\"x\"}", "spec.kind: ");
+    spec_fails_as_file("{\"path\":\"x\"}", "spec: missing required key 'kind'");
+    spec_fails_as_file("{\"kind\":\"files\",\"path\":\"x\",\"read_timeout\":-1}", "spec.read_timeout: ");
+    spec_fails_as_file("{\"kind\":\"image_folder\",\"path\":\"x\",\"transforms\":[{\"decode\":{}},"
+                       "{\"resize\":{\"size\":[0,32]}}]}", "spec.transforms[1]");
+    spec_fails_as_file("[1,2]", "spec: expected a mapping with 'kind' and 'path'");
+    /* Not a mapping of one line: refused before YAML sees it (no second top-level key). */
+    const char *two = "{\"kind\":\"files\",\"path\":\"x\"}\nserver: {workers: 1}";
+    c = untouched;
+    assert_int_equal(config_load_spec(two, strlen(two), "/data", &c, err), LD_ECONFIG);
+    assert_ptr_equal(c, untouched);
+    assert_string_equal(err, "spec: expected one line of compact JSON");
+    const char *syntax = "{\"kind\": \"files\"";
+    assert_int_equal(config_load_spec(syntax, strlen(syntax), "/data", &c, err), LD_ECONFIG);
+    if (strncmp(err, "spec: YAML syntax error", 23) != 0)
+        fail_msg("syntax error message: %s", err);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_scheduling_keys),
         cmocka_unit_test(test_access_section),
+        cmocka_unit_test(test_spec),
         cmocka_unit_test(test_full_config),
         cmocka_unit_test(test_defaults),
         cmocka_unit_test(test_sizes),
