@@ -23,6 +23,7 @@
 #include <unistd.h>
 #include <xxhash.h>
 
+#include "arena.h"
 #include "ld_error.h"
 #include "proto.h"
 
@@ -45,37 +46,16 @@ struct manifest_scan {
     char *errbuf;
 };
 
-static int manifest_grow(void **array, size_t *cap, size_t need, size_t elem)
-{
-    if (need <= *cap)
-        return 0;
-    size_t n = *cap ? *cap : 64;
-    while (n < need)
-        n *= 2;
-    void *p = realloc(*array, n * elem);
-    if (!p)
-        return LD_ENOMEM;
-    *array = p;
-    *cap = n;
-    return 0;
-}
-
 static int manifest_push(manifest *m, const char *s, size_t len, uint64_t *ret_off)
 {
-    if (manifest_grow((void **)&m->arena, &m->arena_cap, m->arena_len + len + 1, 1) < 0)
-        return LD_ENOMEM;
-    memcpy(m->arena + m->arena_len, s, len);
-    m->arena[m->arena_len + len] = '\0';
-    *ret_off = m->arena_len;
-    m->arena_len += len + 1;
-    return 0;
+    return arena_push(&m->arena, &m->arena_len, &m->arena_cap, s, len, ret_off);
 }
 
 /* Starts row `m->rows` at `line`; its cells are set by the caller. */
 static int manifest_add_row(manifest *m, uint64_t line)
 {
     size_t cap_cells = m->cap_rows;
-    if (manifest_grow((void **)&m->lines, &m->cap_rows, m->rows + 1, sizeof *m->lines) < 0)
+    if (arena_grow((void **)&m->lines, &m->cap_rows, m->rows + 1, sizeof *m->lines) < 0)
         return LD_ENOMEM;
     if (m->cap_rows != cap_cells) {
         uint64_t *c = realloc(m->cells, m->cap_rows * (m->n_columns ? m->n_columns : 1) * sizeof *c);
@@ -119,7 +99,7 @@ struct csv_record {
 
 static int csv_put(struct csv_record *r, char c)
 {
-    if (manifest_grow((void **)&r->buf, &r->cap, r->len + 1, 1) < 0)
+    if (arena_grow((void **)&r->buf, &r->cap, r->len + 1, 1) < 0)
         return LD_ENOMEM;
     r->buf[r->len++] = c;
     return 0;
@@ -132,7 +112,7 @@ static int csv_record(struct manifest_scan *s, struct csv_record *r, bool *ret_b
     r->line = s->line;
     *ret_blank = s->p < s->end && (*s->p == '\n' || (*s->p == '\r' && s->p + 1 < s->end && s->p[1] == '\n'));
     for (;;) {
-        if (manifest_grow((void **)&r->starts, &r->cap_starts, r->n + 1, sizeof *r->starts) < 0)
+        if (arena_grow((void **)&r->starts, &r->cap_starts, r->n + 1, sizeof *r->starts) < 0)
             return scan_oom(s);
         r->starts[r->n++] = r->len;
         if (s->p < s->end && *s->p == '"') {

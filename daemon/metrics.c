@@ -153,6 +153,21 @@ static const struct {
     [MF_WAIT] = {"wait_seconds_total", "Seconds the client waited for a batch that was not ready (stalls)."},
 };
 
+/* The labels of a stream's series: dataset, stream and client, and room for one more
+ * pair (the slot state). kv points into the struct. */
+struct metrics_stream_labels {
+    char sid[24], cid[24];
+    const char *kv[9];
+};
+
+static void metrics_stream_labels(struct metrics_stream_labels *l, const struct metrics_stream *st)
+{
+    snprintf(l->sid, sizeof l->sid, "%" PRIu64, st->id);
+    snprintf(l->cid, sizeof l->cid, "%" PRIu64, st->client_id);
+    const char *kv[] = {"dataset", st->dataset, "stream", l->sid, "client", l->cid, NULL, NULL, NULL};
+    memcpy(l->kv, kv, sizeof kv);
+}
+
 static void metrics_streams(struct metrics_buf *b, const struct metrics_snapshot *s)
 {
     char name[96];
@@ -161,26 +176,23 @@ static void metrics_streams(struct metrics_buf *b, const struct metrics_snapshot
         metrics_family(b, name, "counter", metrics_counters[f].help);
         for (size_t i = 0; i < s->n_streams; i++) {
             const struct metrics_stream *st = &s->stream[i];
-            char sid[24], cid[24];
-            snprintf(sid, sizeof sid, "%" PRIu64, st->id);
-            snprintf(cid, sizeof cid, "%" PRIu64, st->client_id);
-            const char *kv[] = {"dataset", st->dataset, "stream", sid, "client", cid, NULL};
+            struct metrics_stream_labels l;
+            metrics_stream_labels(&l, st);
             if (f == MF_WAIT)
-                metrics_f64(b, name, kv, st->wait_s);
+                metrics_f64(b, name, l.kv, st->wait_s);
             else
-                metrics_u64(b, name, kv, f == MF_BATCHES ? st->batches : f == MF_SAMPLES ? st->samples : st->bytes);
+                metrics_u64(b, name, l.kv, f == MF_BATCHES ? st->batches : f == MF_SAMPLES ? st->samples : st->bytes);
         }
     }
     metrics_family(b, "loaderd_stream_slots", "gauge", "Slots of the stream's ring by state.");
     for (size_t i = 0; i < s->n_streams; i++) {
         const struct metrics_stream *st = &s->stream[i];
-        char sid[24], cid[24];
-        snprintf(sid, sizeof sid, "%" PRIu64, st->id);
-        snprintf(cid, sizeof cid, "%" PRIu64, st->client_id);
+        struct metrics_stream_labels l;
+        metrics_stream_labels(&l, st);
+        l.kv[6] = "state";
         for (int k = 0; k < RING_STATES; k++) {
-            const char *kv[] = {"dataset", st->dataset, "stream", sid, "client", cid,
-                                "state", ring_state_name((enum ring_state)k), NULL};
-            metrics_u64(b, "loaderd_stream_slots", kv, st->slots[k]);
+            l.kv[7] = ring_state_name((enum ring_state)k);
+            metrics_u64(b, "loaderd_stream_slots", l.kv, st->slots[k]);
         }
     }
 }
@@ -208,15 +220,13 @@ static void metrics_stream_sched(struct metrics_buf *b, const struct metrics_sna
         metrics_family(b, name, metrics_stream_gauges[g].type, metrics_stream_gauges[g].help);
         for (size_t i = 0; i < s->n_streams; i++) {
             const struct metrics_stream *st = &s->stream[i];
-            char sid[24], cid[24];
-            snprintf(sid, sizeof sid, "%" PRIu64, st->id);
-            snprintf(cid, sizeof cid, "%" PRIu64, st->client_id);
-            const char *kv[] = {"dataset", st->dataset, "stream", sid, "client", cid, NULL};
+            struct metrics_stream_labels l;
+            metrics_stream_labels(&l, st);
             if (g == MG_DEPTH)
-                metrics_u64(b, name, kv, st->prefetch_depth);
+                metrics_u64(b, name, l.kv, st->prefetch_depth);
             else
-                metrics_f64(b, name, kv, g == MG_CPU ? st->worker_cpu_s : g == MG_STALL ? st->stall
-                                         : g == MG_RATE_NOW ? st->samples_per_s_now : st->samples_per_s);
+                metrics_f64(b, name, l.kv, g == MG_CPU ? st->worker_cpu_s : g == MG_STALL ? st->stall
+                                           : g == MG_RATE_NOW ? st->samples_per_s_now : st->samples_per_s);
         }
     }
 }

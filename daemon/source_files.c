@@ -59,6 +59,7 @@
 #include <unistd.h>
 #include <xxhash.h>
 
+#include "arena.h"
 #include "beneath.h"
 #include "log.h"
 #include "npy.h"
@@ -99,34 +100,6 @@ struct files_walk {
     size_t n_dirs, cap_dirs;
     char *errbuf;
 };
-
-static int grow(void **array, size_t *cap, size_t need, size_t elem)
-{
-    if (need <= *cap)
-        return 0;
-    size_t n = *cap ? *cap : 64;
-    while (n < need)
-        n *= 2;
-    void *p = realloc(*array, n * elem);
-    if (!p)
-        return LD_ENOMEM;
-    *array = p;
-    *cap = n;
-    return 0;
-}
-
-/* Appends `len` bytes and a NUL to the arena; the offset of the copy in *ret_off. */
-static int arena_push(struct files_walk *w, const char *s, size_t len, uint64_t *ret_off)
-{
-    int r = grow((void **)&w->arena, &w->arena_cap, w->arena_len + len + 1, 1);
-    if (r < 0)
-        return r;
-    memcpy(w->arena + w->arena_len, s, len);
-    w->arena[w->arena_len + len] = '\0';
-    *ret_off = w->arena_len;
-    w->arena_len += len + 1;
-    return 0;
-}
 
 static bool walk_matches(const struct files_walk *w, const char *rel, const char *name)
 {
@@ -210,9 +183,9 @@ static int walk_dir(struct files_walk *w, uint64_t dir_off)
 
         if (type == DT_DIR) {
             uint64_t off;
-            r = grow((void **)&w->dirs, &w->cap_dirs, w->n_dirs + 1, sizeof *w->dirs);
+            r = arena_grow((void **)&w->dirs, &w->cap_dirs, w->n_dirs + 1, sizeof *w->dirs);
             if (r == 0)
-                r = arena_push(w, rel, plen, &off);
+                r = arena_push(&w->arena, &w->arena_len, &w->arena_cap, rel, plen, &off);
             if (r < 0) {
                 snprintf(w->errbuf, LD_ERRMSG_MAX, "dataset '%s': out of memory", w->cfg->name);
                 break;
@@ -252,11 +225,10 @@ static int walk_dir(struct files_walk *w, uint64_t dir_off)
                     break;
                 }
             }
-            r = grow((void **)&w->entries, &w->cap_entries, w->n_entries + 1,
-                     sizeof *w->entries);
+            r = arena_grow((void **)&w->entries, &w->cap_entries, w->n_entries + 1, sizeof *w->entries);
             struct files_entry e = {.size = (uint64_t)st.st_size, .label = -1, .link = type == DT_LNK};
             if (r == 0)
-                r = arena_push(w, rel, plen, &e.path_off);
+                r = arena_push(&w->arena, &w->arena_len, &w->arena_cap, rel, plen, &e.path_off);
             if (r < 0) {
                 snprintf(w->errbuf, LD_ERRMSG_MAX, "dataset '%s': out of memory", w->cfg->name);
                 break;
@@ -321,7 +293,7 @@ static int assign_labels(const char *arena, struct files_entry *entries, size_t 
         size_t len = (size_t)(slash - p);
         if (n_classes == 0 || classes[n_classes - 1].len != len ||
             memcmp(arena + classes[n_classes - 1].off, p, len) != 0) {
-            r = grow((void **)&classes, &cap, n_classes + 1, sizeof *classes);
+            r = arena_grow((void **)&classes, &cap, n_classes + 1, sizeof *classes);
             if (r < 0)
                 goto out;
             classes[n_classes++] = (struct files_class){.off = entries[i].path_off, .len = len};
@@ -466,9 +438,9 @@ static int files_open(const struct config_dataset *cfg, dataset **ret_dataset, c
 
     /* Depth-first from the root; the stack holds directories not yet read. */
     uint64_t root_off;
-    r = arena_push(&w, "", 0, &root_off);
+    r = arena_push(&w.arena, &w.arena_len, &w.arena_cap, "", 0, &root_off);
     if (r == 0)
-        r = grow((void **)&w.dirs, &w.cap_dirs, 1, sizeof *w.dirs);
+        r = arena_grow((void **)&w.dirs, &w.cap_dirs, 1, sizeof *w.dirs);
     if (r < 0) {
         snprintf(errbuf, LD_ERRMSG_MAX, "dataset '%s': out of memory", cfg->name);
         goto fail;

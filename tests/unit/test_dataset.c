@@ -24,29 +24,6 @@
 
 #include "dataset.h"
 
-struct tdir {
-    char root[256];
-};
-
-static int setup(void **state)
-{
-    struct tdir *t = calloc(1, sizeof *t);
-    if (testfs_mkdtemp("ld-test-dataset", t->root, sizeof t->root) < 0) {
-        free(t);
-        return -1;
-    }
-    *state = t;
-    return 0;
-}
-
-static int teardown(void **state)
-{
-    struct tdir *t = *state;
-    int r = testfs_rmtree(t->root);
-    free(t);
-    return r;
-}
-
 /* The content of a test file: distinct per seed, so a mixed-up order shows. */
 static void write_raw(const char *path, const void *data, size_t size)
 {
@@ -119,7 +96,7 @@ static void check_sample(const dataset *d, uint64_t i, unsigned seed, size_t siz
 
 static void test_files_fixed(void **state)
 {
-    struct tdir *t = *state;
+    struct testfs_dir *t = *state;
     testfs_write(t->root, "class_b/2.bin", 4, 3072);
     testfs_write(t->root, "class_b/1.bin", 3, 3072);
     testfs_write(t->root, "class_a/x.bin", 1, 3072);
@@ -166,7 +143,7 @@ static void test_files_fixed(void **state)
 
 static void test_files_pattern(void **state)
 {
-    struct tdir *t = *state;
+    struct testfs_dir *t = *state;
     testfs_write(t->root, "a/keep.bin", 1, 16);
     testfs_write(t->root, "a/skip.txt", 2, 16);
     testfs_write(t->root, "b/keep.bin", 3, 16);
@@ -211,7 +188,7 @@ static void test_files_pattern(void **state)
 
 static void test_files_nested_and_root(void **state)
 {
-    struct tdir *t = *state;
+    struct testfs_dir *t = *state;
     testfs_write(t->root, "a-b/x.bin", 1, 32);
     testfs_write(t->root, "a/deep/er/y.bin", 2, 32);
     testfs_write(t->root, "a/z.bin", 3, 32);
@@ -242,7 +219,7 @@ static void test_files_nested_and_root(void **state)
 
 static void test_files_symlinks(void **state)
 {
-    struct tdir *t = *state;
+    struct testfs_dir *t = *state;
     char path[1024];
     testfs_write(t->root, "real/f.bin", 1, 8);
     snprintf(path, sizeof path, "%s/real/loop", t->root);
@@ -262,7 +239,7 @@ static void test_files_symlinks(void **state)
 
 static void test_files_ragged(void **state)
 {
-    struct tdir *t = *state;
+    struct testfs_dir *t = *state;
     testfs_write(t->root, "c0/a.bin", 1, 10);
     testfs_write(t->root, "c0/b.bin", 2, 300);
     testfs_write(t->root, "c1/c.bin", 3, 7);
@@ -290,7 +267,7 @@ static void test_files_ragged(void **state)
 
 static void test_files_changed_after_open(void **state)
 {
-    struct tdir *t = *state;
+    struct testfs_dir *t = *state;
     char path[1024], err[LD_ERRMSG_MAX];
     testfs_write(t->root, "a/b.bin", 1, 3072);
     testfs_write(t->root, "a/c.bin", 2, 3072);
@@ -330,7 +307,7 @@ static void test_files_changed_after_open(void **state)
 
 static void test_files_errors(void **state)
 {
-    struct tdir *t = *state;
+    struct testfs_dir *t = *state;
     char err[LD_ERRMSG_MAX], path[1024], want[1200];
 
     /* Missing directory: the path and the reason. */
@@ -396,7 +373,7 @@ static int read_code(const dataset *d, uint64_t i, char *err)
 
 /* The same checks with openat2 and with the component-wise walk that stands in for it
  * where the kernel refuses openat2. */
-static void links_and_swaps(struct tdir *t, bool walk)
+static void links_and_swaps(struct testfs_dir *t, bool walk)
 {
     char path[1024], target[1024], outside[300], err[LD_ERRMSG_MAX];
     if (walk)
@@ -549,7 +526,7 @@ static void check_npy(const float *got, unsigned seed)
 
 static void test_files_npy(void **state)
 {
-    struct tdir *t = *state;
+    struct testfs_dir *t = *state;
     char err[LD_ERRMSG_MAX];
     write_npy(t->root, "a/0.npy", NPY_2x3, 10, 6);
     write_npy(t->root, "a/1.npy", NPY_2x3, 11, 6);
@@ -614,7 +591,7 @@ static void test_files_npy(void **state)
 
 static void test_files_npy_layout_errors(void **state)
 {
-    struct tdir *t = *state;
+    struct testfs_dir *t = *state;
     char err[LD_ERRMSG_MAX];
     struct config_dataset cfg = files_cfg("arr", t->root, "*.npy");
     cfg.format = CONFIG_FORMAT_NPY;
@@ -653,7 +630,7 @@ static void test_files_npy_layout_errors(void **state)
 
 static void test_replace_ragged(void **state)
 {
-    struct tdir *t = *state;
+    struct testfs_dir *t = *state;
     char path[1024], err[LD_ERRMSG_MAX], rel[64];
     /* 40 files of 40 distinct sizes. */
     for (unsigned i = 0; i < 40; i++) {
@@ -712,7 +689,7 @@ static void test_replace_ragged(void **state)
 
 static void test_max_sample_bytes(void **state)
 {
-    struct tdir *t = *state;
+    struct testfs_dir *t = *state;
     char err[LD_ERRMSG_MAX], rel[64];
     for (unsigned i = 0; i < 20; i++) {
         snprintf(rel, sizeof rel, "%02u.bin", i);
@@ -771,7 +748,7 @@ static void *restore_later(void *arg)
 
 static void test_fd_exhaustion_is_retried(void **state)
 {
-    struct tdir *t = *state;
+    struct testfs_dir *t = *state;
     char err[LD_ERRMSG_MAX];
     testfs_write(t->root, "a/x.bin", 1, 128);
     testfs_write(t->root, "a/y.bin", 2, 128);
@@ -845,7 +822,7 @@ static void *busy_main(void *arg)
  * during a look must not seem to have started in the future (and so be ancient). */
 static void test_watch_no_false_stall(void **state)
 {
-    struct tdir *t = *state;
+    struct testfs_dir *t = *state;
     char rel[32];
     for (unsigned i = 0; i < 16; i++) {
         snprintf(rel, sizeof rel, "%02u.bin", i);
@@ -924,7 +901,7 @@ static void check_windows(const dataset *d, int dtype, uint32_t context, uint64_
 
 static void test_tokens_uint16(void **state)
 {
-    struct tdir *t = *state;
+    struct testfs_dir *t = *state;
     char path[1024];
     snprintf(path, sizeof path, "%s/t16.bin", t->root);
     write_tokens(path, 100, LD_DTYPE_UINT16);
@@ -975,7 +952,7 @@ static void test_tokens_uint16(void **state)
 
 static void test_tokens_uint32(void **state)
 {
-    struct tdir *t = *state;
+    struct testfs_dir *t = *state;
     char path[1024];
     snprintf(path, sizeof path, "%s/t32.bin", t->root);
     write_tokens(path, 1000, LD_DTYPE_UINT32);
@@ -998,7 +975,7 @@ static void test_tokens_uint32(void **state)
 
 static void test_tokens_errors(void **state)
 {
-    struct tdir *t = *state;
+    struct testfs_dir *t = *state;
     char path[1024], err[LD_ERRMSG_MAX], want[1200];
     uint8_t zeros[1002] = {0};
 
@@ -1097,7 +1074,7 @@ static void *reader_main(void *arg)
 
 static void test_concurrent_reads(void **state)
 {
-    struct tdir *t = *state;
+    struct testfs_dir *t = *state;
     char rel[64], path[1024];
     /* File i in class folder i % 4 with a name that sorts as i within it: sample order is
      * class-major, so file i is sample (i % 4) * 16 + i / 4; seed it so that the
@@ -1129,25 +1106,25 @@ static void test_concurrent_reads(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(test_files_fixed, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_files_pattern, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_files_nested_and_root, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_files_symlinks, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_files_ragged, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_files_changed_after_open, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_files_errors, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_files_beneath_root, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_files_beneath_root_walk, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_files_npy, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_files_npy_layout_errors, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_replace_ragged, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_max_sample_bytes, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_fd_exhaustion_is_retried, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_watch_no_false_stall, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_tokens_uint16, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_tokens_uint32, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_tokens_errors, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_concurrent_reads, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_files_fixed, testfs_dir_setup, testfs_dir_teardown),
+        cmocka_unit_test_setup_teardown(test_files_pattern, testfs_dir_setup, testfs_dir_teardown),
+        cmocka_unit_test_setup_teardown(test_files_nested_and_root, testfs_dir_setup, testfs_dir_teardown),
+        cmocka_unit_test_setup_teardown(test_files_symlinks, testfs_dir_setup, testfs_dir_teardown),
+        cmocka_unit_test_setup_teardown(test_files_ragged, testfs_dir_setup, testfs_dir_teardown),
+        cmocka_unit_test_setup_teardown(test_files_changed_after_open, testfs_dir_setup, testfs_dir_teardown),
+        cmocka_unit_test_setup_teardown(test_files_errors, testfs_dir_setup, testfs_dir_teardown),
+        cmocka_unit_test_setup_teardown(test_files_beneath_root, testfs_dir_setup, testfs_dir_teardown),
+        cmocka_unit_test_setup_teardown(test_files_beneath_root_walk, testfs_dir_setup, testfs_dir_teardown),
+        cmocka_unit_test_setup_teardown(test_files_npy, testfs_dir_setup, testfs_dir_teardown),
+        cmocka_unit_test_setup_teardown(test_files_npy_layout_errors, testfs_dir_setup, testfs_dir_teardown),
+        cmocka_unit_test_setup_teardown(test_replace_ragged, testfs_dir_setup, testfs_dir_teardown),
+        cmocka_unit_test_setup_teardown(test_max_sample_bytes, testfs_dir_setup, testfs_dir_teardown),
+        cmocka_unit_test_setup_teardown(test_fd_exhaustion_is_retried, testfs_dir_setup, testfs_dir_teardown),
+        cmocka_unit_test_setup_teardown(test_watch_no_false_stall, testfs_dir_setup, testfs_dir_teardown),
+        cmocka_unit_test_setup_teardown(test_tokens_uint16, testfs_dir_setup, testfs_dir_teardown),
+        cmocka_unit_test_setup_teardown(test_tokens_uint32, testfs_dir_setup, testfs_dir_teardown),
+        cmocka_unit_test_setup_teardown(test_tokens_errors, testfs_dir_setup, testfs_dir_teardown),
+        cmocka_unit_test_setup_teardown(test_concurrent_reads, testfs_dir_setup, testfs_dir_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -56,6 +56,14 @@ static void rec_init(struct rec *r, hub *h, int id, int *log, int *n_log)
     atomic_init(&r->runs, 0);
 }
 
+static hub *open_loop(uv_loop_t *loop)
+{
+    hub *h = NULL;
+    assert_int_equal(uv_loop_init(loop), 0);
+    assert_int_equal(hub_new(loop, &h), 0);
+    return h;
+}
+
 static void close_loop(uv_loop_t *loop, hub *h)
 {
     hub_close(h);
@@ -66,9 +74,7 @@ static void close_loop(uv_loop_t *loop, hub *h)
 static void test_runs_later_in_order(void **state)
 {
     uv_loop_t loop;
-    hub *h;
-    assert_int_equal(uv_loop_init(&loop), 0);
-    assert_int_equal(hub_new(&loop, &h), 0);
+    hub *h = open_loop(&loop);
     int log[8], n_log = 0;
     bool inside = false;
     struct rec r[4];
@@ -99,9 +105,7 @@ static void test_runs_later_in_order(void **state)
 static void test_cancel(void **state)
 {
     uv_loop_t loop;
-    hub *h;
-    assert_int_equal(uv_loop_init(&loop), 0);
-    assert_int_equal(hub_new(&loop, &h), 0);
+    hub *h = open_loop(&loop);
     int log[8], n_log = 0;
     struct rec a, b, c;
     rec_init(&a, h, 1, log, &n_log);
@@ -130,9 +134,7 @@ static void test_cancel(void **state)
 static void test_repost_runs_next_turn(void **state)
 {
     uv_loop_t loop;
-    hub *h;
-    assert_int_equal(uv_loop_init(&loop), 0);
-    assert_int_equal(hub_new(&loop, &h), 0);
+    hub *h = open_loop(&loop);
     struct rec r;
     rec_init(&r, h, 1, NULL, NULL);
     r.repost = 3;
@@ -150,9 +152,7 @@ static void test_repost_runs_next_turn(void **state)
 static void test_close_drops_queued(void **state)
 {
     uv_loop_t loop;
-    hub *h;
-    assert_int_equal(uv_loop_init(&loop), 0);
-    assert_int_equal(hub_new(&loop, &h), 0);
+    hub *h = open_loop(&loop);
     struct rec r;
     rec_init(&r, h, 1, NULL, NULL);
     hub_post(h, &r.c);
@@ -180,9 +180,7 @@ static void *poster_main(void *arg)
 static void test_posts_from_threads(void **state)
 {
     uv_loop_t loop;
-    hub *h;
-    assert_int_equal(uv_loop_init(&loop), 0);
-    assert_int_equal(hub_new(&loop, &h), 0);
+    hub *h = open_loop(&loop);
     struct rec *recs = calloc(THREADS * PER_THREAD, sizeof *recs);
     assert_non_null(recs);
     for (int i = 0; i < THREADS * PER_THREAD; i++)

@@ -22,31 +22,8 @@
 #include "ld_error.h"
 #include "manifest.h"
 
-struct tdir {
-    char root[256];
-};
-
-static int setup(void **state)
-{
-    struct tdir *t = calloc(1, sizeof *t);
-    if (testfs_mkdtemp("ld-test-manifest", t->root, sizeof t->root) < 0) {
-        free(t);
-        return -1;
-    }
-    *state = t;
-    return 0;
-}
-
-static int teardown(void **state)
-{
-    struct tdir *t = *state;
-    int r = testfs_rmtree(t->root);
-    free(t);
-    return r;
-}
-
 /* Writes root/name with `text`; the full path in path. */
-static void put(const struct tdir *t, const char *name, const char *text, char *path, size_t size)
+static void put(const struct testfs_dir *t, const char *name, const char *text, char *path, size_t size)
 {
     snprintf(path, size, "%s/%s", t->root, name);
     FILE *f = fopen(path, "wb");
@@ -68,7 +45,7 @@ static manifest *open_ok(const char *path, int format, const char *const *cols, 
 }
 
 /* Expects LD_EDATASET and a message "PATH:LINE: ..." that contains `needle`. */
-static void open_fails(const struct tdir *t, const char *name, const char *text, int line, const char *needle)
+static void open_fails(const struct testfs_dir *t, const char *name, const char *text, int line, const char *needle)
 {
     char path[512], err[LD_ERRMSG_MAX] = "", want[600];
     put(t, name, text, path, sizeof path);
@@ -82,7 +59,7 @@ static void open_fails(const struct tdir *t, const char *name, const char *text,
 
 static void test_csv(void **state)
 {
-    struct tdir *t = *state;
+    struct testfs_dir *t = *state;
     char path[512];
     /* A BOM, CRLF, a column we do not ask for, columns in another order, quotes with a
      * comma, a doubled quote and a line break inside, a blank line, no final newline. */
@@ -112,7 +89,7 @@ static void test_csv(void **state)
 
 static void test_jsonl(void **state)
 {
-    struct tdir *t = *state;
+    struct testfs_dir *t = *state;
     char path[512];
     put(t, "m.jsonl",
         "{\"path\": \"a/x.bin\", \"label\": 3, \"extra\": [1, 2]}\n"
@@ -138,7 +115,7 @@ static void test_jsonl(void **state)
 
 static void test_bad_manifests(void **state)
 {
-    struct tdir *t = *state;
+    struct testfs_dir *t = *state;
     open_fails(t, "a.csv", "path,label\nx,1\ny,2,3\n", 3, "3 fields, the header has 2");
     open_fails(t, "b.csv", "path,lable\nx,1\n", 1, "the header has no column 'label' (it has 'path', 'lable')");
     open_fails(t, "c.csv", "path,label\nx,1\n\"y,2\n", 3, "a quoted field is never closed");
@@ -182,7 +159,7 @@ static void write_npy(const char *root, const char *rel, int64_t a, int64_t b)
     assert_int_equal(fclose(f), 0);
 }
 
-static struct config_dataset manifest_cfg(struct tdir *t, char *mpath, struct config_column *cols, size_t n)
+static struct config_dataset manifest_cfg(struct testfs_dir *t, char *mpath, struct config_column *cols, size_t n)
 {
     return (struct config_dataset){.name = "man", .kind = CONFIG_DATASET_FILES, .path = t->root, .pattern = "*",
                                    .manifest_path = mpath, .columns = cols, .n_columns = n,
@@ -191,7 +168,7 @@ static struct config_dataset manifest_cfg(struct tdir *t, char *mpath, struct co
 
 static void test_dataset_fields(void **state)
 {
-    struct tdir *t = *state;
+    struct testfs_dir *t = *state;
     char mpath[512], err[LD_ERRMSG_MAX];
     testfs_write(t->root, "img/0.bin", 1, 100);
     testfs_write(t->root, "img/1.bin", 2, 120);
@@ -278,7 +255,7 @@ static void test_dataset_fields(void **state)
 
 static void test_dataset_bad_rows(void **state)
 {
-    struct tdir *t = *state;
+    struct testfs_dir *t = *state;
     char mpath[512], err[LD_ERRMSG_MAX], want[600];
     dataset *d = NULL;
     testfs_write(t->root, "a.bin", 1, 64);
@@ -334,11 +311,11 @@ static void test_dataset_bad_rows(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(test_csv, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_jsonl, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_bad_manifests, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_dataset_fields, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_dataset_bad_rows, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_csv, testfs_dir_setup, testfs_dir_teardown),
+        cmocka_unit_test_setup_teardown(test_jsonl, testfs_dir_setup, testfs_dir_teardown),
+        cmocka_unit_test_setup_teardown(test_bad_manifests, testfs_dir_setup, testfs_dir_teardown),
+        cmocka_unit_test_setup_teardown(test_dataset_fields, testfs_dir_setup, testfs_dir_teardown),
+        cmocka_unit_test_setup_teardown(test_dataset_bad_rows, testfs_dir_setup, testfs_dir_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

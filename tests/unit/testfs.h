@@ -37,6 +37,31 @@ static inline int testfs_rmtree(const char *root)
     return nftw(root, testfs_rm_entry, 16, FTW_DEPTH | FTW_PHYS);
 }
 
+/* A test's own directory, removed after it: cmocka setup and teardown functions that
+ * put a struct testfs_dir in *state. */
+struct testfs_dir {
+    char root[256];
+};
+
+static inline int testfs_dir_setup(void **state)
+{
+    struct testfs_dir *t = calloc(1, sizeof *t);
+    if (!t || testfs_mkdtemp("ld-test", t->root, sizeof t->root) < 0) {
+        free(t);
+        return -1;
+    }
+    *state = t;
+    return 0;
+}
+
+static inline int testfs_dir_teardown(void **state)
+{
+    struct testfs_dir *t = *state;
+    int r = testfs_rmtree(t->root);
+    free(t);
+    return r;
+}
+
 /* Byte j of a file written with `seed`. */
 static inline uint8_t testfs_byte(unsigned seed, size_t j)
 {

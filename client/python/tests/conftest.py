@@ -52,11 +52,7 @@ def daemon(data_dir):
     dm = support.Daemon(data_dir, DATASETS)
     dm.start()
     yield dm
-    rc = dm.stop()
-    left = support.shm_left(dm.pid)
-    dm.kill()
-    assert rc == 0, "loaderd exited with %s:\n%s" % (rc, dm.log_text())
-    assert left == [], "loaderd left %s in /dev/shm" % left
+    dm.stop_clean()
 
 
 @pytest.fixture

@@ -167,6 +167,15 @@ class Daemon:
             self.kill()
             return -1
 
+    def stop_clean(self):
+        """SIGTERM, and asserts a clean stop: exit status 0 and nothing of the daemon
+        left in /dev/shm (a daemon that did not stop is killed first)."""
+        rc = self.stop()
+        left = shm_left(self.pid)
+        self.kill()
+        assert rc == 0, "loaderd exited with %s:\n%s" % (rc, self.log_text())
+        assert left == [], "loaderd left %s in /dev/shm" % left
+
     def kill(self):
         if self.proc is not None and self.proc.poll() is None:
             try:

@@ -16,18 +16,6 @@ from conftest import REC
 import loaderclient
 
 
-@pytest.fixture
-def own_daemon(data_dir):
-    """A daemon of its own (these tests kill and restart it)."""
-    d = support.short_tmpdir("lc-rc.")
-    os.symlink(os.path.join(data_dir, "rec"), os.path.join(d, "rec"))
-    dm = support.Daemon(d, "  rec:\n    kind: files\n    path: rec\n")
-    dm.start()
-    yield dm
-    dm.kill()
-    support.rmtree(d)
-
-
 def fds():
     """This process's open descriptors (the pagemap one is opened once and kept)."""
     out = []
@@ -77,9 +65,9 @@ def restart_later(daemon, delay):
     return t
 
 
-def test_stream_rides_through_restarts(own_daemon, rec_index):
+def test_stream_rides_through_restarts(spare_daemon, rec_index):
     base_fds, base_maps = fds(), ring_maps()
-    c = loaderclient.Client(own_daemon.socket, timeout=10, reconnect=30)
+    c = loaderclient.Client(spare_daemon.socket, timeout=10, reconnect=30)
     s = c.open("rec", 64, seed=3, epochs=2)
     seen = Epochs(s.batches_per_epoch, rec_index)
     first_id = s.id
@@ -92,19 +80,19 @@ def test_stream_rides_through_restarts(own_daemon, rec_index):
             # A view kept across the stop: it goes on showing its batch.
             kept = b["data"]
             kept_files = [file_of(kept[r], rec_index) for r in range(kept.shape[0])]
-            dead = own_daemon.pid
-            assert own_daemon.stop() == 0          # SIGTERM: a clean stop
+            dead = spare_daemon.pid
+            assert spare_daemon.stop() == 0          # SIGTERM: a clean stop
             assert support.shm_left(dead) == []
-            restarter = restart_later(own_daemon, 0.3)
+            restarter = restart_later(spare_daemon, 0.3)
         elif n == 10:
             restarter.join()
-            dead = own_daemon.pid
-            own_daemon.kill()                     # SIGKILL, in the middle of the first epoch
-            restarter = restart_later(own_daemon, 0.3)
+            dead = spare_daemon.pid
+            spare_daemon.kill()                     # SIGKILL, in the middle of the first epoch
+            restarter = restart_later(spare_daemon, 0.3)
         elif n == s.batches_per_epoch + 2:
             restarter.join()
-            own_daemon.kill()                     # and in the second
-            restarter = restart_later(own_daemon, 0.1)
+            spare_daemon.kill()                     # and in the second
+            restarter = restart_later(spare_daemon, 0.1)
     restarter.join()
     seen.check(2)
     assert [file_of(kept[r], rec_index) for r in range(kept.shape[0])] == kept_files
@@ -115,15 +103,15 @@ def test_stream_rides_through_restarts(own_daemon, rec_index):
     c.close()
     assert fds() == base_fds
     assert ring_maps() == base_maps
-    pid = own_daemon.pid
-    assert own_daemon.stop() == 0
+    pid = spare_daemon.pid
+    assert spare_daemon.stop() == 0
     assert support.shm_left(pid) == []
 
 
-def test_dataloader_loop_rides_through_restarts(own_daemon, rec_index):
+def test_dataloader_loop_rides_through_restarts(spare_daemon, rec_index):
     from loaderclient.torch import LoaderdDataLoader
     base_fds = fds()
-    loader = LoaderdDataLoader("rec", batch_size=50, shuffle=True, seed=5, socket=own_daemon.socket, timeout=10,
+    loader = LoaderdDataLoader("rec", batch_size=50, shuffle=True, seed=5, socket=spare_daemon.socket, timeout=10,
                                reconnect=30)
     bpe = len(loader)
     seen = Epochs(bpe, rec_index)
@@ -139,10 +127,10 @@ def test_dataloader_loop_rides_through_restarts(own_daemon, rec_index):
                 if restarter:
                     restarter.join()
                 if (epoch, i) == (0, 4):
-                    assert own_daemon.stop() == 0
+                    assert spare_daemon.stop() == 0
                 else:
-                    own_daemon.kill()
-                restarter = restart_later(own_daemon, 0.2)
+                    spare_daemon.kill()
+                restarter = restart_later(spare_daemon, 0.2)
     restarter.join()
     seen.check(2)
     assert loader.stream.reopens == 3
@@ -151,13 +139,13 @@ def test_dataloader_loop_rides_through_restarts(own_daemon, rec_index):
     assert fds() == base_fds
 
 
-def test_daemon_that_does_not_come_back(own_daemon):
+def test_daemon_that_does_not_come_back(spare_daemon):
     base_fds = fds()
-    c = loaderclient.Client(own_daemon.socket, timeout=5, reconnect=0.5)
+    c = loaderclient.Client(spare_daemon.socket, timeout=5, reconnect=0.5)
     s = c.open("rec", 16)
     x = s.next()["data"]
     before = x.copy()
-    own_daemon.kill()
+    spare_daemon.kill()
     t0 = time.monotonic()
     with pytest.raises(loaderclient.ConnectionLost) as ei:
         for _ in range(100):
@@ -180,26 +168,26 @@ def test_reconnect_argument():
             loaderclient.Client("/nonexistent/s.sock", reconnect=bad)
 
 
-def test_reconnect_environment(own_daemon):
+def test_reconnect_environment(spare_daemon):
     r = support.run_python("import loaderclient, sys\n"
                            "try:\n"
                            "    loaderclient.Client(sys.argv[1] if len(sys.argv) > 1 else %r)\n"
                            "except loaderclient.ConnectError as e:\n"
-                           "    print(e.code, e.message)\n" % own_daemon.socket,
+                           "    print(e.code, e.message)\n" % spare_daemon.socket,
                            env={"LOADERD_RECONNECT": "later"})
     assert r.returncode == 0, r.stderr
     assert "LOADERD_RECONNECT='later'" in r.stdout, r.stdout
 
 
-def test_daemon_back_with_another_dataset(own_daemon, data_dir):
+def test_daemon_back_with_another_dataset(spare_daemon, data_dir):
     """The name now serves another tree (300 files, not 1000): next() refuses to go on
     with a clear error instead of mixing the two in one epoch."""
-    c = loaderclient.Client(own_daemon.socket, timeout=5, reconnect=10)
+    c = loaderclient.Client(spare_daemon.socket, timeout=5, reconnect=10)
     s = c.open("rec", 16, shuffle=False)
     s.next()
-    assert own_daemon.stop() == 0
-    os.symlink(os.path.join(data_dir, "var"), os.path.join(own_daemon.dir, "var"))
-    other = support.Daemon(own_daemon.dir, "  rec:\n    kind: files\n    path: var\n")
+    assert spare_daemon.stop() == 0
+    os.symlink(os.path.join(data_dir, "var"), os.path.join(spare_daemon.dir, "var"))
+    other = support.Daemon(spare_daemon.dir, "  rec:\n    kind: files\n    path: var\n")
     other.start()
     try:
         with pytest.raises(loaderclient.LoaderdError) as ei:
@@ -215,11 +203,11 @@ def test_daemon_back_with_another_dataset(own_daemon, data_dir):
         other.kill()
 
 
-def test_restart_with_another_ring(own_daemon, rec_index):
+def test_restart_with_another_ring(spare_daemon, rec_index):
     """The daemon comes back with another prefetch (its default): the reopened stream's
     ring has other slots, which the package maps afresh; batches held from the old ring
     keep their bytes, and the epoch still comes exactly once."""
-    c = loaderclient.Client(own_daemon.socket, timeout=10, reconnect=10)
+    c = loaderclient.Client(spare_daemon.socket, timeout=10, reconnect=10)
     s = c.open("rec", 32, seed=9, epochs=1, auto_release=False)
     seen = Epochs(s.batches_per_epoch, rec_index)
     held = [s.next() for _ in range(2)]
@@ -227,8 +215,8 @@ def test_restart_with_another_ring(own_daemon, rec_index):
         seen.add(b.epoch, b.index, b["data"])
     kept = [(b, b["data"], b["data"].copy()) for b in held]
     slots_before = s.slot_count
-    assert own_daemon.stop() == 0
-    bigger = support.Daemon(own_daemon.dir, "  rec:\n    kind: files\n    path: rec\n",
+    assert spare_daemon.stop() == 0
+    bigger = support.Daemon(spare_daemon.dir, "  rec:\n    kind: files\n    path: rec\n",
                             server_extra="  workers: 2\n  memory_budget: 128MiB\n  prefetch: 8\n")
     bigger.start()
     try:
