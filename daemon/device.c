@@ -13,6 +13,7 @@
 
 #include "dataset.h"
 #include "ld_error.h"
+#include "log.h"
 #include "proto.h"
 #include "transform.h"
 
@@ -124,8 +125,8 @@ int device_budget_take(int ordinal, uint64_t bytes, uint64_t budget, char *errbu
 
 void device_budget_give(int ordinal, uint64_t bytes)
 {
-    if (ordinal < 0 || ordinal > LD_DEVICE_ORDINAL_MAX || device_used[ordinal] < bytes)
-        abort(); /* giving back more than was taken: the accounting is broken */
+    /* Else more is given back than was taken: the accounting is broken. */
+    ld_require(ordinal >= 0 && ordinal <= LD_DEVICE_ORDINAL_MAX && device_used[ordinal] >= bytes);
     device_used[ordinal] -= bytes;
 }
 

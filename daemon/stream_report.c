@@ -87,7 +87,6 @@ void stream_describe_state(const stream *s, cJSON *o)
     cJSON_AddNumberToObject(o, "worker_cpu_s", st.worker_cpu_s);
     cJSON_AddNumberToObject(o, "prefetch_depth", st.prefetch_depth);
     cJSON_AddNumberToObject(o, "weight", s->weight);
-    cJSON_AddNumberToObject(o, "copying", ring_count(s->ring, RING_COPYING));
     device_stats(s->dev, o);
 }
 
