@@ -496,6 +496,12 @@ static void trainer_body(struct harness *h, char *msg, size_t size)
         snprintf(msg, size, "cache_build: %d %s", r, lc_client_error(c));
         goto out;
     }
+    r = lc_request_json(c, "{\"op\":\"reload\"}", &reply);
+    lc_free(reply);
+    if (r != LC_EDENIED || !strstr(lc_client_error(c), "may not run the operator command 'reload'")) {
+        snprintf(msg, size, "reload: %d %s", r, lc_client_error(c));
+        goto out;
+    }
     /* Nothing else changed: the same connection reads the dataset it may read. */
     r = lc_stream_open(c, "records", &o, &s);
     lc_batch *b = NULL;
