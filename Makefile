@@ -97,8 +97,7 @@ INC_DAEMON := -Idaemon -Iproto -Iclient
 INC = $(INC_DAEMON)
 $(BUILD)/obj/proto/%.o: INC = $(INC_WIRE)
 $(BUILD)/obj/client/%.o: INC = $(INC_WIRE)
-$(BUILD)/obj/tools/loaderctl.o: INC = $(INC_WIRE)
-$(BUILD)/obj/tools/loaderctl_top.o: INC = $(INC_WIRE)
+$(BUILD)/obj/tools/loaderctl%.o: INC = $(INC_WIRE)
 $(BUILD)/obj/tests/integration/%.o: INC = $(INC_WIRE) -Itests/integration
 
 PROTO_SRC  := $(sort $(wildcard proto/*.c))
@@ -183,7 +182,7 @@ $(LOADERD): $(call obj,daemon/main.c) $(CORE_A)
 	@mkdir -p $(dir $@)
 	$(CC) -o $@ $^ $(LDFLAGS_ALL) $(PKG_LIBS) -ldl -lm
 
-$(LOADERCTL): $(call obj,tools/loaderctl.c tools/loaderctl_top.c) $(CLIENT_A)
+$(LOADERCTL): $(call obj,$(sort $(wildcard tools/loaderctl*.c))) $(CLIENT_A)
 	@mkdir -p $(dir $@)
 	$(CC) -o $@ $^ $(LDFLAGS_ALL) $(CLIENT_LIBS) -lm
 

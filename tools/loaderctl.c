@@ -1,15 +1,16 @@
 /* loaderctl — the operator's view into a running loaderd, and its benchmark client.
  *
- * Read-only commands (status, datasets, streams, metrics) and reload send one request through
- * libloaderclient's lc_request_json and print the reply as a table, or as JSON with
- * --json. `read` attaches as a trainer would: it opens a stream, takes every batch,
- * releases it at once (or after reading every byte with --touch) and reports samples/s
- * and MB/s per epoch, so that the daemon's throughput can be measured without Python.
+ * This file holds main, the usage, what every command shares (loaderctl.h) and the
+ * read-only commands (status, datasets, streams, metrics) and reload: each sends one
+ * request through libloaderclient's lc_request_json and prints the reply as a table, or
+ * as JSON with --json. `read`, the benchmark client, is in loaderctl_read.c; `cache` in
+ * loaderctl_cache.c; `top` in loaderctl_top.c.
  *
  * Errors print "loaderctl: <what failed>: <message>" on stderr and exit 1; a bad
  * command line prints the usage and exits 2. */
 #include "ld_format.h"
 #include "loaderclient.h"
+#include "loaderctl.h"
 #include "loaderctl_top.h"
 
 #include <cJSON.h>
@@ -25,15 +26,6 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
-
-#define CTL_DEFAULT_TIMEOUT_MS 30000
-
-struct ctl_opts {
-    const char *socket;
-    const char *config;         /* --config: loaderd's config, for its server.socket */
-    int timeout_ms;
-    bool json;
-};
 
 /* Each command's synopsis and what it does: the overall usage lists them all, and
  * `loaderctl COMMAND --help` prints its own. */
@@ -111,8 +103,7 @@ static int ctl_command_usage(const char *cmd)
     return -1;
 }
 
-static int ctl_usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static int ctl_usage_error(const char *fmt, ...)
+int ctl_usage_error(const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
@@ -124,14 +115,14 @@ static int ctl_usage_error(const char *fmt, ...)
     return 2;
 }
 
-static int ctl_fail(const char *what, const char *msg)
+int ctl_fail(const char *what, const char *msg)
 {
     fprintf(stderr, "loaderctl: %s: %s\n", what, msg && *msg ? msg : "failed");
     return 1;
 }
 
 /* Parses an unsigned decimal in [min, max]. */
-static int ctl_parse_u64(const char *s, uint64_t min, uint64_t max, uint64_t *ret)
+int ctl_parse_u64(const char *s, uint64_t min, uint64_t max, uint64_t *ret)
 {
     char *end = NULL;
     if (!s || !*s || *s == '-' || *s == '+')
@@ -144,14 +135,7 @@ static int ctl_parse_u64(const char *s, uint64_t min, uint64_t max, uint64_t *re
     return 0;
 }
 
-static double ctl_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
-static lc_client *ctl_connect(const struct ctl_opts *o)
+lc_client *ctl_connect(const struct ctl_opts *o)
 {
     char err[1024], path[PATH_MAX];
     lc_client *c = NULL;
@@ -169,7 +153,7 @@ static lc_client *ctl_connect(const struct ctl_opts *o)
 
 /* Sends a request (JSON text) and returns the parsed reply (ok:true), or NULL after
  * printing why, naming it `what`. */
-static cJSON *ctl_request_text(lc_client *c, const char *req, const char *what)
+cJSON *ctl_request_text(lc_client *c, const char *req, const char *what)
 {
     char *text = NULL;
     int r = lc_request_json(c, req, &text);
@@ -196,7 +180,7 @@ static cJSON *ctl_request(lc_client *c, const char *op)
 }
 
 /* Prints a reply as pretty JSON without the envelope (id, ok). */
-static void ctl_print_json(cJSON *obj)
+void ctl_print_json(cJSON *obj)
 {
     cJSON_DeleteItemFromObjectCaseSensitive(obj, "id");
     cJSON_DeleteItemFromObjectCaseSensitive(obj, "ok");
@@ -209,13 +193,13 @@ static void ctl_print_json(cJSON *obj)
 
 /* ---- field access that tolerates a daemon newer or older than this tool ---------- */
 
-static double ctl_num(const cJSON *o, const char *key, double def)
+double ctl_num(const cJSON *o, const char *key, double def)
 {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
     return cJSON_IsNumber(v) ? v->valuedouble : def;
 }
 
-static const char *ctl_str(const cJSON *o, const char *key, const char *def)
+const char *ctl_str(const cJSON *o, const char *key, const char *def)
 {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
     return cJSON_IsString(v) && v->valuestring ? v->valuestring : def;
@@ -223,7 +207,7 @@ static const char *ctl_str(const cJSON *o, const char *key, const char *def)
 
 /* A byte count from a reply as "1.5 MiB" (ld_format_bytes, as the daemon's messages
  * write sizes). JSON numbers are doubles: one that is not a count shows as 0 B. */
-static void ctl_fmt_bytes(double b, char *buf, size_t size)
+void ctl_fmt_bytes(double b, char *buf, size_t size)
 {
     ld_format_bytes(b >= 0 && b < 0x1p64 ? (uint64_t)b : 0, buf, size);
 }
@@ -305,7 +289,7 @@ static void ctl_peer_ids(const cJSON *o, char *buf, size_t size)
 }
 
 /* "ready", "building 42%", "failed: why", ... */
-static void ctl_cache_state(const cJSON *cache, char *buf, size_t size)
+void ctl_cache_state(const cJSON *cache, char *buf, size_t size)
 {
     const char *state = ctl_str(cache, "state", "?");
     const cJSON *progress = cJSON_GetObjectItemCaseSensitive(cache, "progress");
@@ -540,373 +524,6 @@ static int ctl_streams(const cJSON *r)
                ctl_num(s, "copy_ms_per_batch", 0), ctl_num(s, "h2d_gbps", 0), ctl_num(s, "copying", 0));
     }
     return ret == 0 ? 0 : ctl_fail("streams", "out of memory");
-}
-
-/* ---- read: the benchmark client ------------------------------------------------------ */
-
-struct ctl_epoch {
-    uint64_t epoch, samples, batches, bytes;
-    double seconds;
-};
-
-/* Folds every byte into h, 8 at a time: order-sensitive, so two runs that print the
- * same checksum saw the same bytes in the same order. */
-static uint64_t ctl_fold(uint64_t h, const void *data, size_t n)
-{
-    const unsigned char *p = data;
-    size_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        uint64_t w;
-        memcpy(&w, p + i, 8);
-        h = (h ^ w) * 0x100000001b3ull;
-        h ^= h >> 29;
-    }
-    for (; i < n; i++)
-        h = (h ^ p[i]) * 0x100000001b3ull;
-    return h;
-}
-
-static cJSON *ctl_epoch_json(const struct ctl_epoch *e)
-{
-    cJSON *o = cJSON_CreateObject();
-    cJSON_AddNumberToObject(o, "epoch", (double)e->epoch);
-    cJSON_AddNumberToObject(o, "samples", (double)e->samples);
-    cJSON_AddNumberToObject(o, "batches", (double)e->batches);
-    cJSON_AddNumberToObject(o, "bytes", (double)e->bytes);
-    cJSON_AddNumberToObject(o, "seconds", e->seconds);
-    cJSON_AddNumberToObject(o, "samples_per_s", e->seconds > 0 ? (double)e->samples / e->seconds : 0.0);
-    cJSON_AddNumberToObject(o, "mb_per_s", e->seconds > 0 ? (double)e->bytes / 1e6 / e->seconds : 0.0);
-    return o;
-}
-
-static void ctl_epoch_print(const struct ctl_epoch *e)
-{
-    printf("epoch %" PRIu64 ": %" PRIu64 " samples, %" PRIu64 " batches in %.3f s: %.0f samples/s, %.1f MB/s\n",
-           e->epoch, e->samples, e->batches, e->seconds, e->seconds > 0 ? (double)e->samples / e->seconds : 0.0,
-           e->seconds > 0 ? (double)e->bytes / 1e6 / e->seconds : 0.0);
-    fflush(stdout);
-}
-
-static int ctl_read(lc_client *c, const struct ctl_opts *o, const char *dataset, const lc_stream_options *so,
-                    bool touch)
-{
-    char what[128];
-    lc_stream *s = NULL;
-    struct ctl_epoch *epochs = NULL;
-    size_t n_epochs = 0;
-    uint64_t checksum = 0xcbf29ce484222325ull;
-    double first_ms = -1;
-    int ret = 1;
-    snprintf(what, sizeof what, "read %s", dataset);
-
-    epochs = calloc(so->epochs, sizeof *epochs);
-    if (!epochs) {
-        ctl_fail(what, "out of memory");
-        goto out;
-    }
-    double t0 = ctl_now();
-    int r = lc_stream_open(c, dataset, so, &s);
-    if (r < 0) {
-        ctl_fail(what, lc_client_error(c));
-        goto out;
-    }
-    if (!o->json) {
-        printf("loaderctl read %s: batch %u, shuffle %s, seed %" PRIu64 ", %" PRIu64 " epoch%s", dataset,
-               so->batch_size, so->shuffle ? "on" : "off", so->seed, so->epochs, so->epochs == 1 ? "" : "s");
-        if (so->world_size > 1)
-            printf(", rank %d of %d", so->rank, so->world_size);
-        printf("\n");
-        fflush(stdout);
-    }
-    double t_mark = t0; /* where the current epoch's time starts */
-    double t_last = t0; /* after the latest release */
-    struct ctl_epoch *cur = NULL;
-    for (;;) {
-        lc_batch *b = NULL;
-        r = lc_stream_next(s, 0, &b);
-        /* A daemon that restarts under us: the library reconnects within its reconnect
-         * time and goes on at the batch we had reached; a timeout meanwhile is no failure. */
-        if (r == LC_ETIMEDOUT && lc_client_reconnecting(c))
-            continue;
-        if (r == LC_EEND)
-            break;
-        if (r < 0) {
-            char w[160];
-            snprintf(w, sizeof w, "%s: next batch", what);
-            ctl_fail(w, lc_client_error(c));
-            goto out;
-        }
-        if (first_ms < 0) {
-            first_ms = (ctl_now() - t0) * 1e3;
-            if (!o->json) {
-                printf("first batch: %.1f ms after open\n", first_ms);
-                fflush(stdout);
-            }
-        }
-        if (!cur || cur->epoch != lc_batch_epoch(b)) {
-            if (cur) {
-                cur->seconds = t_last - t_mark;
-                t_mark = t_last;
-                if (!o->json)
-                    ctl_epoch_print(cur);
-            }
-            if (n_epochs == so->epochs) { /* more epochs than asked: a daemon bug */
-                lc_batch_release(b);
-                ctl_fail(what, "loaderd delivered more epochs than asked for");
-                goto out;
-            }
-            cur = &epochs[n_epochs++];
-            cur->epoch = lc_batch_epoch(b);
-        }
-        int nf = lc_batch_field_count(b);
-        for (int i = 0; i < nf; i++) {
-            lc_field f;
-            if (lc_batch_field(b, i, &f) < 0)
-                continue;
-            cur->bytes += f.nbytes;
-            if (touch)
-                checksum = ctl_fold(checksum, f.data, f.nbytes);
-        }
-        cur->samples += lc_batch_rows(b);
-        cur->batches++;
-        r = lc_batch_release(b);
-        t_last = ctl_now();
-        if (r < 0) {
-            char w[160];
-            snprintf(w, sizeof w, "%s: release", what);
-            ctl_fail(w, lc_client_error(c));
-            goto out;
-        }
-    }
-    if (cur) {
-        cur->seconds = t_last - t_mark;
-        if (!o->json)
-            ctl_epoch_print(cur);
-    }
-    double total_s = t_last - t0;
-    uint64_t samples = 0, bytes = 0;
-    for (size_t i = 0; i < n_epochs; i++) {
-        samples += epochs[i].samples;
-        bytes += epochs[i].bytes;
-    }
-    r = lc_stream_close(s);
-    s = NULL;
-    if (r < 0) {
-        char w[160];
-        snprintf(w, sizeof w, "%s: close", what);
-        ctl_fail(w, lc_client_error(c));
-        goto out;
-    }
-    double sps = total_s > 0 ? (double)samples / total_s : 0.0;
-    double mbps = total_s > 0 ? (double)bytes / 1e6 / total_s : 0.0;
-    if (o->json) {
-        cJSON *j = cJSON_CreateObject();
-        cJSON *arr = cJSON_CreateArray();
-        cJSON_AddStringToObject(j, "dataset", dataset);
-        cJSON_AddNumberToObject(j, "batch_size", so->batch_size);
-        for (size_t i = 0; i < n_epochs; i++)
-            cJSON_AddItemToArray(arr, ctl_epoch_json(&epochs[i]));
-        cJSON_AddItemToObject(j, "epochs", arr);
-        cJSON_AddNumberToObject(j, "first_batch_ms", first_ms < 0 ? 0.0 : first_ms);
-        cJSON_AddNumberToObject(j, "samples", (double)samples);
-        cJSON_AddNumberToObject(j, "bytes", (double)bytes);
-        cJSON_AddNumberToObject(j, "seconds", total_s);
-        cJSON_AddNumberToObject(j, "samples_per_s", sps);
-        cJSON_AddNumberToObject(j, "mb_per_s", mbps);
-        if (touch) {
-            /* A string: a 64-bit value does not survive JSON's doubles. */
-            char hex[17];
-            snprintf(hex, sizeof hex, "%016" PRIx64, checksum);
-            cJSON_AddStringToObject(j, "checksum", hex);
-        }
-        char *text = cJSON_Print(j);
-        if (text)
-            puts(text);
-        cJSON_free(text);
-        cJSON_Delete(j);
-    } else {
-        printf("total: %" PRIu64 " samples in %.3f s: %.0f samples/s, %.1f MB/s\n", samples, total_s, sps, mbps);
-        if (touch)
-            printf("checksum: %016" PRIx64 "\n", checksum);
-    }
-    ret = 0;
-out:
-    lc_stream_close(s);
-    free(epochs);
-    return ret;
-}
-
-/* Parses `read`'s arguments (argv[0] is "read"). */
-static int ctl_cmd_read(lc_client **pc, struct ctl_opts *o, int argc, char **argv)
-{
-    lc_stream_options so;
-    const char *dataset = NULL;
-    bool touch = false;
-    uint64_t v;
-    lc_stream_options_init(&so);
-    so.batch_size = 64;
-    so.epochs = 1;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        const char *val = i + 1 < argc ? argv[i + 1] : NULL;
-#define CTL_NUM(flag, min, max, target)                                                              \
-    if (strcmp(a, flag) == 0) {                                                                      \
-        if (ctl_parse_u64(val, (min), (max), &v) < 0)                                                \
-            return ctl_usage_error("%s needs an integer in [%llu, %llu]", flag,                      \
-                                   (unsigned long long)(min), (unsigned long long)(max));            \
-        target = v;                                                                                  \
-        i++;                                                                                         \
-        continue;                                                                                    \
-    }
-        /* The protocol's limits, from the library; epoch_max is also the largest integer JSON
-         * carries exactly, the bound of seeds and batch numbers. */
-        CTL_NUM("--epochs", 1, 1000000, so.epochs)
-        CTL_NUM("--batch-size", 1, (uint64_t)lc_limit("batch_size_max"), so.batch_size)
-        CTL_NUM("--seed", 0, (uint64_t)lc_limit("epoch_max"), so.seed)
-        CTL_NUM("--epoch", 0, (uint64_t)lc_limit("epoch_max"), so.epoch)
-        CTL_NUM("--rank", 0, (uint64_t)lc_limit("world_size_max") - 1, so.rank)
-        CTL_NUM("--world-size", 1, (uint64_t)lc_limit("world_size_max"), so.world_size)
-        CTL_NUM("--start-batch", 0, (uint64_t)lc_limit("epoch_max"), so.start_batch)
-        CTL_NUM("--prefetch", 1, (uint64_t)lc_limit("prefetch_max"), so.prefetch)
-#undef CTL_NUM
-        if (strcmp(a, "--no-shuffle") == 0)
-            so.shuffle = 0;
-        else if (strcmp(a, "--drop-last") == 0)
-            so.drop_last = 1;
-        else if (strcmp(a, "--touch") == 0)
-            touch = true;
-        else if (strcmp(a, "--json") == 0)
-            o->json = true;
-        else if (a[0] == '-' && a[1] != '\0')
-            return ctl_usage_error("read: unknown option %s", a);
-        else if (!dataset)
-            dataset = a;
-        else
-            return ctl_usage_error("read: one dataset only (got %s and %s)", dataset, a);
-    }
-    if (!dataset)
-        return ctl_usage_error("read: which dataset?");
-    *pc = ctl_connect(o);
-    if (!*pc)
-        return 1;
-    return ctl_read(*pc, o, dataset, &so, touch);
-}
-
-/* ---- cache ------------------------------------------------------------------------- */
-
-/* Sends {"op": op, "dataset": name[, "force": true]} and returns the reply, or NULL
- * after printing why. */
-static cJSON *ctl_cache_request(lc_client *c, const char *op, const char *dataset, bool force)
-{
-    cJSON *req = cJSON_CreateObject();
-    cJSON_AddStringToObject(req, "op", op);
-    cJSON_AddStringToObject(req, "dataset", dataset);
-    if (force)
-        cJSON_AddBoolToObject(req, "force", true);
-    char *text = cJSON_PrintUnformatted(req), what[96];
-    cJSON_Delete(req);
-    snprintf(what, sizeof what, "%s %s", op, dataset);
-    if (!text) {
-        ctl_fail(what, "out of memory");
-        return NULL;
-    }
-    cJSON *reply = ctl_request_text(c, text, what);
-    cJSON_free(text);
-    return reply;
-}
-
-static void ctl_cache_print(const cJSON *r)
-{
-    char state[160], size[32], hb[32];
-    ctl_cache_state(r, state, sizeof state);
-    ctl_fmt_bytes(ctl_num(r, "hit_bytes", 0), hb, sizeof hb);
-    printf("%-14s %s\n", "dataset", ctl_str(r, "dataset", "?"));
-    printf("%-14s %s\n", "state", state);
-    printf("%-14s %s (mode %s)\n", "path", ctl_str(r, "path", "?"), ctl_str(r, "mode", "?"));
-    printf("%-14s %.0f samples, %s\n", "served", ctl_num(r, "hits", 0), hb);
-    const cJSON *f = cJSON_GetObjectItemCaseSensitive(r, "file");
-    if (f) {
-        ctl_fmt_bytes(ctl_num(f, "file_size", 0), size, sizeof size);
-        printf("%-14s %.0f (format version %.0f)\n", "samples", ctl_num(f, "count", 0), ctl_num(f, "version", 0));
-        printf("%-14s %s\n", "size", size);
-        printf("%-14s %s\n", "fingerprint", ctl_str(f, "fingerprint", "?"));
-        printf("%-14s %s\n", "built", ctl_str(f, "build_time", "?"));
-        printf("%-14s %s (%s)\n", "source", ctl_str(f, "source", "?"), ctl_str(f, "kind", "?"));
-    }
-}
-
-static int ctl_cmd_cache(lc_client **pc, struct ctl_opts *o, int argc, char **argv)
-{
-    const char *sub = argc > 1 ? argv[1] : NULL, *dataset = NULL;
-    bool force = false;
-    if (!sub || (strcmp(sub, "build") && strcmp(sub, "verify") && strcmp(sub, "info")))
-        return ctl_usage_error("cache: expected build, verify or info");
-    for (int i = 2; i < argc; i++) {
-        if (strcmp(argv[i], "--force") == 0 && strcmp(sub, "build") == 0)
-            force = true;
-        else if (strcmp(argv[i], "--json") == 0)
-            o->json = true;
-        else if (argv[i][0] == '-')
-            return ctl_usage_error("cache %s: unknown option %s", sub, argv[i]);
-        else if (dataset)
-            return ctl_usage_error("cache %s: one dataset only (got %s and %s)", sub, dataset, argv[i]);
-        else
-            dataset = argv[i];
-    }
-    if (!dataset)
-        return ctl_usage_error("cache %s: which dataset?", sub);
-    if (strcmp(sub, "verify") == 0 && o->timeout_ms == CTL_DEFAULT_TIMEOUT_MS)
-        o->timeout_ms = 24 * 3600 * 1000; /* a verify reads the whole cache */
-    lc_client *c = *pc = ctl_connect(o);
-    if (!c)
-        return 1;
-    cJSON *r;
-    if (strcmp(sub, "info") == 0) {
-        if (!(r = ctl_cache_request(c, "cache_info", dataset, false)))
-            return 1;
-    } else if (strcmp(sub, "verify") == 0) {
-        if (!(r = ctl_cache_request(c, "cache_verify", dataset, false)))
-            return 1;
-        cJSON_Delete(r);
-        if (!(r = ctl_cache_request(c, "cache_info", dataset, false)))
-            return 1;
-        if (!o->json)
-            printf("cache of %s: every sample matches its checksum\n", dataset);
-    } else {
-        /* Start the build, then follow it until it is ready or has failed. */
-        if (!(r = ctl_cache_request(c, "cache_build", dataset, force)))
-            return 1;
-        for (;;) {
-            const char *state = ctl_str(r, "state", "?");
-            if (strcmp(state, "building") && strcmp(state, "checking") && strcmp(state, "absent") &&
-                strcmp(state, "stale"))
-                break;
-            if (!o->json) {
-                char line[160];
-                ctl_cache_state(r, line, sizeof line);
-                fprintf(stderr, "\r%s: %s   ", dataset, line);
-            }
-            usleep(200000);
-            cJSON_Delete(r);
-            if (!(r = ctl_cache_request(c, "cache_info", dataset, false)))
-                return 1;
-        }
-        if (!o->json)
-            fprintf(stderr, "\n");
-        if (strcmp(ctl_str(r, "state", "?"), "ready") != 0) {
-            char what[96];
-            snprintf(what, sizeof what, "cache build %s", dataset);
-            ctl_fail(what, ctl_str(r, "error", "the build did not finish"));
-            cJSON_Delete(r);
-            return 1;
-        }
-    }
-    if (o->json)
-        ctl_print_json(r);
-    else
-        ctl_cache_print(r);
-    cJSON_Delete(r);
-    return 0;
 }
 
 int main(int argc, char **argv)

@@ -218,7 +218,12 @@ def test_help_is_complete(staged):
         assert "--" + o in out, "loaderd --help lacks --" + o
     assert "LOADERD_SOCKET" in out and "exit status" in out
 
-    ctl_opts = set(re.findall(r'"(--[a-z][a-z-]*)', src("tools", "loaderctl.c")))
+    ctl_srcs = [n for n in os.listdir(os.path.join(support.REPO, "tools"))
+                if n.startswith("loaderctl") and n.endswith(".c")]
+    assert {"loaderctl.c", "loaderctl_read.c"} <= set(ctl_srcs)
+    ctl_opts = set()
+    for n in ctl_srcs:
+        ctl_opts |= set(re.findall(r'"(--[a-z][a-z-]*)', src("tools", n)))
     assert {"--batch-size", "--socket", "--daemon-uid"} <= ctl_opts
     ctl = os.path.join(root, "bin", "loaderctl")
     out = _run([ctl, "--help"]).stdout
