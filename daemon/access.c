@@ -39,6 +39,17 @@ const struct access_rule *access_dataset_rule(const struct access_config *a, con
     return NULL;
 }
 
+const struct access_declare *access_declare_next(const struct access_config *a, const struct access_peer *p,
+                                                 uint32_t self_uid, size_t *pos)
+{
+    while (*pos < a->n_declare) {
+        const struct access_declare *e = &a->declare[(*pos)++];
+        if (access_allows(&e->rule, p, self_uid))
+            return e;
+    }
+    return NULL;
+}
+
 static void access_user_name(uint32_t uid, char *buf, size_t size)
 {
     struct passwd pw, *found = NULL;
@@ -109,5 +120,12 @@ void access_config_clear(struct access_config *a)
         access_rule_clear(&a->datasets[i].rule);
     }
     free(a->datasets);
+    for (size_t i = 0; i < a->n_declare; i++) {
+        access_rule_clear(&a->declare[i].rule);
+        for (size_t k = 0; k < a->declare[i].n_roots; k++)
+            free(a->declare[i].roots[k]);
+        free(a->declare[i].roots);
+    }
+    free(a->declare);
     *a = (struct access_config){0};
 }

@@ -32,11 +32,25 @@ struct access_dataset_rule {
     struct access_rule rule;
 };
 
+/* One entry of access.declare: who (rule) may open streams on datasets they declare
+ * themselves (a spec sent with `open`) beneath which directories (roots: absolute,
+ * without a trailing slash), and whether such a spec may have a cache (which the daemon
+ * writes) or a transform plug-in (which runs inside the daemon). */
+struct access_declare {
+    struct access_rule rule;
+    char **roots;
+    size_t n_roots;
+    bool caches, plugins;
+    int line, column;               /* of the entry, for messages */
+};
+
 struct access_config {
     struct access_rule connect;     /* who may connect at all */
     struct access_rule operators;   /* cache_build, cache_verify, reload, stop */
     struct access_dataset_rule *datasets;
     size_t n_datasets;
+    struct access_declare *declare; /* none: nobody may declare (templates included) */
+    size_t n_declare;
 };
 
 /* A connection's credentials, as SO_PEERCRED and SO_PEERGROUPS gave them. */
@@ -54,6 +68,10 @@ const struct access_rule *access_dataset_rule(const struct access_config *a, con
 void access_describe_peer(const struct access_peer *p, char *buf, size_t size);
 /* "users alice(1001), 1002; groups vision(300)": what a rule allows, for a denial's message. */
 void access_describe_rule(const struct access_rule *r, char *buf, size_t size);
+/* The i-th entry of access.declare at or after *pos that p passes (then *pos is past
+ * it), or NULL: iterate with pos = 0 until NULL. */
+const struct access_declare *access_declare_next(const struct access_config *a, const struct access_peer *p,
+                                                 uint32_t self_uid, size_t *pos);
 void access_rule_clear(struct access_rule *r);
 void access_config_clear(struct access_config *a);
 

@@ -355,7 +355,8 @@ static int load_datasets(const struct config_loader *l, const yaml_node_t *key, 
                                 config_yaml_node(l, v->data.mapping.pairs.start[CONFIG_MAX_DATASETS].key)->start_mark,
                                 "datasets: more than %d datasets", CONFIG_MAX_DATASETS);
     c->datasets = calloc(n, sizeof *c->datasets);
-    if (!c->datasets) {
+    c->dataset_json = calloc(n, sizeof *c->dataset_json);
+    if (!c->datasets || !c->dataset_json) {
         ld_errorf(l->errbuf, "%s: out of memory", l->file);
         return LD_ENOMEM;
     }
@@ -380,6 +381,13 @@ static int load_datasets(const struct config_loader *l, const yaml_node_t *key, 
         }
         if ((ret = load_dataset(l, k, config_yaml_node(l, pair->value), &c->datasets[i])) < 0)
             return ret;
+        cJSON *json = config_yaml_json(l, config_yaml_node(l, pair->value), 0);
+        c->dataset_json[i] = json ? cJSON_PrintUnformatted(json) : NULL;
+        cJSON_Delete(json);
+        if (!c->dataset_json[i]) {
+            ld_errorf(l->errbuf, "%s: out of memory", l->file);
+            return LD_ENOMEM;
+        }
     }
     return 0;
 }
@@ -687,8 +695,11 @@ void config_free(struct config *c)
         for (size_t t = 0; t < c->datasets[i].n_transforms; t++)
             transform_spec_clear(&c->datasets[i].transforms[t]);
         free(c->datasets[i].transforms);
+        if (c->dataset_json)
+            cJSON_free(c->dataset_json[i]);
     }
     free(c->datasets);
+    free(c->dataset_json);
     free(c->clients);
     access_config_clear(&c->access);
     free(c->socket_path);

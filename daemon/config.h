@@ -140,6 +140,9 @@ struct config {
     int log_level;                  /* LD_LOG_* */
     struct config_dataset *datasets;
     size_t n_datasets;
+    /* Per dataset, its definition as written (compact JSON, paths as written): what a
+     * trainer refines when it opens the dataset as a template (declare.h). */
+    char **dataset_json;
     struct config_client *clients;
     size_t n_clients;
     struct access_config access;    /* the `access:` section (access.h); all unset: everyone */

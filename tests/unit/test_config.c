@@ -1091,13 +1091,61 @@ static void test_access_section(void **state)
     expect_error_at(ONE_DATASET "access:\n  connect: {user: [root]}\n", 4, 13,
                     "access.connect: unknown key 'user' (expected users or groups)", NULL);
     expect_error_at(ONE_DATASET "access:\n  conect: {users: [root]}\n", 4, 3,
-                    "access: unknown key 'conect' (expected connect, operators or datasets)", NULL);
+                    "access: unknown key 'conect' (expected connect, operators, datasets or declare)", NULL);
     expect_error_at(ONE_DATASET "access:\n  connect: [root]\n", 4, 12,
                     "access.connect: expected a mapping with users and groups, got a sequence", NULL);
     expect_error_at(ONE_DATASET "access:\n  connect: {users: {a: 1}}\n", 4, 20,
                     "access.connect.users: expected a list of user names or numbers", NULL);
     expect_error_at("access:\n  datasets:\n    nope: {users: [root]}\n" ONE_DATASET, 3, 5,
                     "access.datasets: no dataset named 'nope' under datasets:", NULL);
+}
+
+/* access.declare: a list of grants (or one), roots kept clean, flags off by default;
+ * a grant is found by who the peer is. */
+static void test_access_declare(void **state)
+{
+    char path[PATH_MAX];
+    struct config *c = load_ok(ONE_DATASET "access:\n"
+                               "  declare:\n"
+                               "    - {users: [1234], roots: [/data//vision/, /scratch], caches: true}\n"
+                               "    - {groups: [77], roots: /home/x, plugins: yes}\n"
+                               "    - {roots: [/pub]}\n",
+                               path, sizeof path);
+    const struct access_config *a = &c->access;
+    assert_int_equal(a->n_declare, 3);
+    assert_int_equal(a->declare[0].n_roots, 2);
+    assert_string_equal(a->declare[0].roots[0], "/data/vision");
+    assert_true(a->declare[0].caches);
+    assert_false(a->declare[0].plugins);
+    assert_string_equal(a->declare[1].roots[0], "/home/x");
+    assert_true(a->declare[1].plugins);
+    assert_false(a->declare[2].rule.set); /* no users or groups: everyone */
+    struct access_peer p = {.uid = 1234, .gid = 9};
+    size_t pos = 0;
+    assert_ptr_equal(access_declare_next(a, &p, 999, &pos), &a->declare[0]);
+    assert_ptr_equal(access_declare_next(a, &p, 999, &pos), &a->declare[2]);
+    assert_null(access_declare_next(a, &p, 999, &pos));
+    /* The dataset's definition is kept as JSON, for templates. */
+    assert_string_equal(c->dataset_json[0], "{\"kind\":\"files\",\"path\":\"x\"}");
+    config_free(c);
+    /* One mapping is a list of one. */
+    c = load_ok(ONE_DATASET "access:\n  declare: {roots: [/d]}\n", path, sizeof path);
+    assert_int_equal(c->access.n_declare, 1);
+    config_free(c);
+
+    expect_error_at(ONE_DATASET "access:\n  declare: {users: [root]}\n", 4, 12,
+                    "access.declare: missing required key 'roots'", NULL);
+    expect_error_at(ONE_DATASET "access:\n  declare: {roots: [data]}\n", 4, 21,
+                    "access.declare.roots[0]: expected an absolute directory, got 'data'", NULL);
+    expect_error_at(ONE_DATASET "access:\n  declare: {roots: [/a/../etc]}\n", 4, 21,
+                    "access.declare.roots[0]: '/a/../etc' has a '..' component", NULL);
+    expect_error_at(ONE_DATASET "access:\n  declare: {roots: [/]}\n", 4, 21,
+                    "access.declare.roots[0]: '/' cannot be a root", NULL);
+    expect_error_at(ONE_DATASET "access:\n  declare: [{roots: [/a], cache: true}]\n", 4, 27,
+                    "access.declare[0]: unknown key 'cache' (expected users, groups, roots, caches or plugins)",
+                    NULL);
+    expect_error_at(ONE_DATASET "access:\n  declare: [{roots: [/a], plugins: maybe}]\n", 4, 36,
+                    "access.declare[0].plugins: ", NULL);
 }
 
 /* Loads `json` as a trainer's spec and as the dataset "spec" of a config file; both
@@ -1177,6 +1225,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_scheduling_keys),
         cmocka_unit_test(test_access_section),
+        cmocka_unit_test(test_access_declare),
         cmocka_unit_test(test_spec),
         cmocka_unit_test(test_full_config),
         cmocka_unit_test(test_defaults),
