@@ -114,6 +114,8 @@ struct lc_stream {
     int dev_ordinal;            /* -1: a host stream */
     struct client_device *dev;  /* client_device.c; NULL for a host stream or while detached */
     char *dev_name, *dev_norm;  /* copies of opts.device and opts.device_normalize */
+    char *spec;                 /* copy of opts.spec (NULL: a configured dataset) */
+    bool spec_template;         /* spec refines `dataset` (else dataset is only a label) */
 };
 
 struct lc_client {

@@ -107,12 +107,26 @@ bool client_stream_over(const lc_stream *s)
     return s->opts.epochs && s->next_epoch - s->opts.epoch >= s->opts.epochs;
 }
 
+/* Adds the JSON object text `json` (NULL: nothing) to req under `key`; false when it
+ * is not an object or memory is short. */
+static bool client_add_object(cJSON *req, const char *key, const char *json)
+{
+    if (!json)
+        return true;
+    cJSON *o = cJSON_Parse(json);
+    if (cJSON_IsObject(o) && cJSON_AddItemToObject(req, key, o))
+        return true;
+    cJSON_Delete(o);
+    return false;
+}
+
 cJSON *client_open_request(const char *dataset, const lc_stream_options *o, uint64_t epoch, uint64_t start_batch,
                            uint64_t epochs)
 {
     cJSON *req = cJSON_CreateObject();
+    /* A declared dataset: the spec, refining `dataset` when there is one (a template). */
     if (!req || !cJSON_AddStringToObject(req, "op", LD_OP_OPEN) ||
-        !cJSON_AddStringToObject(req, "dataset", dataset) ||
+        (dataset && !cJSON_AddStringToObject(req, o->spec ? "template" : "dataset", dataset)) ||
         !cJSON_AddNumberToObject(req, "batch_size", o->batch_size) ||
         !cJSON_AddBoolToObject(req, "shuffle", o->shuffle != 0) ||
         !cJSON_AddNumberToObject(req, "seed", (double)o->seed) ||
@@ -129,14 +143,10 @@ cJSON *client_open_request(const char *dataset, const lc_stream_options *o, uint
         cJSON_Delete(req);
         return NULL;
     }
-    /* Checked to be a JSON object by lc_stream_open. */
-    if (o->device_normalize) {
-        cJSON *norm = cJSON_Parse(o->device_normalize);
-        if (!cJSON_IsObject(norm) || !cJSON_AddItemToObject(req, "device_normalize", norm)) {
-            cJSON_Delete(norm);
-            cJSON_Delete(req);
-            return NULL;
-        }
+    /* Checked to be JSON objects by lc_stream_open. */
+    if (!client_add_object(req, "spec", o->spec) || !client_add_object(req, "device_normalize", o->device_normalize)) {
+        cJSON_Delete(req);
+        return NULL;
     }
     return req;
 }
@@ -283,7 +293,8 @@ static int client_reopen_send(lc_stream *s, int64_t deadline, int timeout_ms)
 {
     lc_client *c = s->client;
     uint64_t epochs = s->opts.epochs ? s->opts.epochs - (s->next_epoch - s->opts.epoch) : 0;
-    cJSON *req = client_open_request(s->dataset, &s->opts, s->next_epoch, s->next_batch, epochs);
+    cJSON *req = client_open_request(s->spec && !s->spec_template ? NULL : s->dataset, &s->opts, s->next_epoch,
+                                     s->next_batch, epochs);
     if (!req) {
         client_seterr(c, "out of memory building 'open'");
         return LC_ENOMEM;

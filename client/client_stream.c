@@ -355,6 +355,20 @@ static int client_check_u64(lc_client *c, const char *name, uint64_t v)
     return LC_EFIELD;
 }
 
+/* An option that carries a JSON object (NULL: not given): LC_EINVAL when it is not one. */
+static int client_check_object(lc_client *c, const char *what, const char *json)
+{
+    if (!json)
+        return 0;
+    cJSON *o = cJSON_Parse(json);
+    bool ok = cJSON_IsObject(o);
+    cJSON_Delete(o);
+    if (ok)
+        return 0;
+    client_seterr(c, "lc_stream_open: %s is not a JSON object: %.200s", what, json);
+    return LC_EINVAL;
+}
+
 LC_EXPORT int lc_stream_open(lc_client *c, const char *dataset, const lc_stream_options *opts,
                              lc_stream **ret_stream)
 {
@@ -369,8 +383,8 @@ LC_EXPORT int lc_stream_open(lc_client *c, const char *dataset, const lc_stream_
     int ret;
     if (!c)
         return LC_EINVAL;
-    if (!dataset || !opts || !ret_stream) {
-        client_seterr(c, "lc_stream_open: dataset, options and ret_stream are required");
+    if (!opts || !ret_stream) {
+        client_seterr(c, "lc_stream_open: options and ret_stream are required");
         return LC_EINVAL;
     }
     lc_stream_options_init(&opt);
@@ -379,21 +393,19 @@ LC_EXPORT int lc_stream_open(lc_client *c, const char *dataset, const lc_stream_
         client_seterr(c, "lc_stream_open: %s", msg);
         return ret;
     }
+    if (!dataset && !o->spec) {
+        client_seterr(c, "lc_stream_open: a dataset name or options.spec is required");
+        return LC_EINVAL;
+    }
+    if ((ret = client_check_object(c, "spec", o->spec)) < 0 ||
+        (ret = client_check_object(c, "device_normalize", o->device_normalize)) < 0)
+        return ret;
     if (c->broken && (ret = client_check_usable(c)) < 0)
         return ret;
     if ((ret = client_check_u64(c, "seed", o->seed)) < 0 || (ret = client_check_u64(c, "epoch", o->epoch)) < 0 ||
         (ret = client_check_u64(c, "start_batch", o->start_batch)) < 0 ||
         (ret = client_check_u64(c, "epochs", o->epochs)) < 0)
         return ret;
-    if (o->device_normalize) {
-        cJSON *norm = cJSON_Parse(o->device_normalize);
-        bool ok = cJSON_IsObject(norm);
-        cJSON_Delete(norm);
-        if (!ok) {
-            client_seterr(c, "lc_stream_open: device_normalize is not a JSON object: %.200s", o->device_normalize);
-            return LC_EINVAL;
-        }
-    }
     req = client_open_request(dataset, o, o->epoch, o->start_batch, o->epochs);
     if (!req) {
         client_seterr(c, "out of memory building 'open'");
@@ -421,16 +433,22 @@ LC_EXPORT int lc_stream_open(lc_client *c, const char *dataset, const lc_stream_
     s->dev_ordinal = -1;
     s->opts.device = NULL;
     s->opts.device_normalize = NULL;
+    s->opts.spec = NULL;
     /* Once the daemon holds a stream for us, every failure below must close it. */
     if (proto_get_int(reply, "stream", 0, LD_JSON_SAFE_INT, &sid, msg) == 0)
         remote = true;
-    s->dataset = strdup(dataset);
-    /* The reopen after a daemon restart asks for the same device: copies of ours. */
+    s->dataset = strdup(dataset ? dataset : "spec");
+    /* The reopen after a daemon restart asks for the same device and the same declared
+     * dataset: copies of ours. */
     s->dev_name = o->device ? strdup(o->device) : NULL;
     s->dev_norm = o->device_normalize ? strdup(o->device_normalize) : NULL;
+    s->spec = o->spec ? strdup(o->spec) : NULL;
+    s->spec_template = o->spec && dataset;
     s->opts.device = s->dev_name;
     s->opts.device_normalize = s->dev_norm;
-    if (!s->dataset || (o->device && !s->dev_name) || (o->device_normalize && !s->dev_norm)) {
+    s->opts.spec = s->spec;
+    if (!s->dataset || (o->device && !s->dev_name) || (o->device_normalize && !s->dev_norm) ||
+        (o->spec && !s->spec)) {
         ret = LC_ENOMEM;
         client_seterr(c, "out of memory");
         goto out;
@@ -555,6 +573,7 @@ void client_stream_free(lc_stream *s)
     free(s->dataset);
     free(s->dev_name);
     free(s->dev_norm);
+    free(s->spec);
     client_device_close(s); /* before the mapping goes: it may be pinned */
     if (s->map)
         munmap((void *)s->map, s->map_size);

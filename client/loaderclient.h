@@ -93,6 +93,15 @@ typedef struct lc_stream_options {
      * "float16" | "float32", "layout": "CHW" | "HWC" (the field's on the host)}; the
      * device field is then float, CHW (transfer ipc only). */
     const char *device_normalize;
+    /* NULL, or a JSON object: a dataset the trainer declares (the keys of a
+     * dataset in the daemon's config: kind, path, pattern, transforms, on_error, ...).
+     * With lc_stream_open's dataset NULL it is the whole dataset, which the daemon's
+     * access.declare must allow (its path beneath an allowed root, every file readable
+     * by this process's user); with a configured dataset's name, it holds the keys
+     * that refine that dataset (e.g. {"transforms": [...]}). Errors: LC_EDENIED (not
+     * allowed, naming what), LC_ECONFIG ("spec.KEY: ..."), LC_ENOTSUP. The daemon owns
+     * the declared dataset while the stream is open; a reconnect declares it again. */
+    const char *spec;
 } lc_stream_options;
 
 /* The library's version, "MAJOR.MINOR.PATCH", and as MAJOR * 10000 + MINOR * 100 + PATCH
@@ -194,7 +203,8 @@ LC_EXPORT void lc_free(void *p);
 /* Sets struct_size = sizeof(lc_stream_options) and every default. */
 LC_EXPORT void lc_stream_options_init(lc_stream_options *o);
 /* Opens a stream and maps its ring. LC_EINVAL when o->struct_size is smaller than the
- * first version of the struct (not initialised with lc_stream_options_init). */
+ * first version of the struct (not initialised with lc_stream_options_init). `dataset`
+ * may be NULL when o->spec declares the dataset. */
 LC_EXPORT int lc_stream_open(lc_client *c, const char *dataset, const lc_stream_options *o,
                              lc_stream **ret_stream);
 LC_EXPORT uint64_t lc_stream_batches_per_epoch(const lc_stream *s);

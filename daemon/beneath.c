@@ -173,6 +173,34 @@ int beneath_open_dir(const struct beneath *b, const char *rel, int *ret_fd)
     return 0;
 }
 
+/* A path a trainer wrote: links followed while they stay beneath (see beneath.h). */
+static int beneath_trainer_path(const struct beneath *b, const char *rel, int oflags, int *ret_fd)
+{
+    int fd;
+    if (!rel[0]) {
+        fd = openat(b->rootfd, ".", oflags);
+        fd = fd < 0 ? -errno : fd;
+    } else if (!b->walk) {
+        fd = beneath_openat2(b->rootfd, rel, oflags, RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS);
+    } else {
+        fd = beneath_walk(b, rel, oflags);
+    }
+    if (fd < 0)
+        return fd;
+    *ret_fd = fd;
+    return 0;
+}
+
+int beneath_open_dir_path(const struct beneath *b, const char *rel, int *ret_fd)
+{
+    return beneath_trainer_path(b, rel, O_PATH | O_DIRECTORY | O_CLOEXEC, ret_fd);
+}
+
+int beneath_open_any(const struct beneath *b, const char *rel, int *ret_fd)
+{
+    return beneath_trainer_path(b, rel, O_PATH | O_CLOEXEC, ret_fd);
+}
+
 /* A link the scan found: its folder without links, then the link itself followed to
  * wherever it leads, as an O_PATH descriptor (no open of a device or FIFO out there);
  * then the end is checked against the root, and re-opened for reading through the

@@ -72,6 +72,16 @@ int beneath_open_dir(const struct beneath *b, const char *rel, int *ret_fd);
  * blocks on the file's type (FIFOs are opened non-blocking, then refused). */
 int beneath_open(const struct beneath *b, const char *rel, unsigned flags, int *ret_fd, struct stat *ret_st);
 
+/* Opens directory `rel` (relative; "" is the root) as an O_PATH descriptor for a path
+ * someone other than the operator wrote (a trainer's declared dataset, declare.h):
+ * symbolic links are followed while they stay beneath the root and magic links
+ * (/proc/PID/fd/N) never are: openat2 with RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS.
+ * -EXDEV when a link or ".." leads outside; where openat2 is refused, the walk allows
+ * no link at all (-ELOOP). *ret_fd on success; 0 or -errno. */
+int beneath_open_dir_path(const struct beneath *b, const char *rel, int *ret_fd);
+/* The same for any file (O_PATH, following links that stay beneath): for a stat. */
+int beneath_open_any(const struct beneath *b, const char *rel, int *ret_fd);
+
 /* A sentence for a code of beneath_open ("leads outside the dataset's directory ...");
  * uses buf for errno texts. */
 const char *beneath_strerror(int rc, char *buf, size_t size);

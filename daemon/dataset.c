@@ -115,7 +115,9 @@ void dataset_free(dataset *d)
     free((void *)d->bad_seen);
     if (d->tally_ready)
         pthread_mutex_destroy(&d->tally_lock);
+    struct config *owned = d->owned_config;
     d->ops->free(d);
+    config_free(owned);
     dataset_deadline_stop();
     atomic_fetch_sub(&dataset_live, 1);
 }

@@ -119,6 +119,9 @@ struct dataset {
      * rescan replaced it; a retired dataset is freed by its last holder. */
     uint32_t holders;
     bool retired;
+    /* The config the dataset was opened from when the dataset owns it (a dataset a
+     * trainer declared, declare.h): freed with the dataset. NULL otherwise. */
+    struct config *owned_config;
     /* Class names by label (files, image_folder: the first-level sub-folders, sorted);
      * owned by the kind. */
     char **class_names;

@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include "cache_report.h"
+#include "declare.h"
 #include "log.h"
 #include "metrics.h"
 #include "ring.h"
@@ -122,6 +123,63 @@ static bool server_ops_allowed(conn *c, int64_t id, const struct access_rule *r,
     return false;
 }
 
+/* Whether the connection passes access.datasets.<name>; replies permission_denied when not. */
+static bool server_ops_dataset_allowed(conn *c, int64_t id, const char *name)
+{
+    char what[LD_NAME_MAX + 64], rule_name[LD_NAME_MAX + 32];
+    snprintf(what, sizeof what, "open a stream on dataset '%s'", name);
+    snprintf(rule_name, sizeof rule_name, "access.datasets.%s", name);
+    return server_ops_allowed(c, id, access_dataset_rule(&c->srv->cfg->access, name), rule_name, what);
+}
+
+/* Whether the connection may open one more stream now; replies limit_reached when not. */
+static bool server_ops_may_open(conn *c, int64_t id)
+{
+    server *srv = c->srv;
+    char err[LD_ERRMSG_MAX];
+    if (c->reserved) {
+        snprintf(err, sizeof err, "all %u client slots are taken (server.max_clients); this connection holds "
+                 "the one kept for operator commands, which cannot open streams", srv->cfg->max_clients);
+        server_reply_error(c, id, LD_ELIMIT, err);
+        return false;
+    }
+    if (srv->n_streams >= srv->cfg->max_streams) {
+        snprintf(err, sizeof err, "the daemon already serves %u streams (server.max_streams)", srv->n_streams);
+        server_reply_error(c, id, LD_ELIMIT, err);
+        return false;
+    }
+    return true;
+}
+
+/* The dataset a trainer declares with `spec` (refining the configured `template` when
+ * not NULL), or NULL once the error is replied (declare.h). */
+static dataset *server_ops_declare(conn *c, int64_t id, const cJSON *spec, const char *template_name)
+{
+    server *srv = c->srv;
+    char err[LD_ERRMSG_MAX];
+    if (template_name) {
+        if (!server_ops_find_dataset(srv, template_name) && !server_find_unavailable(srv, template_name)) {
+            snprintf(err, sizeof err, "no dataset named '%s' (see `loaderctl datasets`)", template_name);
+            server_reply_error(c, id, LD_ENODATASET, err);
+            return NULL;
+        }
+        if (!server_ops_dataset_allowed(c, id, template_name))
+            return NULL;
+    }
+    struct access_peer peer = server_conn_peer(c);
+    dataset *d = NULL;
+    int rc = declare_open(srv->cfg, &peer, (uint32_t)getuid(), spec, template_name, &d, err);
+    if (rc < 0) {
+        ld_log(rc == LD_EDENIED ? LD_LOG_WARN : LD_LOG_INFO, "client %" PRIu64 " (%s, uid %u, pid %d): declared "
+               "dataset refused: %s", c->id, c->name, c->uid, c->pid, err);
+        server_reply_error(c, id, rc, err);
+        return NULL;
+    }
+    ld_log(LD_LOG_INFO, "client %" PRIu64 " (%s, uid %u): declared dataset '%s' on %s: %" PRIu64 " samples", c->id,
+           c->name, c->uid, d->name, d->source, d->count);
+    return d;
+}
+
 /* ---- operations ----------------------------------------------------------------- */
 
 static void server_op_hello(conn *c, const cJSON *req, int64_t id)
@@ -213,11 +271,16 @@ static void server_op_open(conn *c, const cJSON *req, int64_t id)
 {
     server *srv = c->srv;
     char err[LD_ERRMSG_MAX];
-    const char *name;
+    const char *name = NULL;
     int64_t batch, seed, epoch, rank, world, start, prefetch, epochs;
     bool shuffle, drop_last;
     int rc;
-    if ((rc = proto_get_str(req, "dataset", LD_NAME_MAX - 1, &name, err)) < 0 ||
+    /* "spec": a dataset the trainer declares; with "template" (or "dataset"), the keys
+     * that refine a configured one (declare.h). */
+    const cJSON *spec = cJSON_GetObjectItemCaseSensitive(req, "spec");
+    const char *key = spec && cJSON_GetObjectItemCaseSensitive(req, "template") ? "template" : "dataset";
+    if (((!spec || cJSON_GetObjectItemCaseSensitive(req, key)) &&
+         (rc = proto_get_str(req, key, LD_NAME_MAX - 1, &name, err)) < 0) ||
         (rc = proto_get_int(req, "batch_size", 1, LD_BATCH_SIZE_MAX, &batch, err)) < 0 ||
         (rc = proto_opt_bool(req, "shuffle", true, &shuffle, err)) < 0 ||
         (rc = proto_opt_int(req, "seed", 0, LD_JSON_SAFE_INT, 0, &seed, err)) < 0 ||
@@ -251,7 +314,14 @@ static void server_op_open(conn *c, const cJSON *req, int64_t id)
         server_reply_error(c, id, LD_EINVAL, err);
         return;
     }
-    dataset *d = server_ops_find_dataset(srv, name);
+    dataset *d = NULL;
+    if (spec) {
+        if (!server_ops_may_open(c, id) || !(d = server_ops_declare(c, id, spec, name)))
+            return;
+        name = d->name;
+    } else {
+        d = server_ops_find_dataset(srv, name);
+    }
     const struct server_unavailable *u = d ? NULL : server_find_unavailable(srv, name);
     if (u) {
         ld_errorf(err, "dataset '%s' is unavailable: %s (fix it, then `loaderctl reload`)", name,
@@ -264,22 +334,9 @@ static void server_op_open(conn *c, const cJSON *req, int64_t id)
         server_reply_error(c, id, LD_ENODATASET, err);
         return;
     }
-    char what[LD_NAME_MAX + 64], rule_name[LD_NAME_MAX + 32];
-    snprintf(what, sizeof what, "open a stream on dataset '%s'", name);
-    snprintf(rule_name, sizeof rule_name, "access.datasets.%s", name);
-    if (!server_ops_allowed(c, id, access_dataset_rule(&srv->cfg->access, name), rule_name, what))
+    if (!spec && (!server_ops_dataset_allowed(c, id, name) || !server_ops_may_open(c, id)))
         return;
-    if (c->reserved) {
-        snprintf(err, sizeof err, "all %u client slots are taken (server.max_clients); this connection holds "
-                 "the one kept for operator commands, which cannot open streams", srv->cfg->max_clients);
-        server_reply_error(c, id, LD_ELIMIT, err);
-        return;
-    }
-    if (srv->n_streams >= srv->cfg->max_streams) {
-        snprintf(err, sizeof err, "the daemon already serves %u streams (server.max_streams)", srv->n_streams);
-        server_reply_error(c, id, LD_ELIMIT, err);
-        return;
-    }
+    dataset *declared = spec ? d : NULL; /* the stream will own it; until then, this op */
     if ((rc = server_ops_refresh_dataset(srv, &d, err)) < 0) {
         ld_log(LD_LOG_WARN, "client %" PRIu64 " (%s): open '%s' failed: %s", c->id, c->name, name, err);
         server_reply_error(c, id, rc, err);
@@ -287,6 +344,7 @@ static void server_op_open(conn *c, const cJSON *req, int64_t id)
     }
     struct device_normalize *norm = calloc(1, sizeof *norm);
     if (!norm) {
+        dataset_free(declared);
         server_reply_error(c, id, LD_ENOMEM, NULL);
         return;
     }
@@ -300,12 +358,14 @@ static void server_op_open(conn *c, const cJSON *req, int64_t id)
     }
     if (rc < 0) {
         free(norm);
+        dataset_free(declared);
         server_reply_error(c, id, rc, err);
         return;
     }
     struct conn_stream *cs = calloc(1, sizeof *cs);
     if (!cs) {
         free(norm);
+        dataset_free(declared);
         server_reply_error(c, id, LD_ENOMEM, NULL);
         return;
     }
@@ -330,9 +390,12 @@ static void server_op_open(conn *c, const cJSON *req, int64_t id)
     if (rc < 0) {
         free(cs);
         ld_log(LD_LOG_WARN, "client %" PRIu64 " (%s): open '%s' failed: %s", c->id, c->name, name, err);
+        dataset_free(declared);
         server_reply_error(c, id, rc, err);
         return;
     }
+    if (declared)
+        declared->retired = true; /* freed when its last stream lets it go (dataset_watch.h) */
     cs->c = c;
     cs->id = sid;
     cs->ring_bytes = stream_ring_bytes(cs->s);

@@ -120,7 +120,8 @@ class LcStreamOptions(ctypes.Structure):
                 ("epochs", ctypes.c_uint64),
                 ("device", ctypes.c_char_p),
                 ("transfer", ctypes.c_int),
-                ("device_normalize", ctypes.c_char_p)]
+                ("device_normalize", ctypes.c_char_p),
+                ("spec", ctypes.c_char_p)]
 
 
 class LcDeviceField(ctypes.Structure):
