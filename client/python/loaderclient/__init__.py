@@ -12,9 +12,9 @@ libloaderclient.so (found through $LOADERCLIENT_LIB, the package directory, the 
 or the system path; see client/python/README.md).
 """
 from ._lib import LIMITS, LibraryNotFoundError, library_path, library_version, library_version_number
-from .errors import (CODE_NAMES, ConnectError, ConnectionLost, DatasetNotFound, DeviceError, EndOfStream,
-                     InvalidArgument, LoaderdError, OutOfRange, OverBudget, PermissionDenied, ReleasedError,
-                     SampleError, Timeout, error_name)
+from .errors import (CODE_NAMES, ConfigError, ConnectError, ConnectionLost, DatasetNotFound, DeviceError,
+                     EndOfStream, InvalidArgument, LoaderdError, OutOfRange, OverBudget, PermissionDenied,
+                     ReleasedError, SampleError, Timeout, error_name)
 from .client import MAX_DEFERRED, Batch, Client, RaggedField, Stream, default_socket
 
 
@@ -34,8 +34,8 @@ def _package_version() -> str:
 
 __version__: str = _package_version()
 
-__all__ = ["Client", "Stream", "Batch", "RaggedField", "LoaderdError", "ConnectError", "ConnectionLost",
-           "DatasetNotFound", "InvalidArgument", "OutOfRange", "OverBudget", "PermissionDenied", "EndOfStream",
-           "SampleError", "Timeout", "ReleasedError", "DeviceError",
+__all__ = ["Client", "Stream", "Batch", "RaggedField", "LoaderdError", "ConfigError", "ConnectError",
+           "ConnectionLost", "DatasetNotFound", "InvalidArgument", "OutOfRange", "OverBudget", "PermissionDenied",
+           "EndOfStream", "SampleError", "Timeout", "ReleasedError", "DeviceError",
            "LibraryNotFoundError", "CODE_NAMES", "error_name", "default_socket", "library_path",
            "library_version", "library_version_number", "LIMITS", "MAX_DEFERRED"]

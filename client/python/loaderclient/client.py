@@ -14,7 +14,7 @@ import ctypes
 import json
 import os
 import threading
-from typing import Any, Dict, Iterator, List, Optional, Tuple, TypeVar, Union
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, TypeVar, Union
 
 import numpy as np
 
@@ -89,6 +89,33 @@ def _uint(name, v, bits):
 _Self = TypeVar("_Self", bound="_ContextManaged")
 #: What a field reads as: a numpy array, or for a ragged field a RaggedField.
 FieldValue = Union[np.ndarray, "RaggedField"]
+
+
+def _declared(dataset, spec, template, transforms):
+    """For Client.open: the name passed to lc_stream_open (bytes or None), the spec as
+    JSON (bytes or None) and the stream's label."""
+    if template is not None and dataset is not None and template != dataset:
+        raise InvalidArgument(errors.EFIELD, "give the template's name once (template=%r, dataset=%r)"
+                              % (template, dataset))
+    name = template if template is not None else dataset
+    if spec is None and transforms is None:
+        if template is not None:
+            raise InvalidArgument(errors.EFIELD, "template=%r: give transforms= or spec= (the keys to change)"
+                                  % (template,))
+        if name is None:
+            raise InvalidArgument(errors.EFIELD, "a dataset name or spec= (a dataset you declare) is required")
+        return str(name).encode(), None, str(name)
+    if spec is not None and not isinstance(spec, dict):
+        raise InvalidArgument(errors.EFIELD, "spec must be a dict (the keys of a dataset), got %s"
+                              % type(spec).__name__)
+    obj = dict(spec or {})
+    if transforms is not None:
+        from .transforms import to_specs
+        obj["transforms"] = to_specs(transforms)
+    if name is None:
+        label = "spec:%s" % os.path.basename(str(obj.get("path", "")).rstrip("/"))
+        return None, json.dumps(obj, separators=(",", ":")).encode(), label
+    return str(name).encode(), json.dumps(obj, separators=(",", ":")).encode(), "%s+spec" % name
 
 
 class _ContextManaged:
@@ -775,12 +802,22 @@ class Client(_Closes):
         """Every stream of the daemon, with its slot states."""
         return self.request({"op": "streams"})["streams"]
 
-    def open(self, dataset: str, batch_size: int, shuffle: bool = True, seed: int = 0, epoch: int = 0,
-             rank: Optional[int] = None, world_size: Optional[int] = None, drop_last: bool = False,
-             start_batch: int = 0, prefetch: Optional[int] = None, epochs: int = 0, keep_views_safe: bool = True,
-             auto_release: bool = True, device: Optional[str] = None, transfer: str = "ipc",
-             device_normalize: Optional[Dict[str, Any]] = None) -> Stream:
-        """Opens a stream of `dataset`: batches of `batch_size`, shuffled with (seed, epoch)
+    def open(self, dataset: Optional[str] = None, batch_size: Optional[int] = None, shuffle: bool = True,
+             seed: int = 0, epoch: int = 0, rank: Optional[int] = None, world_size: Optional[int] = None,
+             drop_last: bool = False, start_batch: int = 0, prefetch: Optional[int] = None, epochs: int = 0,
+             keep_views_safe: bool = True, auto_release: bool = True, device: Optional[str] = None,
+             transfer: str = "ipc", device_normalize: Optional[Dict[str, Any]] = None,
+             spec: Optional[Dict[str, Any]] = None, template: Optional[str] = None,
+             transforms: Optional[Sequence[Any]] = None) -> Stream:
+        """Opens a stream of `dataset` (a configured dataset's name), or of a dataset this
+        trainer declares: spec={"kind": "image_folder", "path": "/data/x/train", "transforms":
+        [...], ...} (the keys of a dataset in the daemon's config), or a configured dataset
+        refined: template="imagenet" (or dataset=) with transforms=[...] and/or spec={keys to
+        change}. Transforms are loaderclient.transforms objects (RandomResizedCrop(224), ...)
+        or the config's dicts; Decode() goes first when missing. The daemon's access.declare
+        must allow it: PermissionDenied names what it refused (a path outside the allowed
+        roots, a file this user cannot read, ...); a wrong key raises ConfigError with
+        "spec.KEY: ...". Then: batches of `batch_size`, shuffled with (seed, epoch)
         unless shuffle=False, this rank's share (rank, world_size; default 0, 1), starting at
         batch `start_batch` of `epoch`, `prefetch` batches prepared ahead (default: the
         daemon's), `epochs` epochs then end (0: unbounded). See the module documentation for
@@ -791,8 +828,12 @@ class Client(_Closes):
         daemon's GPU casts and normalizes that uint8 image field (see the README's GPU
         section). Raises DeviceError with the reason when the GPU cannot be used."""
         self._check()
+        if batch_size is None:
+            raise InvalidArgument(errors.EFIELD, "batch_size is required")
+        name, spec_json, label = _declared(dataset, spec, template, transforms)
         o = LcStreamOptions()
         lib.lc_stream_options_init(ctypes.byref(o))
+        o.spec = spec_json
         o.batch_size = _uint("batch_size", batch_size, 32)
         o.shuffle = 1 if shuffle else 0
         o.seed = _uint("seed", seed, 64)
@@ -823,11 +864,11 @@ class Client(_Closes):
         h = ctypes.c_void_p()
         with self._lock:
             self._run_deferred()
-            rc = lib.lc_stream_open(self._h, str(dataset).encode(), ctypes.byref(o), ctypes.byref(h))
+            rc = lib.lc_stream_open(self._h, name, ctypes.byref(o), ctypes.byref(h))
             if rc < 0:
                 raise self._error(rc)
             try:
-                s = Stream(self, h.value, str(dataset), int(batch_size), int(epoch), int(start_batch),
+                s = Stream(self, h.value, label, int(batch_size), int(epoch), int(start_batch),
                            bool(keep_views_safe), bool(auto_release))
             except BaseException:
                 lib.lc_stream_close(h.value)

@@ -122,6 +122,11 @@ class PermissionDenied(LoaderdError, PermissionError):
     (the message names what, for whom, and who may). The connection stays usable."""
 
 
+class ConfigError(LoaderdError, ValueError):
+    """A dataset spec (Client.open(spec=...)) is wrong; the message names the key:
+    "spec.transforms[1].size: ...", as the daemon's config file would get."""
+
+
 class ReleasedError(LoaderdError):
     """A Batch (or a Stream / Client) was used after it was released or closed."""
 
@@ -139,6 +144,7 @@ _BY_NAME: Dict[str, Type[LoaderdError]] = {
     "end_of_stream": EndOfStream,
     "bad_sample": SampleError,
     "permission_denied": PermissionDenied,
+    "bad_config": ConfigError,
     "timed_out": Timeout,
     "connection_reset": ConnectionLost,
     "closed": ConnectionLost,

@@ -65,6 +65,35 @@ def _dist_rank_world():
     return None, None
 
 
+_KINDS = {"images": "image_folder", "image_folder": "image_folder", "files": "files"}
+
+
+def _declared_spec(dataset, root, kind, transforms, pattern, spec):
+    """Client.open's dataset arguments for LoaderdDataLoader's description."""
+    if root is None and spec is None and transforms is None:
+        if dataset is None:
+            raise InvalidArgument(-4003, "LoaderdDataLoader needs a configured dataset's name, or root= (a "
+                                  "folder to declare)")
+        return {"dataset": dataset}
+    if dataset is not None:
+        if root is not None:
+            raise InvalidArgument(-4003, "give either dataset=%r (configured) or root=%r (declared), not both"
+                                  % (dataset, root))
+        return {"template": dataset, "transforms": transforms, "spec": spec}
+    if kind not in _KINDS:
+        raise InvalidArgument(-4003, "kind must be one of %s, got %r" % (", ".join(sorted(_KINDS)), kind))
+    obj: Dict[str, Any] = {"kind": _KINDS[kind]}
+    if root is not None:
+        obj["path"] = str(root)
+    if pattern is not None:
+        obj["pattern"] = pattern
+    obj.update(spec or {})
+    if obj["kind"] == "image_folder" and transforms is None and "transforms" not in obj:
+        raise InvalidArgument(-4003, "kind=%r needs transforms= (e.g. [Resize(256), CenterCrop(224)]): every "
+                              "image of a batch must come out the same size" % (kind,))
+    return {"spec": obj, "transforms": transforms}
+
+
 class LoaderdDataLoader(_Closes):
     """An iterable over one epoch of a loaderd dataset per ``iter()``, yielding tuples of
     torch tensors in the dataset's field order (or of `fields`, in that order; a bare
@@ -72,6 +101,18 @@ class LoaderdDataLoader(_Closes):
 
     dataset, batch_size, shuffle, seed, drop_last, prefetch: as Client.open (`dataset` is
         the name of a dataset configured in loaderd).
+    root, kind, transforms, pattern: a dataset this script declares instead, with no edit
+        of the daemon's config (its access.declare must allow it): the folder `root`, of
+        kind "images" (class sub-folders of JPEG/PNG: the pipeline `transforms`, e.g.
+        [RandomResizedCrop(224), RandomHorizontalFlip()] from loaderclient.transforms, a
+        Decode() first when missing) or "files" (raw bytes), `pattern` a glob on the paths
+        (default "*"). With `dataset` as well, `transforms` refines that configured dataset
+        (its folder and cache stay the operator's). spec={...}: any other key of a dataset,
+        merged over what these give. A train and a validation split are two loaders:
+            train = LoaderdDataLoader(root="/data/imagenet/train", kind="images", batch_size=256,
+                                      transforms=[RandomResizedCrop(224), RandomHorizontalFlip()])
+            val = LoaderdDataLoader(root="/data/imagenet/val", kind="images", batch_size=256,
+                                    transforms=[Resize(256), CenterCrop(224)], shuffle=False)
     rank, world_size: this process's share. Default: torch.distributed's, read at the first
         ``iter()`` (so a loader built before ``init_process_group`` gets the right share), else
         0 and 1. A process group that appears after batches were delivered with another
@@ -103,8 +144,8 @@ class LoaderdDataLoader(_Closes):
     world_size).
     """
 
-    def __init__(self, dataset: str, batch_size: int = 1, shuffle: bool = True, seed: Optional[int] = None,
-                 socket: Optional[str] = None, drop_last: bool = False, prefetch: Optional[int] = None,
+    def __init__(self, dataset: Optional[str] = None, batch_size: int = 1, shuffle: bool = True,
+                 seed: Optional[int] = None, socket: Optional[str] = None, drop_last: bool = False, prefetch: Optional[int] = None,
                  rank: Optional[int] = None, world_size: Optional[int] = None, fields: Optional[Sequence[str]] = None,
                  device: Union[str, torch.device, None] = None, pin_memory: bool = False, copy: bool = False,
                  as_dict: bool = False, timeout: Optional[float] = 30.0, keep_views_safe: bool = True,
@@ -113,10 +154,14 @@ class LoaderdDataLoader(_Closes):
                  worker_init_fn: Optional[Callable[..., Any]] = None, multiprocessing_context: Any = None,
                  generator: Optional[torch.Generator] = None, prefetch_factor: Optional[int] = None,
                  persistent_workers: bool = False, pin_memory_device: str = "",
-                 reconnect: Optional[float] = None, transfer: str = "ipc") -> None:
-        if not isinstance(dataset, str):
+                 reconnect: Optional[float] = None, transfer: str = "ipc", root: Optional[str] = None,
+                 kind: str = "images", transforms: Optional[Sequence[Any]] = None, pattern: Optional[str] = None,
+                 spec: Optional[Dict[str, Any]] = None) -> None:
+        if dataset is not None and not isinstance(dataset, str):
             raise InvalidArgument(-4003, "dataset must be the name of a dataset configured in loaderd (a str), "
-                                  "got %s: loaderd reads and samples the data itself" % type(dataset).__name__)
+                                  "got %s: loaderd reads and samples the data itself; to read a folder of your "
+                                  "own, give root= (and kind=, transforms=)" % type(dataset).__name__)
+        self._declare = _declared_spec(dataset, root, kind, transforms, pattern, spec)
         if sampler is not None or batch_sampler is not None:
             raise InvalidArgument(-4003, "%s is not supported: loaderd samples in the daemon; use shuffle, seed, "
                                   "rank and world_size (DistributedSampler's arguments) instead"
@@ -156,7 +201,7 @@ class LoaderdDataLoader(_Closes):
             timeout, self._next_timeout = 30.0, float(2**31 // 1000)   # DataLoader's 0: no limit
         else:
             self._next_timeout = None
-        self.dataset = dataset
+        self.dataset = dataset if dataset is not None else "spec:%s" % str(root or "").rstrip("/").split("/")[-1]
         self.batch_size = batch_size
         self.shuffle = shuffle
         self.seed = seed
@@ -231,11 +276,11 @@ class LoaderdDataLoader(_Closes):
             self._stream.close()
             self._stream = None
             self.reopens += 1
-        self._stream = self._client.open(self.dataset, self.batch_size, shuffle=self.shuffle, seed=self.seed,
+        self._stream = self._client.open(batch_size=self.batch_size, shuffle=self.shuffle, seed=self.seed,
                                          epoch=epoch, rank=share[0], world_size=share[1],
                                          drop_last=self.drop_last, prefetch=self.prefetch, epochs=0,
                                          keep_views_safe=self.keep_views_safe, device=self._gpu,
-                                         transfer=self._transfer)
+                                         transfer=self._transfer, **self._declare)
         self._share = share
         return self._stream
 
