@@ -290,9 +290,11 @@ static void declare_config_dir(const struct config *cfg, char *buf, size_t size)
 }
 
 /* The path of a full spec: no "..", beneath a granted root; resolved there. On success
- * *ret_root holds the root open and *ret_dirfd the dataset's directory (O_PATH). */
+ * *ret_grant is the grant of that root, *ret_root holds the root open and *ret_dirfd
+ * the dataset's directory (O_PATH). */
 static int declare_resolve(const struct config *cfg, const struct access_peer *peer, uint32_t self_uid,
-                           const char *path, struct beneath *ret_root, int *ret_dirfd, char *errbuf)
+                           const char *path, const struct access_declare **ret_grant, struct beneath *ret_root,
+                           int *ret_dirfd, char *errbuf)
 {
     char roots[512], ebuf[128];
     for (const char *p = path; *p;) {
@@ -307,7 +309,8 @@ static int declare_resolve(const struct config *cfg, const struct access_peer *p
             p++;
     }
     const char *root = NULL;
-    if (!declare_grant_for(cfg, peer, self_uid, path, &root)) {
+    const struct access_declare *grant = declare_grant_for(cfg, peer, self_uid, path, &root);
+    if (!grant) {
         char who[160];
         access_describe_peer(peer, who, sizeof who);
         declare_roots(cfg, peer, self_uid, roots, sizeof roots);
@@ -355,6 +358,8 @@ static int declare_resolve(const struct config *cfg, const struct access_peer *p
     }
     if (rc < 0)
         beneath_root_close(ret_root);
+    else
+        *ret_grant = grant;
     return rc;
 }
 
@@ -417,15 +422,7 @@ int declare_open(const struct config *cfg, const struct access_peer *peer, uint3
     if ((rc = config_load_spec(text, strlen(text), dir, &sc, errbuf)) < 0)
         goto out;
     struct config_dataset *sd = &sc->datasets[0];
-    for (size_t t = 0; t < sd->n_transforms; t++)
-        if (sd->transforms[t].kind == TRANSFORM_PLUGIN && !declare_plugins_granted(cfg, peer, self_uid)) {
-            char who[160];
-            access_describe_peer(peer, who, sizeof who);
-            ld_errorf(errbuf, "permission denied: spec.transforms[%zu]: %s may not declare transform plug-ins (no "
-                      "access.declare entry for it says plugins: true)", t, who);
-            rc = LD_EDENIED;
-            goto out;
-        }
+    const struct access_declare *grant = NULL; /* a full spec's: the one whose root holds its path */
     if (!template_name) {
         if (sd->kind != CONFIG_DATASET_FILES && sd->kind != CONFIG_DATASET_IMAGE_FOLDER) {
             ld_errorf(errbuf, "spec.kind: a trainer may declare files and image_folder datasets; a %s dataset is "
@@ -462,7 +459,7 @@ int declare_open(const struct config *cfg, const struct access_peer *peer, uint3
             }
             goto out;
         }
-        if ((rc = declare_resolve(cfg, peer, self_uid, sd->path, &root, &dirfd, errbuf)) < 0)
+        if ((rc = declare_resolve(cfg, peer, self_uid, sd->path, &grant, &root, &dirfd, errbuf)) < 0)
             goto out;
         snprintf(opened, sizeof opened, "/proc/self/fd/%d", dirfd);
         ssize_t n = readlink(opened, real, sizeof real - 1);
@@ -481,6 +478,17 @@ int declare_open(const struct config *cfg, const struct access_peer *peer, uint3
         }
         sd->follow_links = CONFIG_FOLLOW_LINKS_INSIDE;
     }
+    for (size_t t = 0; t < sd->n_transforms; t++)
+        if (sd->transforms[t].kind == TRANSFORM_PLUGIN &&
+            !(grant ? grant->plugins : declare_plugins_granted(cfg, peer, self_uid))) {
+            char who[160];
+            access_describe_peer(peer, who, sizeof who);
+            ld_errorf(errbuf, "permission denied: spec.transforms[%zu]: %s may not declare transform plug-ins (%s "
+                      "plugins: true)", t, who, grant ? "the access.declare entry of its root does not say"
+                                                      : "no access.declare entry for it says");
+            rc = LD_EDENIED;
+            goto out;
+        }
     if ((rc = dataset_open(sd, &d, errbuf)) < 0) {
         if (opened[0])
             declare_message_path(errbuf, opened, real);

@@ -37,11 +37,16 @@ static struct harness *declare_harness(const char *server_extra, const char *dec
 {
     struct harness *h = harness_new();
     char declare[1024] = "";
-    const char *p = declare_fmt ? strstr(declare_fmt, "DATA") : NULL;
-    if (p)
-        snprintf(declare, sizeof declare, "%.*s%s/data%s", (int)(p - declare_fmt), declare_fmt, h->dir, p + 4);
-    else if (declare_fmt)
-        snprintf(declare, sizeof declare, "%s", declare_fmt);
+    size_t n_decl = 0;
+    for (const char *q = declare_fmt; q && *q && n_decl + 1 < sizeof declare;) {
+        if (strncmp(q, "DATA", 4) == 0) {
+            n_decl += (size_t)snprintf(declare + n_decl, sizeof declare - n_decl, "%s/data", h->dir);
+            q += 4;
+        } else {
+            declare[n_decl++] = *q++;
+        }
+        declare[n_decl < sizeof declare ? n_decl : sizeof declare - 1] = '\0';
+    }
     char data[PATH_MAX];
     snprintf(data, sizeof data, "%s/data", h->dir);
     assert_int_equal(mkdir(data, 0755), 0);
@@ -275,6 +280,50 @@ static void test_refusals(void **state)
     harness_free(h);
 }
 
+/* An image_folder spec on <dir>/data/<sub> whose pipeline has the invert plug-in. */
+static void image_spec(char *buf, size_t size, const char *dir, const char *sub, const char *bindir)
+{
+    snprintf(buf, size, "{\"kind\":\"image_folder\",\"path\":\"%s/data/%s\",\"transforms\":[{\"decode\":{}},"
+             "{\"resize\":{\"height\":16,\"width\":16}},{\"plugin\":{\"path\":\"%s/../lib/"
+             "ld-plugin-invert.so\"}},{\"to_dtype\":{\"dtype\":\"uint8\"}}]}", dir, sub, bindir);
+}
+
+/* A plug-in where the grant of the dataset's root allows it, refused where that
+ * grant does not (whatever another grant says). */
+static void test_plugin_granted(void **state)
+{
+    (void)state;
+    struct harness *h = declare_harness(NULL, "[{roots: [DATA/img], plugins: true}, {roots: [DATA]}]");
+    const char *bin = getenv("LOADERD_BIN") ? getenv("LOADERD_BIN") : "build/bin/loaderd";
+    char tmp[PATH_MAX], bindir[PATH_MAX], cmd[PATH_MAX * 3], spec[PATH_MAX * 3];
+    snprintf(tmp, sizeof tmp, "%s", bin);
+    char *slash = strrchr(tmp, '/');
+    if (slash)
+        *slash = '\0';
+    assert_non_null(realpath(slash ? tmp : ".", bindir));
+    for (int k = 0; k < 2; k++) {
+        snprintf(cmd, sizeof cmd, "%s/ld-genimages %s/data/%s --count 8 --classes 2 --min 48 --max 64 >/dev/null",
+                 bindir, h->dir, k ? "pics" : "img");
+        assert_int_equal(system(cmd), 0);
+    }
+    harness_start(h);
+    lc_client *c = harness_connect(h, 5000, "plugins");
+    image_spec(spec, sizeof spec, h->dir, "img", bindir);
+    lc_stream *s = NULL;
+    if (open_stream(c, NULL, spec, &s) < 0)
+        fail_msg("plug-in where granted: %s", lc_client_error(c));
+    lc_batch *b = NULL;
+    assert_int_equal(lc_stream_next(s, 20000, &b), 0);
+    assert_int_equal(lc_batch_rows(b), 8);
+    lc_batch_release(b);
+    lc_stream_close(s);
+    image_spec(spec, sizeof spec, h->dir, "pics", bindir);
+    expect_refused(c, NULL, spec, LC_EDENIED, "the access.declare entry of its root does not say plugins: true");
+    lc_client_close(c);
+    harness_stop_clean(h);
+    harness_free(h);
+}
+
 /* Without access.declare nobody declares, root included. */
 static void test_declaring_off(void **state)
 {
@@ -384,6 +433,7 @@ int main(void)
         cmocka_unit_test(test_declared_survives_restart),
         cmocka_unit_test(test_template_refined),
         cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_plugin_granted),
         cmocka_unit_test(test_declaring_off),
         cmocka_unit_test(test_as_trainer),
     };
