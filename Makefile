@@ -26,7 +26,7 @@ CUDA     ?= auto
 CUDA_HOME ?= /usr/local/cuda
 CC       ?= cc
 
-PKGS := libuv libcjson yaml-0.1 libsystemd libxxhash libturbojpeg libjpeg libpng sqlite3
+PKGS := libuv libcjson yaml-0.1 libsystemd libxxhash libturbojpeg libjpeg libpng sqlite3 libpq
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 CMOCKA_LIBS := $(shell pkg-config --libs cmocka 2>/dev/null)

@@ -119,8 +119,9 @@ static const struct config_key dataset_keys[] = {
     {.name = "kind", .type = CONFIG_KEY_ENUM, DATASET_AT(kind), .from_name = kind_from_name,
      .choices = "files, token_windows, packed, image_folder, sql", .flags = CONFIG_KEY_REQUIRED,
      .kinds = FILES | TOKENS | PACKED | IMAGES | SQL},
-    {.name = "path", .type = CONFIG_KEY_PATH, DATASET_AT(path), .flags = CONFIG_KEY_REQUIRED,
-     .kinds = FILES | TOKENS | PACKED | IMAGES | SQL},
+    /* Required, except by an sql dataset with a `connection` (load_dataset checks). */
+    {.name = "path", .type = CONFIG_KEY_PATH, DATASET_AT(path), .kinds = FILES | TOKENS | PACKED | IMAGES | SQL},
+    {.name = "connection", .type = CONFIG_KEY_STRING, DATASET_AT(sql_connection), .kinds = SQL},
     {.name = "query", .type = CONFIG_KEY_STRING, DATASET_AT(sql_query), .flags = CONFIG_KEY_REQUIRED, .kinds = SQL},
     {.name = "key", .type = CONFIG_KEY_STRING, DATASET_AT(sql_key), .flags = CONFIG_KEY_REQUIRED, .kinds = SQL},
     {.name = "columns", .type = CONFIG_KEY_COLUMNS, .flags = CONFIG_KEY_REQUIRED, .kinds = SQL},
@@ -325,6 +326,12 @@ static int load_dataset(const struct config_loader *l, const yaml_node_t *key, c
     if ((ret = config_table_load(l, v, dataset_keys, N_KEYS(dataset_keys), 1u << d->kind,
                                  kind_names[d->kind], where, key->start_mark, d)) < 0)
         return ret;
+    if (!d->path && !d->sql_connection)
+        return config_yaml_fail(l, key->start_mark, "%s: missing required key 'path'%s", where,
+                                d->kind == CONFIG_DATASET_SQL ? " (an SQLite file) or 'connection' (PostgreSQL)" : "");
+    if (d->path && d->sql_connection)
+        return config_yaml_fail(l, value_mark(l, v, "connection"), "%s: 'path' (an SQLite file) and 'connection' "
+                                "(a PostgreSQL server) exclude each other", where);
     if (d->kind == CONFIG_DATASET_TOKEN_WINDOWS && d->stride == 0)
         d->stride = d->context;
     if (d->manifest_path && d->format != CONFIG_FORMAT_RAW)
@@ -686,6 +693,7 @@ void config_free(struct config *c)
         free(c->datasets[i].pattern);
         free(c->datasets[i].cache_path);
         free(c->datasets[i].manifest_path);
+        free(c->datasets[i].sql_connection);
         free(c->datasets[i].sql_query);
         free(c->datasets[i].sql_key);
         free(c->datasets[i].sql_version_query);

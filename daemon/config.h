@@ -86,7 +86,9 @@ struct config_dataset {
     int manifest_format;            /* MANIFEST_* (manifest.h); 0: from the file name */
     struct config_column *columns;  /* manifest.columns, in order: the sample's fields */
     size_t n_columns;
-    /* sql: the query (one row per sample), its key column, the cache's version query */
+    /* sql: the PostgreSQL connection string or service name (NULL: SQLite, `path`), the
+     * query (one row per sample), its key column, the cache's version query */
+    char *sql_connection;
     char *sql_query;
     char *sql_key;
     char *sql_version_query;

@@ -12,7 +12,7 @@
 
 /* sizeof(struct config_dataset) on x86-64 when config_dataset_same was last brought up
  * to date with it. */
-#define CONFIG_DIFF_DATASET_SIZE 472
+#define CONFIG_DIFF_DATASET_SIZE 480
 
 static bool config_diff_str_same(const char *a, const char *b)
 {
@@ -53,7 +53,7 @@ bool config_dataset_same(const struct config_dataset *a, const struct config_dat
         a->n_transforms != b->n_transforms || a->weight != b->weight || a->max_share != b->max_share ||
         !config_diff_str_same(a->manifest_path, b->manifest_path) || a->manifest_format != b->manifest_format ||
         a->n_columns != b->n_columns || !config_diff_str_same(a->sql_query, b->sql_query) ||
-        !config_diff_str_same(a->sql_key, b->sql_key) ||
+        !config_diff_str_same(a->sql_key, b->sql_key) || !config_diff_str_same(a->sql_connection, b->sql_connection) ||
         !config_diff_str_same(a->sql_version_query, b->sql_version_query))
         return false;
     for (size_t k = 0; k < a->n_columns; k++)

@@ -66,6 +66,15 @@ struct dataset_ops {
      * A kind with read_ctx reads ctx->cache itself (dataset_read does not). */
     int (*read_ctx)(const dataset *d, uint64_t index, const struct dataset_read_ctx *ctx, void *const dst[],
                     char *errbuf);
+    /* Optional, for kinds whose reads each cost a round trip (a database server): the
+     * calling worker thread is about to read samples idx[0..n) (a chunk of a batch, in
+     * this order; the caller owns idx until run_end). The kind may fetch them together
+     * at the first read and serve the reads that follow on this thread from what it
+     * fetched. Reads of other samples meanwhile (a substitute) are still served.
+     * run_end(d), on the same thread, always follows. Neither reports errors: the
+     * reads do. */
+    void (*run_begin)(const dataset *d, const uint64_t *idx, size_t n);
+    void (*run_end)(const dataset *d);
     /* The sample's name for messages (a relative path); optional. Any thread. */
     const char *(*sample_name)(const dataset *d, uint64_t index);
 

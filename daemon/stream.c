@@ -157,6 +157,13 @@ static void chunk_run(struct pool_task *t)
     uint64_t lens[LD_MAX_FIELDS] = {0};
     char err[LD_ERRMSG_MAX];
     const struct dataset_read_ctx rctx = {.seed = s->p.seed, .epoch = sl->epoch, .cache = sl->cache};
+    /* A kind that fetches in blocks (a database server) learns the chunk's samples. */
+    uint64_t *run = d->ops->run_begin && !sl->cache ? malloc((k->row_end - k->row_begin) * sizeof *run) : NULL;
+    if (run) {
+        for (uint32_t row = k->row_begin; row < k->row_end; row++)
+            run[row - k->row_begin] = sampler_index(&s->smp, sl->epoch, sl->batch, row);
+        d->ops->run_begin(d, run, k->row_end - k->row_begin);
+    }
 
     for (uint32_t row = k->row_begin; row < k->row_end; row++) {
         if (atomic_load_explicit(&sl->err, memory_order_relaxed))
@@ -179,6 +186,10 @@ static void chunk_run(struct pool_task *t)
                 snprintf(sl->errmsg, sizeof sl->errmsg, "%s", err);
             break;
         }
+    }
+    if (run) {
+        d->ops->run_end(d);
+        free(run);
     }
     if (atomic_fetch_sub(&sl->chunks_left, 1) == 1)
         hub_post(s->set->hub, &k->done);

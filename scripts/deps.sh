@@ -22,9 +22,10 @@ if command -v pkg-config >/dev/null 2>&1; then
   need_pc libjpeg libjpeg62-turbo-dev
   need_pc libpng libpng-dev
   need_pc sqlite3 libsqlite3-dev
+  need_pc libpq libpq-dev
   if [ "$what" != build ]; then need_pc cmocka libcmocka-dev; fi
 else
-  pkgs+=(libuv1-dev libcjson-dev libyaml-dev libsystemd-dev libxxhash-dev libturbojpeg0-dev libjpeg62-turbo-dev libpng-dev libsqlite3-dev libcmocka-dev)
+  pkgs+=(libuv1-dev libcjson-dev libyaml-dev libsystemd-dev libxxhash-dev libturbojpeg0-dev libjpeg62-turbo-dev libpng-dev libsqlite3-dev libpq-dev libcmocka-dev)
 fi
 # The fuzzers (make fuzz, and briefly in make test): clang with libFuzzer's runtime and
 # llvm-symbolizer for readable sanitizer reports.
@@ -47,6 +48,12 @@ if [ "$what" = test ]; then
   need_bin systemd-analyze systemd
   need_bin dpkg-buildpackage dpkg-dev
   need_bin dh debhelper
+fi
+# The sql kind's PostgreSQL tests and benchmark start a server of their own
+# (scripts/pg-test-server.sh): Debian's server binaries.
+if [ "$what" = bench ] || [ "$what" = test ]; then
+  ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || pkgs+=(postgresql)
+  /usr/bin/python3 -c 'import psycopg2' 2>/dev/null || pkgs+=(python3-psycopg2)   # fills the test tables
 fi
 if [ "$what" = bench ] || [ "$what" = test ]; then
   /usr/bin/python3 -c 'import numpy' 2>/dev/null || pkgs+=(python3-numpy)

@@ -670,6 +670,22 @@ static void test_sql_config(void **state)
     expect_error_at(SQLD "    query: SELECT 1\n    columns: {b: blob}\n    pattern: \"*\"\n", 8, 5,
                     "key 'pattern' is not valid for kind 'sql'", NULL);
 #undef SQLD
+    /* PostgreSQL: a connection string (never resolved as a path) instead of `path`. */
+    c = load_ok("datasets:\n  p:\n    kind: sql\n    connection: host=/run/postgresql dbname=recs\n"
+                "    query: SELECT id, b FROM t\n    key: id\n    columns: {b: blob}\n", path, sizeof path);
+    assert_null(c->datasets[0].path);
+    assert_string_equal(c->datasets[0].sql_connection, "host=/run/postgresql dbname=recs");
+    config_free(c);
+#define SQLP "datasets:\n  s:\n    kind: sql\n    query: SELECT 1\n    key: id\n    columns: {b: blob}\n"
+    expect_error_at(SQLP, 2, 3, "datasets.s: missing required key 'path' (an SQLite file) or 'connection' (PostgreSQL)",
+                    NULL);
+    expect_error_at(SQLP "    path: x.db\n    connection: dbname=x\n", 8, 17,
+                    "datasets.s: 'path' (an SQLite file) and 'connection' (a PostgreSQL server) exclude each other",
+                    NULL);
+#undef SQLP
+    expect_error_at("datasets:\n  f:\n    kind: files\n    connection: dbname=x\n", 4, 5,
+                    "key 'connection' is not valid for kind 'files'", NULL);
+    expect_error_at("datasets:\n  f:\n    kind: files\n", 2, 3, "datasets.f: missing required key 'path'", NULL);
 }
 
 static void test_kind_specific_keys(void **state)

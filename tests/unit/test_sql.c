@@ -11,6 +11,7 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include "sql_fixtures.h"
 #include "testfs.h"
 
 #include <pthread.h>
@@ -94,30 +95,9 @@ static struct config_dataset sql_cfg(struct tdir *t, const char *query, struct c
                                    .on_error = CONFIG_ON_ERROR_FAIL};
 }
 
-static dataset *open_ok(const struct config_dataset *cfg)
-{
-    char err[LD_ERRMSG_MAX] = "";
-    dataset *d = NULL;
-    if (dataset_open(cfg, &d, err) != 0)
-        fail_msg("dataset_open: %s", err);
-    return d;
-}
-
 static void open_fails(const struct config_dataset *cfg, const char *needle)
 {
-    char err[LD_ERRMSG_MAX] = "";
-    dataset *d = (dataset *)0x1;
-    int r = dataset_open(cfg, &d, err);
-    if (r != LD_EDATASET || !strstr(err, needle) || !strstr(err, "dataset 'q'"))
-        fail_msg("got %d '%s', expected '%s'", r, err, needle);
-    assert_ptr_equal(d, (dataset *)0x1);
-}
-
-static void check_blob(const uint8_t *b, uint64_t len, int id)
-{
-    assert_int_equal(len, 20 + id % 7);
-    for (uint64_t j = 0; j < len; j++)
-        assert_int_equal(b[j], testfs_byte((unsigned)id, j));
+    open_fails_without(cfg, needle, NULL);
 }
 
 static void test_rows_as_samples(void **state)
@@ -251,6 +231,34 @@ static void test_numbers_and_version(void **state)
     open_fails(&cfg, "a cache holds one blob column and a label");
 }
 
+/* Text keys that the query's collation orders otherwise than their bytes: samples are
+ * numbered by the bytes all the same (a server's collation must not reorder them). */
+static void test_key_order_is_bytes(void **state)
+{
+    struct tdir *t = *state;
+    char err[LD_ERRMSG_MAX];
+    make_db(t->db);
+    struct config_column cols[] = {{"payload", CONFIG_COLUMN_BLOB}, {"n", CONFIG_COLUMN_LABEL}};
+    struct config_dataset cfg = sql_cfg(t, "SELECT printf('%s%03d', CASE WHEN id % 2 THEN 'a' ELSE 'B' END, id) "
+                                           "COLLATE NOCASE AS id, payload, n FROM rec", cols, 2);
+    dataset *d = open_ok(&cfg);
+    assert_int_equal(d->count, ROWS);
+    /* 'B002' ... 'B060' first, then 'a001' ... 'a059'. */
+    for (uint64_t i = 0; i < d->count; i++) {
+        int id = i < ROWS / 2 ? 2 * (int)i + 2 : 2 * (int)(i - ROWS / 2) + 1;
+        char name[16];
+        snprintf(name, sizeof name, "%c%03d", id % 2 ? 'a' : 'B', id);
+        assert_string_equal(dataset_sample_name(d, i), name);
+        uint8_t buf[32];
+        int64_t lab;
+        void *dst[2] = {buf, &lab};
+        assert_int_equal(d->ops->read(d, i, dst, err), 0);
+        check_blob(buf, dataset_item_bytes(d, i, 0), id);
+        assert_int_equal(lab, id * 10);
+    }
+    dataset_free(d);
+}
+
 static void test_refused(void **state)
 {
     struct tdir *t = *state;
@@ -351,6 +359,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_rows_as_samples, setup, teardown),
         cmocka_unit_test_setup_teardown(test_numbers_and_version, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_key_order_is_bytes, setup, teardown),
         cmocka_unit_test_setup_teardown(test_refused, setup, teardown),
         cmocka_unit_test_setup_teardown(test_database_removed, setup, teardown),
         cmocka_unit_test_setup_teardown(test_concurrent_reads, setup, teardown),

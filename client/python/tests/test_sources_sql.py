@@ -17,22 +17,31 @@ import loaderclient
 N = 150
 
 
-def _make_db(path):
+def table_rows():
+    """The rows of table rec (id, payload, diag, split), as the PostgreSQL tests write them too."""
     rng = np.random.default_rng(11)
-    rows = {}
-    con = sqlite3.connect(path)
-    con.execute("CREATE TABLE rec (id INTEGER PRIMARY KEY, payload BLOB, diag TEXT, split TEXT)")
+    out = []
     for k in range(N + 30):
         i = 1000 + 3 * k
         size = 64 + (k * 13) % 200
         blob = i.to_bytes(4, "little") + rng.integers(0, 256, size - 4, dtype=np.uint8).tobytes()
-        split = "test" if k % 6 == 5 else "train"
-        con.execute("INSERT INTO rec VALUES (?, ?, ?, ?)", (i, blob, ["flu", "cold", "ok"][k % 3], split))
-        if split == "train":
-            rows[i] = (blob, ["flu", "cold", "ok"][k % 3])
+        out.append((i, blob, ["flu", "cold", "ok"][k % 3], "test" if k % 6 == 5 else "train"))
+    return out
+
+
+def train_rows(table):
+    """What the datasets serve: {id: (payload, diag)} of the rows of split 'train'."""
+    return {i: (blob, diag) for i, blob, diag, split in table if split == "train"}
+
+
+def _make_db(path):
+    table = table_rows()
+    con = sqlite3.connect(path)
+    con.execute("CREATE TABLE rec (id INTEGER PRIMARY KEY, payload BLOB, diag TEXT, split TEXT)")
+    con.executemany("INSERT INTO rec VALUES (?, ?, ?, ?)", table)
     con.commit()
     con.close()
-    return rows
+    return train_rows(table)
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +68,7 @@ def sql_daemon():
 CLASSES = sorted(["flu", "cold", "ok"])
 
 
-def _check(b, rows):
+def check_batch(b, rows):
     got = []
     rf = b["payload"]
     for r in range(b.rows):
@@ -73,53 +82,66 @@ def _check(b, rows):
 
 def test_rows_exact_cover(sql_daemon):
     dm, _, rows = sql_daemon
-    keys = sorted(rows)
     with loaderclient.Client(dm.socket, timeout=10) as c:
         ds = {x["name"]: x for x in c.datasets()}
         assert ds["rec"]["kind"] == "sql" and ds["rec"]["samples"] == len(rows)
         assert ds["rec"]["classes"] == CLASSES and ds["rec"]["source"].endswith("rec.db")
-        with c.open("rec", 16, seed=9, epochs=2) as s:
-            seen = {0: [], 1: []}
-            for b in s:
-                seen[b.epoch] += _check(b, rows)
-        assert sorted(seen[0]) == sorted(seen[1]) == keys
-        assert seen[0] != seen[1]
-        with c.open("rec", 20, shuffle=False, epochs=1) as s:      # key order
-            assert [i for b in s for i in _check(b, rows)] == keys
-        parts = []
-        for rank in range(2):
-            with c.open("rec", 8, seed=5, epochs=1, rank=rank, world_size=2) as s:
-                parts.append([i for b in s for i in _check(b, rows)])
-        assert sorted(parts[0] + parts[1]) == keys
-        with c.open("rec", 8, seed=5, epochs=1, rank=1, world_size=2, start_batch=3) as s:
-            assert [i for b in s for i in _check(b, rows)] == parts[1][24:]
+        exact_cover(c, "rec", rows)
+
+
+def exact_cover(c, name, rows):
+    """Every row once per epoch, bytes and labels equal, in two orders, in key order
+    without shuffle, across two ranks and from a resumed batch."""
+    keys = sorted(rows)
+    with c.open(name, 16, seed=9, epochs=2) as s:
+        seen = {0: [], 1: []}
+        for b in s:
+            seen[b.epoch] += check_batch(b, rows)
+    assert sorted(seen[0]) == sorted(seen[1]) == keys
+    assert seen[0] != seen[1]
+    with c.open(name, 20, shuffle=False, epochs=1) as s:      # key order
+        assert [i for b in s for i in check_batch(b, rows)] == keys
+    parts = []
+    for rank in range(2):
+        with c.open(name, 8, seed=5, epochs=1, rank=rank, world_size=2) as s:
+            parts.append([i for b in s for i in check_batch(b, rows)])
+    assert sorted(parts[0] + parts[1]) == keys
+    with c.open(name, 8, seed=5, epochs=1, rank=1, world_size=2, start_batch=3) as s:
+        assert [i for b in s for i in check_batch(b, rows)] == parts[1][24:]
+
+
+def build_cache(c, name, count, timeout=20):
+    """Asks for the cache of `name` once its check is done and waits until it is ready
+    with `count` samples; its cache_info."""
+    deadline = time.monotonic() + timeout
+    info = c.request({"op": "cache_info", "dataset": name})
+    while info["state"] == "checking" and time.monotonic() < deadline:
+        time.sleep(0.02)
+        info = c.request({"op": "cache_info", "dataset": name})
+    c.request({"op": "cache_build", "dataset": name})
+    while info["state"] != "ready" and time.monotonic() < deadline:
+        time.sleep(0.02)
+        info = c.request({"op": "cache_info", "dataset": name})
+    assert info["state"] == "ready", info
+    assert info["file"]["count"] == count
+    return info
 
 
 def test_cache_then_database_removed(sql_daemon):
     dm, d, rows = sql_daemon
     keys = sorted(rows)
     with loaderclient.Client(dm.socket, timeout=10) as c:
-        deadline = time.monotonic() + 20
-        info = c.request({"op": "cache_info", "dataset": "recc"})
-        while info["state"] == "checking" and time.monotonic() < deadline:
-            time.sleep(0.02)
-            info = c.request({"op": "cache_info", "dataset": "recc"})
-        c.request({"op": "cache_build", "dataset": "recc"})
-        while info["state"] != "ready" and time.monotonic() < deadline:
-            time.sleep(0.02)
-            info = c.request({"op": "cache_info", "dataset": "recc"})
-        assert info["state"] == "ready", info
-        assert info["file"]["count"] == len(rows)
+        info = build_cache(c, "recc", len(rows))
         assert info["file"]["data_bytes"] >= sum(len(b) for b, _ in rows.values())   # aligned
         with c.open("recc", 32, seed=3, epochs=1) as s:
-            first = [i for b in s for i in _check(b, rows)]
+            first = [i for b in s for i in check_batch(b, rows)]
         assert sorted(first) == keys
         hits = c.request({"op": "cache_info", "dataset": "recc"})["hits"]
         # The database goes away mid-epoch: the cache keeps serving every sample, bit for bit.
         seen = []
         with c.open("recc", 32, seed=3, epochs=2) as s:
             for n, b in enumerate(s):
-                seen += _check(b, rows)
+                seen += check_batch(b, rows)
                 if n == 1:
                     os.unlink(os.path.join(d, "rec.db"))
         assert sorted(seen) == sorted(keys * 2)
@@ -128,7 +150,7 @@ def test_cache_then_database_removed(sql_daemon):
         deadline = time.monotonic() + 20
         while c.request({"op": "cache_info", "dataset": "recc"})["hits"] == hits and time.monotonic() < deadline:
             with c.open("recc", 32, seed=4, epochs=1) as s:
-                assert sorted(i for b in s for i in _check(b, rows)) == keys
+                assert sorted(i for b in s for i in check_batch(b, rows)) == keys
         assert c.request({"op": "cache_info", "dataset": "recc"})["hits"] > hits
 
 
