@@ -20,8 +20,8 @@
 /* The keys that say where a template's samples come from: the operator's, never the
  * trainer's (a trainer who may use `imagenet` may not point it elsewhere). */
 static const char *const declare_source_keys[] = {
-    "kind", "path", "pattern", "format", "manifest", "query", "key", "columns", "version_query", "cache",
-    "follow_links",
+    "kind", "path", "connection", "pattern", "format", "manifest", "query", "key", "columns", "version_query",
+    "cache", "follow_links",
 };
 
 /* ---- who: the grants ------------------------------------------------------------ */
