@@ -6,9 +6,10 @@ Runs, in this order, each as its own process with Debian's /usr/bin/python3:
 bench/bench.py (loaderd vs DataLoader), bench/bench_cache.py (the single-file cache),
 bench/bench_images.py (the image pipeline and its floor), bench/bench_python.py --spawn
 (the Python client in a training loop), bench/bench_fair.py (a light job next to a heavy
-one on the same workers), and the GPU section (gpu_section: "no GPU: skipped" where there
+one on the same workers), bench/bench_sql.py (the sql kind on PostgreSQL against Datasets
+that query it), and the GPU section (gpu_section: "no GPU: skipped" where there
 is none). Each writes its own files under bench/results/ (latest.*, cache.*, images.*,
-python.*, fair.*, raw outputs; none of them committed). Then this
+python.*, fair.*, sql.*, raw outputs; none of them committed). Then this
 script gathers them into
 
     bench/results/<date>-<host>.json   machine (CPU model, cores, RAM, kernel, versions of
@@ -24,8 +25,8 @@ CPUs and RAM, e.g. 2c-24g), never its hostname. These two files are small and ar
 ones committed with a README update: the README's table names the file it comes from.
 
 Options for the benchmarks come from the environment as before (BENCH_ARGS,
-BENCH_CACHE_ARGS, BENCH_IMAGES_ARGS, BENCH_PYTHON_ARGS, BENCH_FAIR_ARGS); `--quick` in
-BENCH_ARGS makes all five small. Exits non-zero when any benchmark failed (the result files are written
+BENCH_CACHE_ARGS, BENCH_IMAGES_ARGS, BENCH_PYTHON_ARGS, BENCH_FAIR_ARGS, BENCH_SQL_ARGS);
+`--quick` in BENCH_ARGS makes all six small. Exits non-zero when any benchmark failed (the result files are written
 anyway, with the failures in them).
 """
 import datetime
@@ -55,6 +56,7 @@ def steps():
         ("python", ["bench/bench_python.py", "--spawn", *py_args], "BENCH_PYTHON_ARGS",
          ("python.json", "python.md")),
         ("fair", ["bench/bench_fair.py"], "BENCH_FAIR_ARGS", ("fair.json", "fair.md")),
+        ("sql", ["bench/bench_sql.py", *(["--quick"] if quick else [])], "BENCH_SQL_ARGS", ("sql.json", "sql.md")),
     ]
 
 
