@@ -211,6 +211,8 @@ static void test_template_refined(void **state)
     lc_stream_close(s);
     /* The source is the operator's; keys are checked as in the config. */
     expect_refused(c, "records", "{\"path\":\"/etc\"}", LC_EDENIED, "spec.path: the source of template 'records'");
+    expect_refused(c, "records", "{\"connection\":\"host=/tmp dbname=x\"}", LC_EDENIED,
+                   "spec.connection: the source of template 'records'");
     expect_refused(c, "records", "{\"read_timeout\":-1}", LC_ECONFIG, "spec.read_timeout: ");
     expect_refused(c, "nosuch", "{}", LC_ENODATASET, "no dataset named 'nosuch'");
     lc_client_close(c);
