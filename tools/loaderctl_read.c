@@ -71,7 +71,8 @@ static int ctl_read(lc_client *c, const struct ctl_opts *o, const char *dataset,
     uint64_t checksum = 0xcbf29ce484222325ull;
     double first_ms = -1;
     int ret = 1;
-    snprintf(what, sizeof what, "read %s", dataset);
+    const char *label = dataset ? dataset : "spec";
+    snprintf(what, sizeof what, "read %s", label);
 
     epochs = calloc(so->epochs, sizeof *epochs);
     if (!epochs) {
@@ -85,7 +86,8 @@ static int ctl_read(lc_client *c, const struct ctl_opts *o, const char *dataset,
         goto out;
     }
     if (!o->json) {
-        printf("loaderctl read %s: batch %u, shuffle %s, seed %" PRIu64 ", %" PRIu64 " epoch%s", dataset,
+        printf("loaderctl read %s%s: batch %u, shuffle %s, seed %" PRIu64 ", %" PRIu64 " epoch%s", label,
+               dataset && so->spec ? "+spec" : "",
                so->batch_size, so->shuffle ? "on" : "off", so->seed, so->epochs, so->epochs == 1 ? "" : "s");
         if (so->world_size > 1)
             printf(", rank %d of %d", so->rank, so->world_size);
@@ -176,7 +178,7 @@ static int ctl_read(lc_client *c, const struct ctl_opts *o, const char *dataset,
     if (o->json) {
         cJSON *j = cJSON_CreateObject();
         cJSON *arr = cJSON_CreateArray();
-        cJSON_AddStringToObject(j, "dataset", dataset);
+        cJSON_AddStringToObject(j, "dataset", label);
         cJSON_AddNumberToObject(j, "batch_size", so->batch_size);
         for (size_t i = 0; i < n_epochs; i++)
             cJSON_AddItemToArray(arr, ctl_epoch_json(&epochs[i]));
@@ -251,6 +253,11 @@ int ctl_cmd_read(lc_client **pc, struct ctl_opts *o, int argc, char **argv)
             touch = true;
         else if (strcmp(a, "--json") == 0)
             o->json = true;
+        else if (strcmp(a, "--spec") == 0) {
+            if (!val)
+                return ctl_usage_error("--spec needs a JSON object (a dataset's keys)");
+            so.spec = argv[++i]; /* a declared dataset, or the keys that refine DATASET */
+        }
         else if (a[0] == '-' && a[1] != '\0')
             return ctl_usage_error("read: unknown option %s", a);
         else if (!dataset)
@@ -258,8 +265,8 @@ int ctl_cmd_read(lc_client **pc, struct ctl_opts *o, int argc, char **argv)
         else
             return ctl_usage_error("read: one dataset only (got %s and %s)", dataset, a);
     }
-    if (!dataset)
-        return ctl_usage_error("read: which dataset?");
+    if (!dataset && !so.spec)
+        return ctl_usage_error("read: which dataset? (a configured name, or --spec JSON)");
     *pc = ctl_connect(o);
     if (!*pc)
         return 1;

@@ -160,6 +160,17 @@ static void test_declared_exact_cover(void **state)
     char out[16384];
     assert_int_equal(harness_ctl(h, out, sizeof out, "streams", NULL), 0);
     assert_non_null(strstr(out, "spec:train"));
+    /* loaderctl read declares as a trainer does, or refines a configured dataset. */
+    assert_int_equal(harness_ctl(h, out, sizeof out, "read", "--spec", "{\"kind\":\"files\",\"path\":\"train\"}",
+                                 NULL), 0);
+    assert_non_null(strstr(out, "loaderctl read spec: batch 64"));
+    assert_non_null(strstr(out, "epoch 0: 96 samples"));
+    assert_int_equal(harness_ctl(h, out, sizeof out, "read", "records", "--spec", "{\"on_error\":\"fail\"}",
+                                 NULL), 0);
+    assert_non_null(strstr(out, "loaderctl read records+spec: batch 64"));
+    assert_int_equal(harness_ctl(h, out, sizeof out, "read", "--spec", "{\"kind\":\"files\",\"path\":\"/etc\"}",
+                                 NULL), 1);
+    assert_non_null(strstr(out, "is outside the roots"));
     lc_stream_close(s);
     lc_stream_close(rel);
     lc_stream_close(cs);
