@@ -102,7 +102,7 @@ static int pg_configure(struct sql_dataset *sd, const struct config_dataset *cfg
     char *err = NULL, why[LD_ERRMSG_MAX];
     /* A bare word is a service name (pg_service.conf). */
     bool service = !strchr(conn, '=') && strncmp(conn, "postgresql://", 13) != 0 && strncmp(conn, "postgres://", 11) != 0;
-    if ((service ? asprintf(&sd->target, "service=%s", conn) : (sd->target = strdup(conn)) ? 0 : -1) < 0) {
+    if (asprintf(&sd->target, "%s%s", service ? "service=" : "", conn) < 0) {
         sd->target = NULL;
         return source_sql_oom(sd, errbuf);
     }

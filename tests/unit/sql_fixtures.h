@@ -40,4 +40,18 @@ static inline void check_blob(const uint8_t *b, uint64_t len, int id)
         assert_int_equal(b[j], testfs_byte((unsigned)id, j));
 }
 
+/* Sample i of a dataset of (payload, class name) is row `id`: its payload, and its label
+ * the rank of its class (id % 3: 0 zebra, 1 ant, 2 mole; sorted ant, mole, zebra). */
+static inline void check_row(const dataset *d, uint64_t i, int id)
+{
+    char err[LD_ERRMSG_MAX];
+    uint8_t buf[32];
+    int64_t lab;
+    void *dst[2] = {buf, &lab};
+    if (d->ops->read(d, i, dst, err) != 0)
+        fail_msg("sample %llu: %s", (unsigned long long)i, err);
+    check_blob(buf, dataset_item_bytes(d, i, 0), id);
+    assert_int_equal(lab, id % 3 == 0 ? 2 : id % 3 == 1 ? 0 : 1);
+}
+
 #endif
