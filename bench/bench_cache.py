@@ -43,10 +43,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.dont_write_bytecode = True  # no bench/__pycache__ from the import below
 import bench  # noqa: E402  (bench.py, next to this file: helpers shared with it)
+import measure  # noqa: E402  (bench/measure.py: process accounting, reporting helpers)
 
-REPO = bench.REPO
-MB = bench.MB
-MIB = bench.MIB
+REPO = measure.REPO
+MB = measure.MB
+MIB = measure.MIB
 SEED = bench.SEED
 RECORDS_BATCH = bench.RECORDS_BATCH      # 64
 LARGE_BATCH = 8
@@ -55,20 +56,10 @@ QUICK_LARGE = {"large_files": 500, "large_size": 1 << 20}
 DAEMON_WORKERS = 2
 POLL_BUILD_S = 0.05     # cache info polling while a build runs (not during timed reads)
 
-log = bench.log
-
-
-def fail(msg):
-    log("bench_cache: error: " + msg)
-    sys.exit(1)
-
-
-def fmt(v, spec, none="—"):
-    return none if v is None else format(v, spec)
-
-
-def ratio(a, b):
-    return a / b if a is not None and b else None
+log = measure.log
+fail = measure.fail
+fmt = measure.fmt
+ratio = measure.ratio
 
 
 # ---------------------------------------------------------------------------------------
@@ -103,17 +94,7 @@ def warm(root, files):
     return {"bytes": total, "seconds": dt}
 
 
-def drop_caches():
-    """Empties the page cache, dentries and inodes (root only). None when done, else why not.
-    Pages that a running process has mapped stay: callers start the daemon first and
-    drop afterwards only what it has not mapped."""
-    try:
-        os.sync()
-        with open("/proc/sys/vm/drop_caches", "w") as f:
-            f.write("3\n")
-        return None
-    except OSError as e:
-        return f"{e.strerror or e} writing /proc/sys/vm/drop_caches"
+drop_caches = measure.drop_caches
 
 
 def remove_cache_files(path):
@@ -154,7 +135,7 @@ class Daemon:
         self.tmp = tempfile.mkdtemp(prefix="ld-bench-cache-")
         self.sock = os.path.join(self.tmp, "loaderd.sock")
         write_config(self.cfg_path, self.sock)
-        self.shm_before = bench.shm_loaderd_objects()
+        self.shm_before = measure.shm_loaderd_objects()
         with open(self.log_path, "ab") as lf:
             t0 = time.perf_counter()
             self.proc = subprocess.Popen([self.bins["loaderd"], "--config", self.cfg_path],
@@ -163,9 +144,9 @@ class Daemon:
         self.info["pid"] = self.proc.pid
         while True:
             if self.proc.poll() is not None:
-                self.err(f"exited {self.proc.returncode} during start-up" + bench.log_tail(self.log_path))
+                self.err(f"exited {self.proc.returncode} during start-up" + measure.log_tail(self.log_path))
                 return False
-            if os.path.exists(self.sock) and bench.socket_accepts(self.sock):
+            if os.path.exists(self.sock) and measure.socket_accepts(self.sock):
                 break
             if time.perf_counter() - t0 > timeout_s:
                 self.err(f"socket {self.sock} not up after {timeout_s:.0f} s")
@@ -176,7 +157,7 @@ class Daemon:
         return True
 
     def ctl(self, *argv, timeout=30):
-        return bench.loaderctl_json(self.bins["loaderctl"], self.sock, "--json", *argv, timeout=timeout)
+        return measure.loaderctl_json(self.bins["loaderctl"], self.sock, "--json", *argv, timeout=timeout)
 
     def cache_info(self, ds):
         return self.ctl("cache", "info", ds)
@@ -200,7 +181,7 @@ class Daemon:
     def read(self, ds, batch, epochs, start_epoch, out_dir, tag, timeout_s, expect_samples):
         """`loaderctl read` of `epochs` epochs from `start_epoch`, the daemon's and
         loaderctl's memory sampled. Returns the result dict or None (error recorded)."""
-        hwm_reset = bench.reset_peak_rss(self.proc.pid)
+        hwm_reset = measure.reset_peak_rss(self.proc.pid)
         cmd = [self.bins["loaderctl"], "--socket", self.sock, "read", ds, "--epochs", str(epochs),
                "--epoch", str(start_epoch), "--batch-size", str(batch), "--seed", str(SEED), "--json"]
         if ds.startswith("records"):
@@ -210,10 +191,10 @@ class Daemon:
         out_p = os.path.join(out_dir, f"loaderctl-{tag}.json")
         err_p = os.path.join(out_dir, f"loaderctl-{tag}.err")
         log(f"bench_cache: loaderd {tag}: {shlex.join(cmd[3:])}")
-        code, ctl_pid, mem, wall = bench.run_monitored(cmd, out_p, err_p, timeout_s, 0,
+        code, ctl_pid, mem, wall = measure.run_monitored(cmd, out_p, err_p, timeout_s, 0,
                                                        extra_roots=[self.proc.pid])
         if code != 0:
-            self.err(f"loaderctl read {ds} ({tag}) exited {code}: {bench.tail(err_p).strip()}")
+            self.err(f"loaderctl read {ds} ({tag}) exited {code}: {measure.tail(err_p).strip()}")
             return None
         try:
             with open(out_p) as f:
@@ -228,7 +209,7 @@ class Daemon:
         if short:
             self.err(f"loaderctl read {ds} ({tag}): epochs {short} did not deliver {expect_samples} samples")
             return None
-        hwm = bench.read_proc_kib(self.proc.pid, "VmHWM") or 0
+        hwm = measure.read_proc_kib(self.proc.pid, "VmHWM") or 0
         return {"epochs": eps, "first_batch_ms": res.get("first_batch_ms"), "wall_s": wall,
                 "peak_rss_mib": (hwm + mem.hwm_kib.get(ctl_pid, 0)) / 1024,
                 "daemon_hwm_reset": hwm_reset}
@@ -250,8 +231,8 @@ class Daemon:
             rc = proc.returncode
         self.info["exit_code"] = rc
         if rc != 0:
-            self.err(f"loaderd did not exit 0 on SIGTERM (exit {rc})" + bench.log_tail(self.log_path))
-        left = sorted(bench.shm_loaderd_objects() - self.shm_before)
+            self.err(f"loaderd did not exit 0 on SIGTERM (exit {rc})" + measure.log_tail(self.log_path))
+        left = sorted(measure.shm_loaderd_objects() - self.shm_before)
         ours = [n for n in left if f".{proc.pid}." in n]
         if ours:
             self.err("left in /dev/shm after a clean stop: " + ", ".join(ours))
@@ -541,7 +522,7 @@ def child_pickle_build(spec):
     t_dump = time.perf_counter() - t1
     print(json.dumps({"samples": len(items), "read_s": t_read, "dump_s": t_dump,
                       "file_size": os.path.getsize(spec["path"]),
-                      "hwm_kib": bench.read_proc_kib(os.getpid(), "VmHWM")}))
+                      "hwm_kib": measure.read_proc_kib(os.getpid(), "VmHWM")}))
     return 0
 
 
@@ -568,11 +549,11 @@ def child_pickle_load(spec):
             data, label = self.items[i]
             return torch.from_numpy(np.frombuffer(data, dtype=np.uint8)), label
 
-    rss_before = bench.read_proc_kib(os.getpid(), "VmRSS")
+    rss_before = measure.read_proc_kib(os.getpid(), "VmRSS")
     t0 = time.perf_counter()
     ds = PickledDataset(spec["path"])
     load_s = time.perf_counter() - t0
-    rss_loaded = bench.read_proc_kib(os.getpid(), "VmRSS")
+    rss_loaded = measure.read_proc_kib(os.getpid(), "VmRSS")
     loader = DataLoader(ds, batch_size=spec["batch_size"], shuffle=True,
                         num_workers=spec["workers"],
                         **({"persistent_workers": True, "prefetch_factor": 4} if spec["workers"] else {}))
@@ -608,9 +589,9 @@ def run_child(kind, spec, raw, tag, timeout_s):
     cmd = [sys.executable, os.path.abspath(__file__), "--child-" + kind, json.dumps(spec)]
     out_p = os.path.join(raw, f"{tag}.json")
     err_p = os.path.join(raw, f"{tag}.err")
-    code, pid, mem, wall = bench.run_monitored(cmd, out_p, err_p, timeout_s, bench.PSS_EVERY)
+    code, pid, mem, wall = measure.run_monitored(cmd, out_p, err_p, timeout_s, measure.PSS_EVERY)
     if code != 0:
-        log(f"bench_cache: {tag} exited {code}:\n{bench.tail(err_p)}")
+        log(f"bench_cache: {tag} exited {code}:\n{measure.tail(err_p)}")
         return None, mem, pid
     try:
         with open(out_p) as f:
@@ -989,7 +970,7 @@ def main():
                 "memcpy": child_memcpy}[kind](spec)
     args = parse_args(sys.argv[1:])
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
-    bench.ensure_system_python(("numpy", "torch"), __file__)
+    measure.ensure_system_python(("numpy", "torch"), __file__)
     t_start = time.perf_counter()
 
     build = args.build_dir if os.path.isabs(args.build_dir) else os.path.join(REPO, args.build_dir)
@@ -1048,7 +1029,7 @@ def main():
     res["summary"] = summarize(res)
 
     meta = {
-        "machine": bench.machine_info((res.get("torch") or {}).get("files", [])),
+        "machine": measure.machine_info((res.get("torch") or {}).get("files", [])),
         "command": " ".join(
             [f"{k}={shlex.quote(os.environ[k])}" for k in ("BENCH_ARGS", "BENCH_CACHE_ARGS") if os.environ.get(k)]
             + ["/usr/bin/python3 bench/bench_cache.py"] + [shlex.quote(a) for a in sys.argv[1:]]),

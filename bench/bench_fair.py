@@ -37,7 +37,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
-import bench as B  # noqa: E402  (helpers shared with the main benchmark)
+import measure  # noqa: E402  (bench/measure.py: process accounting, reporting helpers)
 
 LIGHT_FILES, LIGHT_SIZE = 20_000, 3072
 HEAVY_IMAGES, HEAVY_MIN, HEAVY_MAX = 300, 320, 400
@@ -108,7 +108,7 @@ datasets:
 
 
 def streams(bins, sock):
-    return B.loaderctl_json(bins["loaderctl"], sock, "--json", "streams")["streams"]
+    return measure.loaderctl_json(bins["loaderctl"], sock, "--json", "streams")["streams"]
 
 
 def stream_of(bins, sock, dataset):
@@ -118,7 +118,7 @@ def stream_of(bins, sock, dataset):
 def light_reads(args, bins, sock):
     rows = []
     for _ in range(args.runs):
-        r = B.loaderctl_json(bins["loaderctl"], sock, "read", "light", "--epochs", str(args.epochs),
+        r = measure.loaderctl_json(bins["loaderctl"], sock, "read", "light", "--epochs", str(args.epochs),
                              "--batch-size", str(LIGHT_BATCH), "--json", timeout=600)
         rows.append({"samples_per_s": r["samples_per_s"], "first_batch_ms": r["first_batch_ms"],
                      "seconds": r["seconds"]})
@@ -164,9 +164,9 @@ def main(argv):
             daemon = subprocess.Popen([bins["loaderd"], "--config", cfg], stdout=lf, stderr=lf,
                                       stdin=subprocess.DEVNULL, start_new_session=True)
         t0 = time.perf_counter()
-        while not (os.path.exists(sock) and B.socket_accepts(sock)):
+        while not (os.path.exists(sock) and measure.socket_accepts(sock)):
             if daemon.poll() is not None or time.perf_counter() - t0 > 30:
-                raise RuntimeError("loaderd did not start" + B.log_tail(daemon_log))
+                raise RuntimeError("loaderd did not start" + measure.log_tail(daemon_log))
             time.sleep(0.02)
 
         log("bench_fair: light alone")
@@ -181,7 +181,7 @@ def main(argv):
         time.sleep(args.heavy_window)
         h1, t_h1 = stream_of(bins, sock, "heavy"), time.perf_counter()
         if not h0 or not h1:
-            raise RuntimeError("the heavy stream is not open" + B.log_tail(daemon_log))
+            raise RuntimeError("the heavy stream is not open" + measure.log_tail(daemon_log))
         heavy_alone = (h1["samples_served"] - h0["samples_served"]) / (t_h1 - t_h0)
 
         log("bench_fair: light and heavy together")
@@ -195,7 +195,7 @@ def main(argv):
             raise RuntimeError(f"the heavy reader exited {heavy_proc.returncode}")
         # The light streams are closed by now; their CPU time is in loaderd's total:
         # workers' busy time against the heavy stream's share of it.
-        st = B.loaderctl_json(bins["loaderctl"], sock, "--json", "status")
+        st = measure.loaderctl_json(bins["loaderctl"], sock, "--json", "status")
         out["status"] = {k: st.get(k) for k in ("worker_busy_s", "samples_served", "uptime_s")}
 
         a, t = summary(alone), summary(together)

@@ -43,6 +43,7 @@ REPO = os.path.dirname(HERE)
 SYSTEM_PYTHON = "/usr/bin/python3"
 sys.path.insert(0, HERE)
 import bench as B  # noqa: E402  (helpers shared with the main benchmark)
+import measure  # noqa: E402  (bench/measure.py: process accounting, reporting helpers)
 
 FULL = {"images": 10_000}
 QUICK = {"images": 1_000}
@@ -57,7 +58,7 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
 def log(msg):
-    B.log(msg)
+    measure.log(msg)
 
 
 def proc_cpu_s(pid, children=False):
@@ -140,11 +141,11 @@ def generate(args, genimages):
     t0 = time.perf_counter()
     r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     if r.returncode != 0:
-        B.fail(f"{shlex.join(cmd)} exited {r.returncode}:\n" + r.stdout.decode(errors="replace")[-2000:])
+        measure.fail(f"{shlex.join(cmd)} exited {r.returncode}:\n" + r.stdout.decode(errors="replace")[-2000:])
     log(f"bench_images: {r.stdout.decode(errors='replace').strip()} ({time.perf_counter() - t0:.1f} s)")
     files = B.list_files(img_dir, "*.jpg")
     if len(files) != args.images:
-        B.fail(f"{img_dir} holds {len(files)} *.jpg files, expected {args.images}")
+        measure.fail(f"{img_dir} holds {len(files)} *.jpg files, expected {args.images}")
     return img_dir, files
 
 
@@ -155,7 +156,7 @@ def warm_page_cache(img_dir, files):
         with open(os.path.join(img_dir, rel), "rb", buffering=0) as f:
             total += len(f.read())
     dt = time.perf_counter() - t0
-    log(f"bench_images: page cache warmed: {len(files):,} files, {total / B.MIB:.0f} MiB in {dt:.1f} s")
+    log(f"bench_images: page cache warmed: {len(files):,} files, {total / measure.MIB:.0f} MiB in {dt:.1f} s")
     return {"bytes": total, "seconds": dt, "mean_file_bytes": total / max(1, len(files))}
 
 
@@ -224,7 +225,7 @@ def run_loaderd(args, bins, img_dir, workers, failures):
     daemon_log = os.path.join(rd, f"images-loaderd-w{workers}.log")
     out_p = os.path.join(rd, f"images-loaderctl-w{workers}.json")
     err_p = os.path.join(rd, f"images-loaderctl-w{workers}.err")
-    shm_before = B.shm_loaderd_objects()
+    shm_before = measure.shm_loaderd_objects()
     daemon, row, errors = None, None, []
 
     def err(msg):
@@ -239,9 +240,9 @@ def run_loaderd(args, bins, img_dir, workers, failures):
                                       stdin=subprocess.DEVNULL, start_new_session=True)
         while True:
             if daemon.poll() is not None:
-                err(f"exited {daemon.returncode} during start-up" + B.log_tail(daemon_log))
+                err(f"exited {daemon.returncode} during start-up" + measure.log_tail(daemon_log))
                 return None
-            if os.path.exists(sock) and B.socket_accepts(sock):
+            if os.path.exists(sock) and measure.socket_accepts(sock):
                 break
             if time.perf_counter() - t0 > args.startup_timeout:
                 err(f"socket {sock} not up after {args.startup_timeout:.0f} s")
@@ -250,7 +251,7 @@ def run_loaderd(args, bins, img_dir, workers, failures):
         startup_s = time.perf_counter() - t0
         startup_cpu = proc_cpu_s(daemon.pid)
         try:
-            dsets = B.loaderctl_json(loaderctl, sock, "--json", "datasets")["datasets"]
+            dsets = measure.loaderctl_json(loaderctl, sock, "--json", "datasets")["datasets"]
             d = next(x for x in dsets if x["name"] == "images")
             img = next(f for f in d["fields"] if f["name"] == "image")
             if img["dtype"] != "uint8" or img["shape"] != [3, SIZE, SIZE] or d["samples"] != args.images:
@@ -275,7 +276,7 @@ def run_loaderd(args, bins, img_dir, workers, failures):
             return None
         code = os.waitstatus_to_exitcode(status)
         if code != 0:
-            err(f"loaderctl read exited {code}: {B.tail(err_p).strip()}")
+            err(f"loaderctl read exited {code}: {measure.tail(err_p).strip()}")
             return None
         try:
             with open(out_p) as f:
@@ -284,13 +285,13 @@ def run_loaderd(args, bins, img_dir, workers, failures):
             if len(epochs) != args.loaderd_epochs:
                 raise ValueError(f"{len(epochs)} epochs reported, asked for {args.loaderd_epochs}")
         except (OSError, ValueError, KeyError, TypeError) as e:
-            err(f"loaderctl read: unreadable output ({e}): {B.tail(out_p, 3)}")
+            err(f"loaderctl read: unreadable output ({e}): {measure.tail(out_p, 3)}")
             return None
         short = [e["epoch"] for e in epochs if e["samples"] != args.images]
         if short:
             err(f"epochs {short} did not deliver {args.images} samples")
         try:
-            status_after = B.loaderctl_json(loaderctl, sock, "--json", "status")
+            status_after = measure.loaderctl_json(loaderctl, sock, "--json", "status")
         except (RuntimeError, ValueError, subprocess.TimeoutExpired) as e:
             status_after = None
             err(f"status: {e}")
@@ -325,7 +326,7 @@ def run_loaderd(args, bins, img_dir, workers, failures):
         }
         log(f"bench_images: loaderd w={workers}: {row['samples_per_s']:,.0f} samples/s "
             f"(epoch 0: {row['epoch0_samples_per_s']:,.0f}), "
-            f"{B.fmt(row['cpu_s_per_1000'], '.3f')} CPU s / 1,000 samples")
+            f"{measure.fmt(row['cpu_s_per_1000'], '.3f')} CPU s / 1,000 samples")
         return row
     finally:
         if daemon is not None:
@@ -339,8 +340,8 @@ def run_loaderd(args, bins, img_dir, workers, failures):
                     daemon.wait()
                     rc = None
                 if rc != 0:
-                    err(f"did not exit 0 on SIGTERM (exit {rc})" + B.log_tail(daemon_log))
-            left = sorted(B.shm_loaderd_objects() - shm_before)
+                    err(f"did not exit 0 on SIGTERM (exit {rc})" + measure.log_tail(daemon_log))
+            left = sorted(measure.shm_loaderd_objects() - shm_before)
             ours = [n for n in left if f".{daemon.pid}." in n]
             if ours:
                 err("left in /dev/shm after a clean stop: " + ", ".join(ours))
@@ -406,7 +407,7 @@ def child_main(spec):
     for epoch in range(spec["epochs"]):
         samples = batches = 0
         gc.collect()
-        c0 = B.tree_cpu([me])
+        c0 = measure.tree_cpu([me])
         t0 = time.perf_counter()
         it = iter(loader)
         first_ms = None
@@ -427,7 +428,7 @@ def child_main(spec):
         # The CPU of this process and of its (persistent) workers, all alive.
         del it
         gc.collect()
-        cpu = B.cpu_delta(c0, B.tree_cpu([me]))
+        cpu = measure.cpu_delta(c0, measure.tree_cpu([me]))
         epochs.append({"epoch": epoch, "samples": samples, "batches": batches, "seconds": secs,
                        "cpu_s": cpu, "first_batch_ms": first_ms, "partial": partial,
                        "samples_per_s": samples / secs if secs > 0 else 0.0})
@@ -472,7 +473,7 @@ def run_dataloader(args, img_dir, workers, failures):
         wall = time.perf_counter() - t0
     if code != 0:
         why = f"ran past {budget:.0f} s" if code is None else f"exited {code}"
-        failures.append(f"DataLoader num_workers={workers} {why}: {B.tail(err_p).strip()}")
+        failures.append(f"DataLoader num_workers={workers} {why}: {measure.tail(err_p).strip()}")
         log(f"bench_images: DataLoader w={workers} {why}")
         return None
     try:
@@ -589,7 +590,7 @@ def render(rows, floor, summary, meta):
             r["loader"] + (" (partial epochs)" if r["partial"] else ""),
             f"{r['workers']} thread{'s' if r['workers'] > 1 else ''}" if ld else str(r["workers"]),
             f"{r['samples_per_s']:,.0f}", f"{r['epoch0_samples_per_s']:,.0f}",
-            B.fmt(r.get("cpu_s_per_1000"), ".3f"),
+            measure.fmt(r.get("cpu_s_per_1000"), ".3f"),
             f"{r['samples_per_s'] / r['workers']:,.0f}",
             pct(r.get("floor_efficiency")) if ld else "—",
             f"**{xfmt(r.get('ratio_vs_dataloader'))}**" if ld else "1.00×"]) + " |")
@@ -614,9 +615,9 @@ def render(rows, floor, summary, meta):
     L.append("")
     for w, s in summary["by_workers"].items():
         L.append(f"- {w} worker{'s' if w != '1' else ''}: loaderd {s['loaderd_samples_per_s']:,.0f} vs "
-                 f"DataLoader {B.fmt(s['dataloader_samples_per_s'], ',.0f')} samples/s = "
-                 f"{xfmt(s['ratio'])}; CPU per 1,000 samples {B.fmt(s['loaderd_cpu_s_per_1000'], '.3f')} s vs "
-                 f"{B.fmt(s['dataloader_cpu_s_per_1000'], '.3f')} s; loaderd per worker "
+                 f"DataLoader {measure.fmt(s['dataloader_samples_per_s'], ',.0f')} samples/s = "
+                 f"{xfmt(s['ratio'])}; CPU per 1,000 samples {measure.fmt(s['loaderd_cpu_s_per_1000'], '.3f')} s vs "
+                 f"{measure.fmt(s['dataloader_cpu_s_per_1000'], '.3f')} s; loaderd per worker "
                  f"{s['loaderd_per_worker_samples_per_s']:,.0f} samples/s = {pct(s['floor_efficiency'])} of the "
                  f"floor's images/s per core ({pct(s['floor_cpu_efficiency'])} on CPU time).")
     L.append("")
@@ -657,7 +658,7 @@ def console_table(rows, floor, summary):
         ld = r["loader"] == "loaderd"
         body.append([r["loader"] + ("*" if r["partial"] else ""), str(r["workers"]),
                      f"{r['samples_per_s']:,.0f}", f"{r['epoch0_samples_per_s']:,.0f}",
-                     B.fmt(r.get("cpu_s_per_1000"), ".3f", "-"),
+                     measure.fmt(r.get("cpu_s_per_1000"), ".3f", "-"),
                      f"{r['samples_per_s'] / r['workers']:,.0f}",
                      pct(r.get("floor_efficiency")) if ld else "-",
                      xfmt(r.get("ratio_vs_dataloader")).replace("×", "x") if ld else "-"])
@@ -689,7 +690,7 @@ def machine_info(rows):
     child = next((r["child"] for r in rows if "child" in r), {})
     return {
         "nproc": len(os.sched_getaffinity(0)), "cpu_count": os.cpu_count(), "cpu_model": model,
-        "mem_total_mib": B.mem_total_kib() // 1024, "kernel": platform.release(),
+        "mem_total_mib": measure.mem_total_kib() // 1024, "kernel": platform.release(),
         "python": platform.python_version(), "torch": child.get("torch"),
         "torchvision": child.get("torchvision"), "pil": child.get("pil"),
         "pil_libjpeg_turbo": child.get("pil_libjpeg_turbo"),
@@ -747,14 +748,14 @@ def main():
     if args.child:
         return child_main(json.loads(args.child))
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
-    B.ensure_system_python(("torch", "torchvision"), __file__)
+    measure.ensure_system_python(("torch", "torchvision"), __file__)
     t_start = time.perf_counter()
 
     build = args.build_dir if os.path.isabs(args.build_dir) else os.path.join(REPO, args.build_dir)
     bins = {n: os.path.join(build, "bin", n) for n in ("loaderd", "loaderctl", "ld-genimages", "ld-imgfloor")}
     for n, path in bins.items():
         if not os.access(path, os.X_OK):
-            B.fail(f"{path} not found: build first (make all)")
+            measure.fail(f"{path} not found: build first (make all)")
     args.data_dir = os.path.abspath(args.data_dir)
     args.results_dir = os.path.abspath(args.results_dir)
     os.makedirs(args.results_dir, exist_ok=True)

@@ -40,9 +40,9 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
-import bench  # noqa: E402  (machine_info, host_label: shared with bench.py)
+import measure  # noqa: E402  (bench/measure.py: process accounting, reporting helpers)
 
-PY = bench.SYSTEM_PYTHON if os.path.exists(bench.SYSTEM_PYTHON) else sys.executable
+PY = measure.SYSTEM_PYTHON if os.path.exists(measure.SYSTEM_PYTHON) else sys.executable
 
 
 def steps():
@@ -125,7 +125,7 @@ def gpu_section(build=os.path.join(REPO, "build")):
 def main():
     results_dir = os.path.join(HERE, "results")
     os.makedirs(results_dir, exist_ok=True)
-    machine = bench.machine_info()
+    machine = measure.machine_info()
     started = datetime.datetime.now(datetime.timezone.utc)
     t0 = time.perf_counter()
     out = {"machine": machine, "started": started.strftime("%Y-%m-%d %H:%M:%S UTC"), "steps": []}
@@ -173,7 +173,7 @@ def main():
     with open(json_path, "w") as f:
         json.dump(out, f, indent=1)
         f.write("\n")
-    head = [f"# `make bench` — {out['started']}", "", bench.machine_line(machine), "",
+    head = [f"# `make bench` — {out['started']}", "", measure.machine_line(machine), "",
             f"Everything measured is in `bench/results/{stem}.json` (every run, every command). "
             f"Total {out['seconds'] / 60:.1f} min.", "",
             "| benchmark | command | exit | seconds |", "|---|---|---:|---:|"]
