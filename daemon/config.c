@@ -151,6 +151,8 @@ static const struct config_key dataset_keys[] = {
      DATASET_AT(max_sample_bytes), .kinds = FILES | PACKED},
     {.name = "read_timeout", .type = CONFIG_KEY_INT, .min = 1, .max = 86400, .def = 30, DATASET_AT(read_timeout),
      .kinds = FILES | IMAGES | PACKED | SQL},
+    {.name = "read_ahead", .type = CONFIG_KEY_INT, .min = 0, .max = 1024, .def = 32, DATASET_AT(read_ahead),
+     .kinds = FILES},
     {.name = "weight", .type = CONFIG_KEY_INT, .min = 1, .max = CONFIG_WEIGHT_MAX, .def = 1, DATASET_AT(weight),
      .kinds = FILES | TOKENS | PACKED | IMAGES | SQL},
     {.name = "max_share", .type = CONFIG_KEY_FRACTION, .def_frac = 1.0, DATASET_AT(max_share),

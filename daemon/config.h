@@ -107,6 +107,7 @@ struct config_dataset {
     int follow_links;               /* enum config_follow_links (files, image_folder) */
     uint64_t max_sample_bytes;      /* ragged samples (files, packed): the largest served; 0: no bound */
     uint32_t read_timeout;          /* seconds a read of a sample may take (files, image_folder, packed) */
+    uint32_t read_ahead;            /* files: reads in flight for samples not in the page cache; 0: none */
     /* image_folder: the pipeline, in order (plug-in paths and params are owned here) */
     struct transform_spec *transforms;
     size_t n_transforms;

@@ -50,6 +50,7 @@ bool config_dataset_same(const struct config_dataset *a, const struct config_dat
         a->cache_fingerprint != b->cache_fingerprint || a->on_error != b->on_error ||
         a->on_error_warn_fraction != b->on_error_warn_fraction || a->follow_links != b->follow_links ||
         a->max_sample_bytes != b->max_sample_bytes || a->read_timeout != b->read_timeout ||
+        a->read_ahead != b->read_ahead ||
         a->n_transforms != b->n_transforms || a->weight != b->weight || a->max_share != b->max_share ||
         !config_diff_str_same(a->manifest_path, b->manifest_path) || a->manifest_format != b->manifest_format ||
         a->n_columns != b->n_columns || !config_diff_str_same(a->sql_query, b->sql_query) ||

@@ -21,6 +21,7 @@
 #include "ld_error.h"
 #include "ld_wire.h"
 #include "config.h"
+#include "coldread.h"
 
 struct dataset_field {
     char name[LD_NAME_MAX];
@@ -165,6 +166,11 @@ struct dataset {
      * is stalled, and while one is, reads of this dataset fail with LD_ETIMEDOUT. */
     uint64_t read_timeout_ns;
     _Atomic uint32_t stalled_reads;
+    /* Read-ahead for samples not in the page cache (coldread.h), or NULL: a kind that
+     * reads files makes it at open, reads through coldread_pread, and frees it before
+     * anything its open callback touches; the stream hands it each batch's samples
+     * while coldread_wanted says so. */
+    coldread *ahead;
 };
 
 /* Reads sample `index` into dst[] like ops->read, from ctx->cache when there is one

@@ -252,6 +252,16 @@ static void server_op_datasets(conn *c, const cJSON *req, int64_t id)
         cJSON_AddNumberToObject(jd, "bad_samples", (double)atomic_load(&srv->datasets[i]->bad_samples));
         cJSON_AddNumberToObject(jd, "replaced_samples", (double)atomic_load(&srv->datasets[i]->replaced_samples));
         cJSON_AddNumberToObject(jd, "resource_retries", (double)atomic_load(&srv->datasets[i]->resource_retries));
+        if (d->ahead) { /* cold storage: reads in flight ahead of the workers (coldread.h) */
+            struct coldread_stats st;
+            coldread_get_stats(d->ahead, &st);
+            cJSON *ra = cJSON_AddObjectToObject(jd, "read_ahead");
+            cJSON_AddBoolToObject(ra, "on", st.on);
+            cJSON_AddNumberToObject(ra, "threads", st.threads);
+            cJSON_AddNumberToObject(ra, "samples", (double)st.samples);
+            cJSON_AddNumberToObject(ra, "misses", (double)st.misses);
+            cJSON_AddNumberToObject(ra, "failed", (double)st.failed);
+        }
         if (srv->keepers[i])
             cache_report_keeper(srv->keepers[i], cJSON_AddObjectToObject(jd, "cache"));
         cJSON_AddItemToArray(list, jd);

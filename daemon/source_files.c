@@ -63,6 +63,7 @@
 #include "beneath.h"
 #include "log.h"
 #include "npy.h"
+#include "coldread.h"
 
 #define FIELD_DATA 0
 #define FIELD_LABEL 1
@@ -332,6 +333,7 @@ static void files_free(dataset *d)
     struct files_dataset *fd = (struct files_dataset *)d;
     if (!fd)
         return;
+    coldread_free(fd->base.ahead); /* before the root and the entries its reads use */
     beneath_root_close(&fd->root);
     for (size_t k = 0; fd->base.class_names && k < fd->base.n_classes; k++)
         free(fd->base.class_names[k]);
@@ -412,6 +414,19 @@ static int files_npy_layout(struct files_dataset *fd, char *errbuf)
     ld_errorf(errbuf, "dataset '%s': format npy: no .npy array among its first files to take the layout from; "
               "the first: %s", d->name, first);
     return first_rc == LD_ENOMEM ? LD_ENOMEM : LD_EDATASET;
+}
+
+/* Read-ahead (coldread.h) opens a sample as read() does and brings in its recorded
+ * size; a file that cannot be opened is skipped there and reported by read(). */
+static int files_ahead_open(const void *ctx, uint64_t index, int *ret_fd, uint64_t *ret_bytes)
+{
+    const struct files_dataset *fd = ctx;
+    const struct files_entry *e = &fd->entries[index];
+    int r = beneath_open(&fd->root, fd->arena + e->path_off, e->link ? BENEATH_LINK : 0, ret_fd, NULL);
+    if (r < 0)
+        return r;
+    *ret_bytes = e->size;
+    return 0;
 }
 
 static int files_open(const struct config_dataset *cfg, dataset **ret_dataset, char *errbuf)
@@ -532,6 +547,12 @@ static int files_open(const struct config_dataset *cfg, dataset **ret_dataset, c
         return r;
     }
 
+    if (cfg->read_ahead && coldread_new(cfg->read_ahead, files_ahead_open, fd, &d->ahead) < 0) {
+        ld_errorf(errbuf, "dataset '%s': out of memory", cfg->name);
+        files_free(d);
+        return LD_ENOMEM;
+    }
+
     ld_log(LD_LOG_DEBUG, "dataset '%s': %" PRIu64 " files in %" PRIu64 " classes under '%s' (%s)",
            d->name, d->count, n_classes, d->source, same ? "fixed size" : "ragged");
     *ret_dataset = d;
@@ -586,10 +607,8 @@ static int files_read_once(const struct files_dataset *fd, uint64_t index, void 
     while (done < e->size) {
         uint64_t left = e->size - done;
         size_t want = left < READ_CHUNK ? (size_t)left : READ_CHUNK;
-        ssize_t n = pread(f, out + done, want, (off_t)done);
+        ssize_t n = coldread_pread(fd->base.ahead, f, out + done, want, (off_t)done);
         if (n < 0) {
-            if (errno == EINTR)
-                continue;
             r = ld_from_errno(errno);
             snprintf(errbuf, LD_ERRMSG_MAX, "sample %" PRIu64 " (%s): %s", index, rel,
                      strerror_r(errno, ebuf, sizeof ebuf));

@@ -258,13 +258,19 @@ static void start_fill(stream *s, uint32_t slot, uint64_t seq)
     /* A cache much larger than memory: tell the kernel which samples this batch will
      * read, a prefetch depth before the workers get to them. */
     struct cache *cached = sl->cache;
-    if (cached && advise) {
+    /* Without a cache, samples that are not in the page cache are read ahead, many at
+     * once (coldread.h), while the workers read them in order. */
+    bool ahead = !cached && s->ds->ahead && coldread_wanted(s->ds->ahead);
+    if ((cached && advise) || ahead) {
         uint64_t idx[256];
         for (uint32_t row = 0; row < sl->rows;) {
             size_t n = 0;
             for (; row < sl->rows && n < 256; row++)
                 idx[n++] = sampler_index(&s->smp, sl->epoch, sl->batch, row);
-            cache_advise(cached, idx, n);
+            if (cached)
+                cache_advise(cached, idx, n);
+            else
+                coldread_submit(s->ds->ahead, idx, n); /* a hint: without it the workers read as usual */
         }
     }
 

@@ -444,7 +444,7 @@ static void test_unknown_keys(void **state)
                     "    kind: files\n"
                     "    path: x\n"
                     "    patern: \"*.bin\"\n",
-                    5, 5, "unknown key 'patern' in 'datasets.a' (expected one of: kind, path, pattern, format, manifest, on_error, on_error_warn_fraction, cache, follow_links, max_sample_bytes, read_timeout, weight, max_share)",
+                    5, 5, "unknown key 'patern' in 'datasets.a' (expected one of: kind, path, pattern, format, manifest, on_error, on_error_warn_fraction, cache, follow_links, max_sample_bytes, read_timeout, read_ahead, weight, max_share)",
                     NULL);
     expect_error_at(ONE_DATASET "servers:\n  workers: 1\n", 3, 1,
                     "unknown top-level key 'servers' (expected one of: server, datasets, clients, access)", NULL);
@@ -696,7 +696,7 @@ static void test_kind_specific_keys(void **state)
                     "    path: x\n"
                     "    context: 8\n",
                     5, 5, "datasets.records: key 'context' is not valid for kind 'files'",
-                    "(expected one of: kind, path, pattern, format, manifest, on_error, on_error_warn_fraction, cache, follow_links, max_sample_bytes, read_timeout, weight, max_share)", NULL);
+                    "(expected one of: kind, path, pattern, format, manifest, on_error, on_error_warn_fraction, cache, follow_links, max_sample_bytes, read_timeout, read_ahead, weight, max_share)", NULL);
     /* The kind is read first even when it comes last. */
     expect_error_at("datasets:\n"
                     "  t:\n"
@@ -706,6 +706,28 @@ static void test_kind_specific_keys(void **state)
                     "    kind: token_windows\n",
                     3, 5, "key 'pattern' is not valid for kind 'token_windows'",
                     "kind, path, dtype, context, stride", NULL);
+    /* read_ahead: files only, 0..1024, 32 by default. */
+    expect_error_at("datasets:\n"
+                    "  t:\n"
+                    "    kind: token_windows\n"
+                    "    path: x\n"
+                    "    context: 8\n"
+                    "    read_ahead: 4\n",
+                    6, 5, "key 'read_ahead' is not valid for kind 'token_windows'", NULL);
+    expect_error_at("datasets:\n"
+                    "  r:\n"
+                    "    kind: files\n"
+                    "    path: x\n"
+                    "    read_ahead: 2000\n",
+                    5, 17, "read_ahead", NULL);
+    char path[PATH_MAX];
+    struct config *c = load_ok("datasets:\n"
+                               "  a: {kind: files, path: x}\n"
+                               "  b: {kind: files, path: x, read_ahead: 0}\n",
+                               path, sizeof path);
+    assert_int_equal(c->datasets[0].read_ahead, 32);
+    assert_int_equal(c->datasets[1].read_ahead, 0);
+    config_free(c);
 }
 
 static void test_cache_section(void **state)

@@ -1,0 +1,227 @@
+/* coldread — cold-storage detection and read-ahead on an ioqueue (see coldread.h).
+ *
+ * The counters are relaxed atomics bumped by workers and I/O threads and read by the
+ * loop thread's decision: an approximate share is all the decision needs. A job is one
+ * batch's sample indices; its items are shared out among the ioqueue's threads. Each
+ * item opens the sample through the kind's callback, reads the first
+ * IOQUEUE_SCRATCH_BYTES into the thread's scratch buffer (RWF_NOWAIT first, to learn
+ * whether it was cached) and asks the kernel for the rest with POSIX_FADV_WILLNEED, so
+ * a large file costs one thread only a moment. */
+#include "coldread.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include "ld_error.h"
+#include "log.h"
+
+struct coldread {
+    ioqueue *io;                    /* made by the first submit (loop thread) */
+    unsigned threads;
+    coldread_open_fn open;
+    const void *ctx;
+    atomic_bool on;
+    atomic_bool nowait_unsupported; /* the file system refuses RWF_NOWAIT: never cold */
+    atomic_uint_fast64_t reads, misses; /* since the last decision */
+    atomic_uint_fast64_t samples, ahead_misses, failed, pending;
+};
+
+struct coldread_job {
+    struct ioqueue_job job;         /* first */
+    coldread *ra;
+    size_t count;                   /* samples (a cancel lowers job.n) */
+    uint64_t idx[];
+};
+
+int coldread_new(unsigned threads, coldread_open_fn open, const void *ctx, coldread **ret_ra)
+{
+    coldread *ra = calloc(1, sizeof *ra);
+    if (!ra)
+        return LD_ENOMEM;
+    ra->threads = threads ? threads : IOQUEUE_DEFAULT_THREADS;
+    ra->open = open;
+    ra->ctx = ctx;
+    *ret_ra = ra;
+    return 0;
+}
+
+void coldread_free(coldread *ra)
+{
+    if (!ra)
+        return;
+    ioqueue_free(ra->io); /* drops the queued jobs, waits for the items running */
+    free(ra);
+}
+
+static void coldread_count(coldread *ra, bool miss)
+{
+    atomic_fetch_add_explicit(&ra->reads, 1, memory_order_relaxed);
+    if (miss)
+        atomic_fetch_add_explicit(&ra->misses, 1, memory_order_relaxed);
+}
+
+/* One RWF_NOWAIT attempt: bytes read, or -1 with errno; EAGAIN means "not cached". A
+ * file system without it (EOPNOTSUPP) is remembered and the answer is EAGAIN without
+ * a count: the caller then reads as usual. */
+static ssize_t coldread_try(coldread *ra, int fd, void *buf, size_t len, off_t off, bool *ret_counted)
+{
+    *ret_counted = false;
+    if (atomic_load_explicit(&ra->nowait_unsupported, memory_order_relaxed)) {
+        errno = EAGAIN;
+        return -1;
+    }
+    struct iovec v = {.iov_base = buf, .iov_len = len};
+    for (;;) {
+        ssize_t n = preadv2(fd, &v, 1, off, RWF_NOWAIT);
+        if (n >= 0 || errno == EAGAIN) {
+            *ret_counted = true;
+            if (n < 0)
+                errno = EAGAIN;
+            return n;
+        }
+        if (errno == EINTR)
+            continue;
+        if (errno == EOPNOTSUPP || errno == EINVAL || errno == ENOSYS) {
+            atomic_store(&ra->nowait_unsupported, true);
+            errno = EAGAIN;
+        }
+        return -1;
+    }
+}
+
+static ssize_t coldread_blocking(int fd, void *buf, size_t len, off_t off)
+{
+    for (;;) {
+        ssize_t n = pread(fd, buf, len, off);
+        if (n >= 0 || errno != EINTR)
+            return n;
+    }
+}
+
+ssize_t coldread_pread(coldread *ra, int fd, void *buf, size_t len, off_t off)
+{
+    if (!ra)
+        return coldread_blocking(fd, buf, len, off);
+    bool counted;
+    ssize_t n = coldread_try(ra, fd, buf, len, off, &counted);
+    if (counted && !atomic_load_explicit(&ra->on, memory_order_relaxed))
+        coldread_count(ra, n < 0);
+    if (n >= 0)
+        return n; /* a partial read: part of the range was cached; the next call asks again */
+    /* Not cached, or another error: the plain read waits, or says what it is. */
+    return coldread_blocking(fd, buf, len, off);
+}
+
+bool coldread_wanted(coldread *ra)
+{
+    uint64_t reads = atomic_load_explicit(&ra->reads, memory_order_relaxed);
+    bool on = atomic_load_explicit(&ra->on, memory_order_relaxed);
+    if (reads < COLDREAD_SAMPLE_READS)
+        return on;
+    uint64_t misses = atomic_exchange_explicit(&ra->misses, 0, memory_order_relaxed);
+    atomic_fetch_sub_explicit(&ra->reads, reads, memory_order_relaxed);
+    bool cold = misses * COLDREAD_COLD_DIV >= reads;
+    if (cold != on) {
+        atomic_store_explicit(&ra->on, cold, memory_order_relaxed);
+        ld_log(LD_LOG_DEBUG, "read-ahead %s: %" PRIu64 " of %" PRIu64 " reads missed the page cache",
+               cold ? "on" : "off", misses, reads);
+    }
+    return cold;
+}
+
+/* An I/O thread: bring one sample into the page cache. */
+static void coldread_item(struct ioqueue_job *j, size_t i, void *scratch)
+{
+    struct coldread_job *k = (struct coldread_job *)j;
+    coldread *ra = k->ra;
+    uint64_t bytes = 0;
+    int fd = -1;
+
+    if (ra->open(ra->ctx, k->idx[i], &fd, &bytes) < 0) {
+        atomic_fetch_add_explicit(&ra->failed, 1, memory_order_relaxed);
+        goto out;
+    }
+    size_t first = bytes < IOQUEUE_SCRATCH_BYTES ? (size_t)bytes : IOQUEUE_SCRATCH_BYTES;
+    bool counted = false, miss = false;
+    size_t done = 0;
+    while (done < first) {
+        ssize_t n = coldread_try(ra, fd, (char *)scratch + done, first - done, (off_t)done, &counted);
+        if (n < 0 && errno == EAGAIN) {
+            miss = miss || counted;
+            n = coldread_blocking(fd, (char *)scratch + done, first - done, (off_t)done);
+        }
+        if (n <= 0)
+            break; /* vanished, shrank or failed: the worker's read says so */
+        done += (size_t)n;
+    }
+    if (done < first) {
+        atomic_fetch_add_explicit(&ra->failed, 1, memory_order_relaxed);
+        goto out;
+    }
+    if (bytes > first)
+        posix_fadvise(fd, (off_t)first, (off_t)(bytes - first), POSIX_FADV_WILLNEED);
+    if (counted)
+        coldread_count(ra, miss);
+    atomic_fetch_add_explicit(&ra->samples, 1, memory_order_relaxed);
+    if (miss)
+        atomic_fetch_add_explicit(&ra->ahead_misses, 1, memory_order_relaxed);
+out:
+    if (fd >= 0)
+        close(fd);
+    atomic_fetch_sub_explicit(&ra->pending, 1, memory_order_relaxed);
+}
+
+static void coldread_job_done(struct ioqueue_job *j, size_t items_run)
+{
+    struct coldread_job *k = (struct coldread_job *)j;
+    /* Items dropped by a cancel were counted pending at submit. */
+    atomic_fetch_sub_explicit(&k->ra->pending, k->count - items_run, memory_order_relaxed);
+    free(k);
+}
+
+int coldread_submit(coldread *ra, const uint64_t *idx, size_t n)
+{
+    if (!n)
+        return 0;
+    if (!ra->io) {
+        int r = ioqueue_new(ra->threads, &ra->io);
+        if (r < 0)
+            return r;
+    }
+    struct coldread_job *k = malloc(sizeof *k + n * sizeof k->idx[0]);
+    if (!k)
+        return LD_ENOMEM;
+    memset(&k->job, 0, sizeof k->job);
+    k->job.run = coldread_item;
+    k->job.done = coldread_job_done;
+    k->job.n = n;
+    k->job.owner = ra;
+    k->ra = ra;
+    k->count = n;
+    memcpy(k->idx, idx, n * sizeof idx[0]);
+    atomic_fetch_add_explicit(&ra->pending, n, memory_order_relaxed);
+    int r = ioqueue_submit(ra->io, &k->job);
+    if (r < 0) {
+        atomic_fetch_sub_explicit(&ra->pending, n, memory_order_relaxed);
+        free(k);
+    }
+    return r;
+}
+
+void coldread_get_stats(coldread *ra, struct coldread_stats *ret_stats)
+{
+    *ret_stats = (struct coldread_stats){
+        .on = atomic_load_explicit(&ra->on, memory_order_relaxed),
+        .samples = atomic_load_explicit(&ra->samples, memory_order_relaxed),
+        .misses = atomic_load_explicit(&ra->ahead_misses, memory_order_relaxed),
+        .failed = atomic_load_explicit(&ra->failed, memory_order_relaxed),
+        .pending = atomic_load_explicit(&ra->pending, memory_order_relaxed),
+        .threads = ra->threads,
+    };
+}

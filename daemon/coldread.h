@@ -1,0 +1,69 @@
+/* coldread — reading a dataset's samples ahead of the workers when they are not in
+ * the page cache.
+ *
+ * Warm, a worker's open + pread of a 3 KiB file costs about 3 us and nothing should be
+ * added to it; cold, each read waits a disk round trip and the workers leave the
+ * device idle. So a dataset first finds out which case it is in: the workers read with
+ * preadv2(RWF_NOWAIT) first (the same cost when the data is cached; EAGAIN, then a
+ * plain pread, when it is not) and count the misses. When at least one read in
+ * COLDREAD_COLD_DIV of the last COLDREAD_SAMPLE_READS missed, read-ahead turns on:
+ * each batch's samples, as the stream starts to fill it, are handed to an ioqueue
+ * (ioqueue.h) whose threads open and read them into the page cache, many at once,
+ * while the workers read them from there. The read-ahead threads then count the
+ * misses (the workers mostly find what was read for them), and when their reads find
+ * the data cached again, read-ahead turns off. Read-ahead is a hint: its failures
+ * (a file that vanished or shrank) are ignored, and the worker's own read reports them
+ * as it always did. */
+#ifndef LD_COLDREAD_H
+#define LD_COLDREAD_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "ioqueue.h"
+
+/* Reads between two decisions, and the share of misses that means "cold" (1 in 8). */
+#define COLDREAD_SAMPLE_READS 32u
+#define COLDREAD_COLD_DIV 8u
+
+/* Opens sample `index` for reading (blocking) and says how many bytes to bring in;
+ * 0 or a negative code (the sample is then skipped). Called on the I/O threads,
+ * concurrently. */
+typedef int (*coldread_open_fn)(const void *ctx, uint64_t index, int *ret_fd, uint64_t *ret_bytes);
+
+typedef struct coldread coldread;
+
+struct coldread_stats {
+    bool on;                        /* samples are read ahead now */
+    uint64_t samples;               /* read ahead, in all */
+    uint64_t misses;                /* of those, not in the page cache when read ahead */
+    uint64_t failed;                /* could not be opened or read (the workers report why) */
+    uint64_t pending;               /* queued or in flight now */
+    unsigned threads;               /* requests in flight at most */
+};
+
+/* threads: requests in flight when cold (0: IOQUEUE_DEFAULT_THREADS); open(ctx, ...)
+ * opens a sample. Nothing starts until read-ahead first turns on. */
+int coldread_new(unsigned threads, coldread_open_fn open, const void *ctx, coldread **ret_ra);
+/* Cancels what is queued, waits for the reads in flight, stops the threads; after it
+ * the open callback is never called again. Accepts NULL. */
+void coldread_free(coldread *ra);
+
+/* The worker's read: like pread, restarted after EINTR, but tries RWF_NOWAIT first
+ * and counts whether the data was cached (while read-ahead is off: then the workers
+ * are the first to touch it). Returns bytes read (0 at end of file) or -1 with errno
+ * set, as pread does. ra may be NULL (a plain pread). Any thread. */
+ssize_t coldread_pread(coldread *ra, int fd, void *buf, size_t len, off_t off);
+
+/* Decides, from the reads counted since the last call, whether samples are read ahead
+ * now; true when they are. Loop thread; does not block. */
+bool coldread_wanted(coldread *ra);
+/* Queues samples idx[0..n) for read-ahead (copied: the caller keeps idx). Does not
+ * block on I/O. LD_ENOMEM when the job or the threads cannot be had: nothing is read
+ * ahead and the workers read as usual. Loop thread. */
+int coldread_submit(coldread *ra, const uint64_t *idx, size_t n);
+void coldread_get_stats(coldread *ra, struct coldread_stats *ret_stats);
+
+#endif
