@@ -7,9 +7,12 @@ bench/bench.py (loaderd vs DataLoader), bench/bench_cache.py (the single-file ca
 bench/bench_images.py (the image pipeline and its floor), bench/bench_python.py --spawn
 (the Python client in a training loop), bench/bench_fair.py (a light job next to a heavy
 one on the same workers), bench/bench_sql.py (the sql kind on PostgreSQL against Datasets
-that query it), and the GPU section (gpu_section: "no GPU: skipped" where there
-is none). Each writes its own files under bench/results/ (latest.*, cache.*, images.*,
-python.*, fair.*, sql.*, raw outputs; none of them committed). Then this
+that query it), bench/bench_cold.py (small files from an empty page cache, against
+DataLoader and fio), bench/bench_device.py (the device stage against
+DataLoader(pin_memory=True); it says so and skips without a GPU), and the GPU section
+(gpu_section: "no GPU: skipped" where there is none). Each writes its own files under
+bench/results/ (latest.*, cache.*, images.*, python.*, fair.*, sql.*, cold.*, device.*, raw
+outputs; none of them committed). Then this
 script gathers them into
 
     bench/results/<date>-<host>.json   machine (CPU model, cores, RAM, kernel, versions of
@@ -25,8 +28,8 @@ CPUs and RAM, e.g. 2c-24g), never its hostname. These two files are small and ar
 ones committed with a README update: the README's table names the file it comes from.
 
 Options for the benchmarks come from the environment as before (BENCH_ARGS,
-BENCH_CACHE_ARGS, BENCH_IMAGES_ARGS, BENCH_PYTHON_ARGS, BENCH_FAIR_ARGS, BENCH_SQL_ARGS);
-`--quick` in BENCH_ARGS makes all six small. Exits non-zero when any benchmark failed (the result files are written
+BENCH_CACHE_ARGS, BENCH_IMAGES_ARGS, BENCH_PYTHON_ARGS, BENCH_FAIR_ARGS, BENCH_SQL_ARGS,
+BENCH_COLD_ARGS, BENCH_DEVICE_ARGS); `--quick` in BENCH_ARGS makes all eight small. Exits non-zero when any benchmark failed (the result files are written
 anyway, with the failures in them).
 """
 import datetime
@@ -57,6 +60,8 @@ def steps():
          ("python.json", "python.md")),
         ("fair", ["bench/bench_fair.py"], "BENCH_FAIR_ARGS", ("fair.json", "fair.md")),
         ("sql", ["bench/bench_sql.py", *(["--quick"] if quick else [])], "BENCH_SQL_ARGS", ("sql.json", "sql.md")),
+        ("cold", ["bench/bench_cold.py"], "BENCH_COLD_ARGS", ("cold.json", "cold.md")),
+        ("device", ["bench/bench_device.py"], "BENCH_DEVICE_ARGS", ("device.json", "device.md")),
     ]
 
 
@@ -100,7 +105,7 @@ def gpu_section(build=os.path.join(REPO, "build")):
     it says so and skips. Where there is one, scripts/gpu-check.sh measures the stage's
     H2D GB/s against the pinned peak and the synthetic trainer's wait fraction, and its
     summary is quoted; the comparison with PyTorch's DataLoader(pin_memory=True) + .to()
-    on the same pipeline is not measured yet."""
+    on the same pipeline is bench_device.py's (a step of its own)."""
     probe = os.path.join(build, "bin", "ld-gpu-check")
     if not os.path.exists(probe):
         why = "no ld-gpu-check in the build (built without CUDA)"
@@ -117,8 +122,8 @@ def gpu_section(build=os.path.join(REPO, "build")):
     lines = r.stdout.strip().splitlines()
     start = max((i for i, line in enumerate(lines) if line.startswith("loaderd GPU check")), default=0)
     summary = lines[start:]
-    md = "## GPU\n\n```\n" + "\n".join(summary) + "\n```\n\nNot measured yet: PyTorch's " \
-         "DataLoader(pin_memory=True) + .to(device, non_blocking=True) on the same pipeline."
+    md = "## GPU\n\n```\n" + "\n".join(summary) + "\n```\n\nAgainst PyTorch's DataLoader(pin_memory=True) + " \
+         ".to(device, non_blocking=True) on the image pipeline: the device section (bench_device.py)."
     return {"exit_code": r.returncode, "summary": summary}, md
 
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Checks that the build's libraries and tools are present. Missing ones are installed
 # with apt-get when we run as root; otherwise the apt line is printed and we fail.
-# Usage: scripts/deps.sh [build|test|bench|fuzz]
+# Usage: scripts/deps.sh [build|test|bench|peers|fuzz]
 set -euo pipefail
 what=${1:-build}
 
@@ -72,6 +72,11 @@ if [ "$what" = test ]; then
 fi
 if [ "$what" = bench ]; then
   /usr/bin/python3 -c 'import torchvision' 2>/dev/null || pkgs+=(python3-torchvision)
+  need_bin fio fio                  # the disk's own random-read IOPS (bench/bench_cold.py)
+fi
+# make bench-peers: a virtual environment under build/ gets tf.data and DALI from PyPI.
+if [ "$what" = peers ]; then
+  /usr/bin/python3 -c 'import ensurepip, venv' 2>/dev/null || pkgs+=(python3-venv)
 fi
 
 if [ ${#pkgs[@]} -eq 0 ]; then exit 0; fi
