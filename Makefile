@@ -12,6 +12,8 @@
 #   make bench           loaderd vs PyTorch DataLoader, then the dataset cache, images and
 #                        the Python client in a training loop; results in
 #                        bench/results/<date>-<host>.{json,md} (see bench/README.md)
+#   make bench-peers     loaderd vs tf.data, DALI and SPDL (installed from PyPI once, into
+#                        $(BUILD)/peers/venv) on the same data and cores; bench/results/peers.*
 #   make fuzz            each libFuzzer harness (tests/fuzz/) for FUZZ_SECONDS (default 60)
 #   make soak            minutes of client churn, RSS/fd//dev/shm drift judged (scripts/soak.sh)
 #   SANITIZE=address,undefined   build with sanitizers (any -fsanitize= list)
@@ -138,7 +140,7 @@ FUZZ_SECONDS ?= 60
 TEST_FUZZ_SECONDS ?= 10
 FUZZ_SAN  := address,undefined,fuzzer-no-link
 
-.PHONY: all deps test demo bench clean tests fuzz fuzzers fuzz-seeds soak
+.PHONY: all deps test demo bench bench-peers clean tests fuzz fuzzers fuzz-seeds soak
 # The GPU check's program (scripts/gpu-check.sh), in CUDA builds without sanitizers.
 GPU_CHECK := $(if $(and $(filter 1,$(HAVE_CUDA)),$(if $(SANITIZE),,1)),$(BUILD)/bin/ld-gpu-check)
 all: $(LOADERD) $(LOADERCTL) $(GENDATA) $(GENIMAGES) $(IMGFLOOR) $(CLIENT_SO) $(CLIENT_A) $(PLUGINS) $(GPU_CHECK)
@@ -343,6 +345,13 @@ bench:
 	@scripts/deps.sh bench
 	$(MAKE) --no-print-directory all
 	/usr/bin/python3 bench/run.py
+
+# Not part of make bench or make test: the first run downloads about 1 GB from PyPI.
+bench-peers:
+	@scripts/deps.sh bench
+	@scripts/deps.sh peers
+	$(MAKE) --no-print-directory all
+	/usr/bin/python3 bench/bench_peers.py --build-dir $(BUILD)
 
 clean:
 	rm -rf build client/python/build client/python/loaderclient.egg-info
