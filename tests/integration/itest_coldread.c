@@ -25,7 +25,7 @@
 #include "harness.h"
 #include "loaderclient.h"
 
-#define N_FILES 1200
+#define N_FILES 600
 #define FILE_SIZE 3000
 #define N_CLASSES 12
 #define BATCH 64
