@@ -20,8 +20,8 @@ Prints a table and writes bench/results/cache.{md,json}; raw outputs (loaderctl 
 JSON, the daemon's config and log) go to bench/results/cache-raw/. What is measured and
 how: bench/README.md, "The cache benchmark". `make bench` runs it after bench.py.
 
-Shares bench.py's helpers (process-tree memory sampling, the DataLoader child over the
-files) by importing it. Options: `--help`; the record dataset's options (`--quick`,
+Shares bench.py's DataLoader child over the files by importing it, and bench/measure.py's
+process accounting (process-tree memory sampling, CPU time). Options: `--help`; the record dataset's options (`--quick`,
 `--files`, ...) are also taken from BENCH_ARGS, as bench.py reads them, and options of
 this script alone from BENCH_CACHE_ARGS.
 """

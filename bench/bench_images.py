@@ -504,7 +504,7 @@ def run_dataloader(args, img_dir, workers, failures):
         "first_batch_ms": steady[0]["first_batch_ms"],
         "cpu_s": cpu,
         "cpu_s_per_1000": cpu / all_samples * 1000 if all_samples else None,
-        "cpu_method": "main process (getrusage) + its persistent workers (/proc, bench.tree_cpu) at each "
+        "cpu_method": "main process (getrusage) + its persistent workers (/proc, measure.tree_cpu) at each "
                       "epoch's start and end, all measured epochs",
         "wall_s": wall,
         "partial": any(e["partial"] for e in epochs),
