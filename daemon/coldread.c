@@ -12,6 +12,8 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -57,6 +59,45 @@ void coldread_free(coldread *ra)
         return;
     ioqueue_free(ra->io); /* drops the queued jobs, waits for the items running */
     free(ra);
+}
+
+struct coldread_reaper {
+    coldread *ra;
+    void (*done)(void *arg);
+    void *arg;
+};
+
+static void *coldread_reap(void *p)
+{
+    struct coldread_reaper *r = p;
+    coldread_free(r->ra);
+    r->done(r->arg);
+    free(r);
+    return NULL;
+}
+
+void coldread_release(coldread *ra, void (*done)(void *arg), void *arg)
+{
+    if (ra && ra->io && ioqueue_cancel_nowait(ra->io, ra) > 0) {
+        struct coldread_reaper *r = malloc(sizeof *r);
+        pthread_attr_t attr;
+        pthread_t t;
+        if (r && pthread_attr_init(&attr) == 0) {
+            *r = (struct coldread_reaper){.ra = ra, .done = done, .arg = arg};
+            pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+            sigset_t all, old;
+            sigfillset(&all);
+            pthread_sigmask(SIG_SETMASK, &all, &old);
+            int e = pthread_create(&t, &attr, coldread_reap, r);
+            pthread_sigmask(SIG_SETMASK, &old, NULL);
+            pthread_attr_destroy(&attr);
+            if (e == 0)
+                return;
+        }
+        free(r); /* no thread: wait here instead */
+    }
+    coldread_free(ra);
+    done(arg);
 }
 
 static void coldread_count(coldread *ra, bool miss)

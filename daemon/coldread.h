@@ -50,6 +50,12 @@ int coldread_new(unsigned threads, coldread_open_fn open, const void *ctx, coldr
 /* Cancels what is queued, waits for the reads in flight, stops the threads; after it
  * the open callback is never called again. Accepts NULL. */
 void coldread_free(coldread *ra);
+/* The same without waiting, for the loop thread (a read of a hung file system may not
+ * return for a long time): what is queued is dropped; when no read is in flight, ra is
+ * freed and done(arg) runs before this returns; otherwise a detached thread waits for
+ * the reads, frees ra, then runs done(arg), so what the open callback uses (arg: the
+ * dataset) stays valid until then. ra may be NULL (done runs at once). */
+void coldread_release(coldread *ra, void (*done)(void *arg), void *arg);
 
 /* The worker's read: like pread, restarted after EINTR, but tries RWF_NOWAIT first
  * and counts whether the data was cached (while read-ahead is off: then the workers

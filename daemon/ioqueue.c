@@ -205,6 +205,20 @@ void ioqueue_cancel(ioqueue *q, const void *owner)
     ioqueue_done_all(dropped);
 }
 
+size_t ioqueue_cancel_nowait(ioqueue *q, const void *owner)
+{
+    struct ioqueue_job *dropped = NULL;
+    size_t running = 0;
+    pthread_mutex_lock(&q->lock);
+    ioqueue_drop(q, owner, &dropped);
+    for (const struct ioqueue_job *j = q->head; j; j = j->next)
+        if (!owner || j->owner == owner)
+            running += j->taken - j->finished;
+    pthread_mutex_unlock(&q->lock);
+    ioqueue_done_all(dropped);
+    return running;
+}
+
 void ioqueue_free(ioqueue *q)
 {
     if (!q)

@@ -56,6 +56,10 @@ int ioqueue_submit(ioqueue *q, struct ioqueue_job *j);
  * running; each such job's `done` has run when this returns. Any thread but an I/O
  * thread of q. */
 void ioqueue_cancel(ioqueue *q, const void *owner);
+/* Like ioqueue_cancel, but returns at once: the number of owner's items still running
+ * (0: every job of owner's is back, its done has run). The jobs with items running
+ * call their done on the I/O thread that finishes the last one. */
+size_t ioqueue_cancel_nowait(ioqueue *q, const void *owner);
 /* Items waiting and running now (for reports and tests). */
 size_t ioqueue_pending(ioqueue *q);
 unsigned ioqueue_threads(const ioqueue *q);

@@ -328,12 +328,9 @@ out:
     return r;
 }
 
-static void files_free(dataset *d)
+static void files_free_now(void *arg)
 {
-    struct files_dataset *fd = (struct files_dataset *)d;
-    if (!fd)
-        return;
-    coldread_free(fd->base.ahead); /* before the root and the entries its reads use */
+    struct files_dataset *fd = arg;
     beneath_root_close(&fd->root);
     for (size_t k = 0; fd->base.class_names && k < fd->base.n_classes; k++)
         free(fd->base.class_names[k]);
@@ -341,6 +338,16 @@ static void files_free(dataset *d)
     free(fd->arena);
     free(fd->entries);
     free(fd);
+}
+
+/* Read-ahead uses the root and the entries: they go when its reads in flight are back,
+ * which may be later than now (a read of a hung file system), without blocking here. */
+static void files_free(dataset *d)
+{
+    struct files_dataset *fd = (struct files_dataset *)d;
+    if (!fd)
+        return;
+    coldread_release(fd->base.ahead, files_free_now, fd);
 }
 
 /* The class names by label: the first path component of any file of that class. */

@@ -1,6 +1,7 @@
 /* Unit tests for ioqueue: every item of a job runs exactly once, on several threads at
  * once, and `done` runs once with the count; a cancel drops one owner's queued items,
- * waits for its running ones and leaves the other owners' jobs alone; freeing a queue
+ * waits for its running ones and leaves the other owners' jobs alone (or, without
+ * waiting, says how many still run, and their job comes back when they end); freeing a queue
  * with jobs still queued hands each back through `done`; bad arguments are refused. */
 #include <stdarg.h>
 #include <stddef.h>
@@ -138,6 +139,28 @@ static void test_cancel_one_owner(void **state)
     free(b);
 }
 
+static void test_cancel_without_waiting(void **state)
+{
+    (void)state;
+    int owner;
+    ioqueue *q = NULL;
+    assert_int_equal(ioqueue_new(2, &q), 0);
+    struct counting_job *a = counting_new(100, &owner, 20000);
+    assert_int_equal(ioqueue_submit(q, &a->job), 0);
+    while (atomic_load(&a->running) < 2)
+        sleep_us(100);
+    /* Two items are inside their 20 ms: they are reported, not waited for. */
+    assert_int_equal(ioqueue_cancel_nowait(q, &owner), 2);
+    atomic_store(&a->after_cancel, true);
+    wait_done(a); /* called by the thread that finished the last of them */
+    assert_int_equal(atomic_load(&a->items_run), 2);
+    assert_int_equal(atomic_load(&a->ran_after_cancel), 0);
+    /* Nothing of owner's left: 0 at once. */
+    assert_int_equal(ioqueue_cancel_nowait(q, &owner), 0);
+    ioqueue_free(q);
+    free(a);
+}
+
 static void test_free_with_queued_jobs(void **state)
 {
     (void)state;
@@ -179,6 +202,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_every_item_once),
         cmocka_unit_test(test_cancel_one_owner),
+        cmocka_unit_test(test_cancel_without_waiting),
         cmocka_unit_test(test_free_with_queued_jobs),
         cmocka_unit_test(test_bad_arguments),
     };
