@@ -418,11 +418,9 @@ def main(argv):
                       "vs_fio_qd32": measure.ratio(ld, fio_qd32), "vs_noahead": measure.ratio(ld, noahead)}
     res["seconds"] = time.perf_counter() - t0
     md = render(res)
-    with open(os.path.join(args.results_dir, "cold.json"), "w") as f:
-        json.dump(res, f, indent=1)
-    with open(os.path.join(args.results_dir, "cold.md"), "w") as f:
-        f.write(md)
+    dated = measure.write_results(args.results_dir, "cold", res, md)
     print(md)
+    log(f"bench_cold: results: {args.results_dir}/cold.md (and {dated}.md, to commit)")
     failed = rc != 0 or not ld or any(r and r.get("error") for r in res["loaderd"]["cold"] + res["dataloader"])
     return 1 if failed else 0
 

@@ -579,11 +579,9 @@ def main(argv):
     res["summary"] = summarize(res)
     res["seconds"] = time.perf_counter() - t0
     md = render(res)
-    with open(os.path.join(args.results_dir, "peers.json"), "w") as f:
-        json.dump(res, f, indent=1)
-    with open(os.path.join(args.results_dir, "peers.md"), "w") as f:
-        f.write(md)
+    dated = measure.write_results(args.results_dir, "peers", res, md)
     print(md)
+    log(f"bench_peers: results: {args.results_dir}/peers.md (and {dated}.md, to commit)")
     bad = res.get("loaderd_exit") not in (0, None) or any(
         "error" in (res["results"][w].get("loaderd") or {}) for w in args.workloads)
     return 1 if bad else 0

@@ -403,3 +403,43 @@ def drop_caches():
         return None
     except OSError as e:
         return f"{e.strerror or e} writing /proc/sys/vm/drop_caches"
+
+
+def scrub(v, subs):
+    """v with this machine's paths made neutral (the repository becomes ".", the temporary
+    directory "$TMPDIR"), so that a committed result file names no path of the machine
+    it ran on."""
+    if isinstance(v, str):
+        for old, new in subs:
+            v = v.replace(old, new)
+        return v
+    if isinstance(v, list):
+        return [scrub(x, subs) for x in v]
+    if isinstance(v, dict):
+        return {k: scrub(x, subs) for k, x in v.items()}
+    return v
+
+
+def path_subs():
+    import tempfile
+    subs = [(REPO + os.sep, ""), (REPO, "."), (tempfile.gettempdir() + os.sep, "$TMPDIR/")]
+    home = os.path.expanduser("~")
+    if home not in ("/", "~"):
+        subs.append((home + os.sep, "~/"))
+    return subs
+
+
+def write_results(results_dir, stem, res, md):
+    """Writes stem.json and stem.md (this run's, not committed) and the same, with this
+    machine's paths made neutral, as stem-<date>-<host>.{json,md}: the files a README
+    update commits and quotes."""
+    os.makedirs(results_dir, exist_ok=True)
+    dated = f"{stem}-{datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d')}-{host_label()}"
+    subs = path_subs()
+    for name, r, m in ((stem, res, md), (dated, scrub(res, subs), scrub(md, subs))):
+        with open(os.path.join(results_dir, name + ".json"), "w") as f:
+            json.dump(r, f, indent=1)
+            f.write("\n")
+        with open(os.path.join(results_dir, name + ".md"), "w") as f:
+            f.write(m)
+    return dated

@@ -65,30 +65,6 @@ def steps():
     ]
 
 
-def scrub(v, subs):
-    """v with this machine's paths made neutral (the repository becomes ".", the temporary
-    directory "$TMPDIR"), so that a committed result file names no path of the machine
-    it ran on."""
-    if isinstance(v, str):
-        for old, new in subs:
-            v = v.replace(old, new)
-        return v
-    if isinstance(v, list):
-        return [scrub(x, subs) for x in v]
-    if isinstance(v, dict):
-        return {k: scrub(x, subs) for k, x in v.items()}
-    return v
-
-
-def path_subs():
-    import tempfile
-    subs = [(REPO + os.sep, ""), (REPO, "."), (tempfile.gettempdir() + os.sep, "$TMPDIR/")]
-    home = os.path.expanduser("~")
-    if home not in ("/", "~"):
-        subs.append((home + os.sep, "~/"))
-    return subs
-
-
 def load(path, since, parse):
     """The file's contents when it was written by this run, else None."""
     try:
@@ -169,9 +145,9 @@ def main():
     out["seconds"] = round(time.perf_counter() - t0, 1)
     out["failures"] = failed
 
-    subs = path_subs()
-    out = scrub(out, subs)
-    md_parts = [scrub(m, subs) for m in md_parts]
+    subs = measure.path_subs()
+    out = measure.scrub(out, subs)
+    md_parts = [measure.scrub(m, subs) for m in md_parts]
     stem = f"{started.strftime('%Y-%m-%d')}-{machine['host']}"
     json_path = os.path.join(results_dir, stem + ".json")
     md_path = os.path.join(results_dir, stem + ".md")
