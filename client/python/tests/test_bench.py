@@ -1,4 +1,4 @@
-"""The benchmark's own instruments (bench/bench.py, bench/ld-imgfloor.c), checked on small
+"""The benchmark's own instruments (bench/bench.py, bench/measure.py, bench/ld-imgfloor.c), checked on small
 data: both sides of the comparison must do the same work, and what they cost must be
 counted for every process they run. A benchmark that quietly skips work on one side or
 misses a process's CPU reports a ratio that nobody can reproduce.
@@ -17,6 +17,7 @@ from conftest import REC, TOK
 BENCH = os.path.join(support.REPO, "bench", "bench.py")
 sys.path.insert(0, os.path.dirname(BENCH))
 import bench  # noqa: E402
+import measure  # noqa: E402
 
 pytest.importorskip("torch")
 
@@ -84,15 +85,15 @@ def test_cpu_seconds_counts_children_and_threads():
         assert p.stdout.readline().strip() == b"ready"
         deadline = time.monotonic() + 10
         while True:
-            c = bench.tree_cpu([p.pid])
-            if len(c) == 2 and bench.cpu_delta({}, c) >= 0.5 or time.monotonic() > deadline:
+            c = measure.tree_cpu([p.pid])
+            if len(c) == 2 and measure.cpu_delta({}, c) >= 0.5 or time.monotonic() > deadline:
                 break
             time.sleep(0.05)
         assert len(c) == 2, c                       # the process and its child
         # 0.3 s in a thread that has ended + 0.3 s in the child
-        assert bench.cpu_delta({}, c) >= 0.5, c
+        assert measure.cpu_delta({}, c) >= 0.5, c
         # nothing runs now: a second snapshot adds (almost) nothing
-        assert bench.cpu_delta(c, bench.tree_cpu([p.pid])) < 0.05
+        assert measure.cpu_delta(c, measure.tree_cpu([p.pid])) < 0.05
     finally:
         p.kill()
         p.wait()
@@ -149,12 +150,11 @@ def test_result_file_names_no_path_of_this_machine():
     """bench/run.py writes the committed result file with the repository and the temporary
     directory made neutral: nothing in it says where the run happened."""
     import tempfile
-    import run
     repo = support.REPO
     res = {"dir": os.path.join(repo, "bench", "data", "images-10000"), "n": 3,
            "runs": [{"socket": os.path.join(tempfile.gettempdir(), "ld-bench-x", "s.sock")}],
            "text": "built in %s" % repo}
-    out = run.scrub(res, run.path_subs())
+    out = measure.scrub(res, measure.path_subs())
     assert out == {"dir": "bench/data/images-10000", "n": 3, "runs": [{"socket": "$TMPDIR/ld-bench-x/s.sock"}],
                    "text": "built in ."}
     assert repo not in json.dumps(out)
@@ -174,3 +174,40 @@ def test_gpu_section_skips_without_a_gpu(scratch):
         assert "no NVIDIA driver" in res["skipped"]
     res, md = run.gpu_section(scratch)
     assert res == {"skipped": "no GPU: no ld-gpu-check in the build (built without CUDA)"}
+
+
+def test_dated_results_name_no_path_of_this_machine(scratch):
+    """measure.write_results (bench_cold, bench_peers): this run's files as they are, and
+    the dated copy to commit with the machine's paths made neutral."""
+    res = {"data": os.path.join(support.REPO, "bench", "data", "cold-5000x3072-c100"), "n": 1}
+    dated = measure.write_results(scratch, "cold", res, "read %s\n" % support.REPO)
+    assert dated.startswith("cold-") and dated.endswith(measure.host_label())
+    with open(os.path.join(scratch, "cold.json")) as f:
+        assert json.load(f) == res
+    with open(os.path.join(scratch, dated + ".json")) as f:
+        assert json.load(f) == {"data": "bench/data/cold-5000x3072-c100", "n": 1}
+    with open(os.path.join(scratch, dated + ".md")) as f:
+        assert f.read() == "read .\n"
+
+
+def test_device_benchmark_skips_without_a_gpu(scratch):
+    """bench_device.py (make bench's device stage vs DataLoader(pin_memory=True)) where
+    torch has no CUDA: it says why, skips, exits 0 and writes its result files saying so,
+    without generating data or starting a daemon."""
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present: make bench measures it")
+    script = os.path.join(support.REPO, "bench", "bench_device.py")
+    env = dict(os.environ, BENCH_ARGS="", BENCH_DEVICE_ARGS="")
+    r = subprocess.run([sys.executable, script, "--results-dir", str(scratch)], capture_output=True, text=True,
+                       timeout=120, env=env)
+    assert r.returncode == 0, r.stderr
+    assert "no GPU" in r.stderr and "skipping" in r.stderr
+    with open(os.path.join(scratch, "device.json")) as f:
+        res = json.load(f)
+    assert "CUDA" in res["skipped"] or "torch" in res["skipped"]
+    with open(os.path.join(scratch, "device.md")) as f:
+        md = f.read()
+    assert md.startswith("# Device stage vs DataLoader(pin_memory=True)") and "no GPU: skipped (" in md
+    assert not os.path.exists(os.path.join(scratch, "device-raw"))
+
