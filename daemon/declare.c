@@ -24,6 +24,11 @@ static const char *const declare_source_keys[] = {
     "cache", "follow_links",
 };
 
+/* The keys of the scheduling the operator sets (scheduler.h): a declared dataset, and a
+ * refined template, keep the operator's (1 and no cap for a whole spec), so that a
+ * trainer cannot raise its own share of the workers. */
+static const char *const declare_operator_keys[] = {"weight", "max_share"};
+
 /* ---- who: the grants ------------------------------------------------------------ */
 
 static int declare_denied_peer(const struct config *cfg, const struct access_peer *peer, char *errbuf)
@@ -401,6 +406,13 @@ int declare_open(const struct config *cfg, const struct access_peer *peer, uint3
         ld_errorf(errbuf, "field 'spec': expected a JSON object (a dataset's keys: kind, path, transforms, ...)");
         return LD_EFIELD;
     }
+    for (size_t i = 0; i < sizeof declare_operator_keys / sizeof *declare_operator_keys; i++)
+        if (cJSON_GetObjectItemCaseSensitive(spec, declare_operator_keys[i])) {
+            ld_errorf(errbuf, "permission denied: spec.%s: a dataset's share of the workers is the operator's to "
+                      "set (datasets.NAME.%s and clients.UID in the daemon's config)", declare_operator_keys[i],
+                      declare_operator_keys[i]);
+            return LD_EDENIED;
+        }
     if (template_name) {
         size_t t = 0;
         while (t < cfg->n_datasets && strcmp(cfg->datasets[t].name, template_name) != 0)

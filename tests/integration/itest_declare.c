@@ -271,6 +271,10 @@ static void test_refusals(void **state)
                    "spec.follow_links");
     expect_refused(c, NULL, "{\"kind\":\"files\",\"path\":\"train\",\"patern\":\"*\"}", LC_ECONFIG,
                    "unknown key 'patern' in 'spec'");
+    /* The scheduling is the operator's. */
+    expect_refused(c, NULL, "{\"kind\":\"files\",\"path\":\"train\",\"weight\":1000}", LC_EDENIED,
+                   "spec.weight: a dataset's share of the workers is the operator's");
+    expect_refused(c, "records", "{\"max_share\":1}", LC_EDENIED, "spec.max_share: ");
     /* The bystander's stream went on. */
     for (int i = 0; i < 5; i++) {
         lc_batch *b = NULL;
