@@ -51,6 +51,7 @@
 #define PACKED (1u << CONFIG_DATASET_PACKED)
 #define IMAGES (1u << CONFIG_DATASET_IMAGE_FOLDER)
 #define SQL (1u << CONFIG_DATASET_SQL)
+#define TAR (1u << CONFIG_DATASET_TAR_SHARDS)
 
 static int kind_from_name(const char *name);
 static int dtype_from_name(const char *name);
@@ -117,25 +118,31 @@ static const struct config_key server_keys[] = {
 /* stride's default 0 means "same as context" (min is 1, so YAML cannot say 0). */
 static const struct config_key dataset_keys[] = {
     {.name = "kind", .type = CONFIG_KEY_ENUM, DATASET_AT(kind), .from_name = kind_from_name,
-     .choices = "files, token_windows, packed, image_folder, sql", .flags = CONFIG_KEY_REQUIRED,
-     .kinds = FILES | TOKENS | PACKED | IMAGES | SQL},
+     .choices = "files, token_windows, packed, image_folder, sql, tar_shards", .flags = CONFIG_KEY_REQUIRED,
+     .kinds = FILES | TOKENS | PACKED | IMAGES | SQL | TAR},
     /* Required, except by an sql dataset with a `connection` (load_dataset checks). */
-    {.name = "path", .type = CONFIG_KEY_PATH, DATASET_AT(path), .kinds = FILES | TOKENS | PACKED | IMAGES | SQL},
+    {.name = "path", .type = CONFIG_KEY_PATH, DATASET_AT(path), .kinds = FILES | TOKENS | PACKED | IMAGES | SQL | TAR},
     {.name = "connection", .type = CONFIG_KEY_STRING, DATASET_AT(sql_connection), .kinds = SQL},
     {.name = "query", .type = CONFIG_KEY_STRING, DATASET_AT(sql_query), .flags = CONFIG_KEY_REQUIRED, .kinds = SQL},
     {.name = "key", .type = CONFIG_KEY_STRING, DATASET_AT(sql_key), .flags = CONFIG_KEY_REQUIRED, .kinds = SQL},
     {.name = "columns", .type = CONFIG_KEY_COLUMNS, .flags = CONFIG_KEY_REQUIRED, .kinds = SQL},
     {.name = "version_query", .type = CONFIG_KEY_STRING, DATASET_AT(sql_version_query), .kinds = SQL},
     {.name = "pattern", .type = CONFIG_KEY_STRING, .def_str = "*", DATASET_AT(pattern), .kinds = FILES | IMAGES},
+    /* tar_shards: the same key, another default (a row per kind; config_table_load takes the row of the kind). */
+    {.name = "pattern", .type = CONFIG_KEY_STRING, .def_str = "*.tar", DATASET_AT(pattern), .kinds = TAR},
+    {.name = "fields", .type = CONFIG_KEY_COLUMNS, .kinds = TAR},
+    {.name = "index", .type = CONFIG_KEY_PATH, DATASET_AT(index_path), .kinds = TAR},
     {.name = "format", .type = CONFIG_KEY_ENUM, .def = CONFIG_FORMAT_RAW, DATASET_AT(format),
      .from_name = format_from_name, .choices = "raw, npy", .kinds = FILES},
     {.name = "manifest", .type = CONFIG_KEY_TABLE, .sub = manifest_keys, .n_sub = sizeof manifest_keys / sizeof manifest_keys[0],
      .kinds = FILES},
     {.name = "on_error", .type = CONFIG_KEY_ENUM, .def = CONFIG_ON_ERROR_REPLACE, DATASET_AT(on_error),
-     .from_name = on_error_from_name, .choices = "replace, fail", .kinds = FILES | IMAGES | SQL},
+     .from_name = on_error_from_name, .choices = "replace, fail", .kinds = FILES | IMAGES | SQL | TAR},
     {.name = "on_error_warn_fraction", .type = CONFIG_KEY_FRACTION, .def_frac = 0.001,
-     DATASET_AT(on_error_warn_fraction), .kinds = FILES | IMAGES | SQL},
+     DATASET_AT(on_error_warn_fraction), .kinds = FILES | IMAGES | SQL | TAR},
     {.name = "transforms", .type = CONFIG_KEY_TRANSFORMS, .kinds = IMAGES, .flags = CONFIG_KEY_REQUIRED},
+    /* tar_shards: optional (members mapped to `image` need it). */
+    {.name = "transforms", .type = CONFIG_KEY_TRANSFORMS, .kinds = TAR},
     {.name = "dtype", .type = CONFIG_KEY_ENUM, .def = LD_DTYPE_UINT16, DATASET_AT(token_dtype),
      .from_name = dtype_from_name, .choices = "uint16, uint32", .kinds = TOKENS},
     {.name = "context", .type = CONFIG_KEY_INT, .min = 1, .max = 1 << 20, DATASET_AT(context),
@@ -143,20 +150,20 @@ static const struct config_key dataset_keys[] = {
     {.name = "stride", .type = CONFIG_KEY_INT, .min = 1, .max = 1 << 30, .def = 0, DATASET_AT(stride),
      .kinds = TOKENS},
     {.name = "cache", .type = CONFIG_KEY_TABLE, .sub = cache_keys, .n_sub = sizeof cache_keys / sizeof cache_keys[0],
-     .kinds = FILES | IMAGES | SQL},
+     .kinds = FILES | IMAGES | SQL | TAR},
     {.name = "follow_links", .type = CONFIG_KEY_ENUM, .def = CONFIG_FOLLOW_LINKS_INSIDE, DATASET_AT(follow_links),
      .from_name = follow_links_from_name, .choices = "inside, outside", .kinds = FILES | IMAGES},
     /* 0 (the default, which YAML cannot say) means "the largest sample". */
     {.name = "max_sample_bytes", .type = CONFIG_KEY_SIZE, .min = 1, .max = (int64_t)TIB, .def = 0,
-     DATASET_AT(max_sample_bytes), .kinds = FILES | PACKED},
+     DATASET_AT(max_sample_bytes), .kinds = FILES | PACKED | TAR},
     {.name = "read_timeout", .type = CONFIG_KEY_INT, .min = 1, .max = 86400, .def = 30, DATASET_AT(read_timeout),
-     .kinds = FILES | IMAGES | PACKED | SQL},
+     .kinds = FILES | IMAGES | PACKED | SQL | TAR},
     {.name = "read_ahead", .type = CONFIG_KEY_INT, .min = 0, .max = 1024, .def = 32, DATASET_AT(read_ahead),
      .kinds = FILES},
     {.name = "weight", .type = CONFIG_KEY_INT, .min = 1, .max = CONFIG_WEIGHT_MAX, .def = 1, DATASET_AT(weight),
-     .kinds = FILES | TOKENS | PACKED | IMAGES | SQL},
+     .kinds = FILES | TOKENS | PACKED | IMAGES | SQL | TAR},
     {.name = "max_share", .type = CONFIG_KEY_FRACTION, .def_frac = 1.0, DATASET_AT(max_share),
-     .kinds = FILES | TOKENS | PACKED | IMAGES | SQL},
+     .kinds = FILES | TOKENS | PACKED | IMAGES | SQL | TAR},
 };
 
 /* clients.UID_OR_NAME (scheduling per user). */
@@ -178,6 +185,7 @@ static const char *const kind_names[] = {
     [CONFIG_DATASET_PACKED] = "packed",
     [CONFIG_DATASET_IMAGE_FOLDER] = "image_folder",
     [CONFIG_DATASET_SQL] = "sql",
+    [CONFIG_DATASET_TAR_SHARDS] = "tar_shards",
 };
 
 static int on_error_from_name(const char *name)
@@ -699,6 +707,7 @@ void config_free(struct config *c)
         free(c->datasets[i].sql_query);
         free(c->datasets[i].sql_key);
         free(c->datasets[i].sql_version_query);
+        free(c->datasets[i].index_path);
         for (size_t k = 0; k < c->datasets[i].n_columns; k++)
             free(c->datasets[i].columns[k].name);
         free(c->datasets[i].columns);

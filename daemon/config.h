@@ -22,6 +22,7 @@ enum config_dataset_kind {
     CONFIG_DATASET_PACKED = 3,
     CONFIG_DATASET_IMAGE_FOLDER = 4,
     CONFIG_DATASET_SQL = 5,
+    CONFIG_DATASET_TAR_SHARDS = 6,
 };
 
 /* on_error: what a sample that cannot be read or decoded does to its batch. */
@@ -44,6 +45,8 @@ enum config_column_type {
     CONFIG_COLUMN_INT64 = 4,        /* a number, an int64 scalar field */
     CONFIG_COLUMN_FLOAT32 = 5,      /* a number, a float32 scalar field */
     CONFIG_COLUMN_BLOB = 6,         /* sql: the value's bytes */
+    CONFIG_COLUMN_IMAGE = 7,        /* tar_shards: an encoded image, through the dataset's transforms */
+    CONFIG_COLUMN_BYTES = 8,        /* tar_shards: the member's bytes (uint8) */
 };
 
 struct config_column {
@@ -74,7 +77,8 @@ struct config_pos {
 struct config_dataset {
     char *name;                     /* the key under `datasets:` */
     int kind;                       /* enum config_dataset_kind */
-    char *path;                     /* files: directory; token_windows: the token file; packed: the cache file */
+    char *path;                     /* files: directory; token_windows: the token file; packed: the cache file;
+                                     * tar_shards: the directory of shards, or one shard */
     int line, column;               /* where the dataset is defined, for later messages */
     struct config_pos path_at;      /* the `path` key */
     struct config_pos transform_at[TRANSFORM_MAX]; /* each transform's name */
@@ -84,7 +88,8 @@ struct config_dataset {
     /* files: the manifest that lists the samples instead of the tree (NULL: none) */
     char *manifest_path;
     int manifest_format;            /* MANIFEST_* (manifest.h); 0: from the file name */
-    struct config_column *columns;  /* manifest.columns, in order: the sample's fields */
+    struct config_column *columns;  /* manifest.columns (sql: columns; tar_shards: fields), in order: the
+                                     * sample's fields */
     size_t n_columns;
     /* sql: the PostgreSQL connection string or service name (NULL: SQLite, `path`), the
      * query (one row per sample), its key column, the cache's version query */
@@ -92,6 +97,9 @@ struct config_dataset {
     char *sql_query;
     char *sql_key;
     char *sql_version_query;
+    /* tar_shards: the file that keeps the shards' member index (NULL: <cache.path>.tarindex
+     * when there is a cache, else none) */
+    char *index_path;
     /* token_windows */
     int token_dtype;                /* LD_DTYPE_UINT16 or LD_DTYPE_UINT32 */
     uint32_t context;               /* N: a sample is N+1 tokens */

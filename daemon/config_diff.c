@@ -12,7 +12,7 @@
 
 /* sizeof(struct config_dataset) on x86-64 when config_dataset_same was last brought up
  * to date with it. */
-#define CONFIG_DIFF_DATASET_SIZE 480
+#define CONFIG_DIFF_DATASET_SIZE 488
 
 static bool config_diff_str_same(const char *a, const char *b)
 {
@@ -55,7 +55,8 @@ bool config_dataset_same(const struct config_dataset *a, const struct config_dat
         !config_diff_str_same(a->manifest_path, b->manifest_path) || a->manifest_format != b->manifest_format ||
         a->n_columns != b->n_columns || !config_diff_str_same(a->sql_query, b->sql_query) ||
         !config_diff_str_same(a->sql_key, b->sql_key) || !config_diff_str_same(a->sql_connection, b->sql_connection) ||
-        !config_diff_str_same(a->sql_version_query, b->sql_version_query))
+        !config_diff_str_same(a->sql_version_query, b->sql_version_query) ||
+        !config_diff_str_same(a->index_path, b->index_path))
         return false;
     for (size_t k = 0; k < a->n_columns; k++)
         if (!config_diff_str_same(a->columns[k].name, b->columns[k].name) || a->columns[k].type != b->columns[k].type)

@@ -68,6 +68,8 @@ static int store_path(const struct config_loader *l, void *base, const struct co
 
 /* ---- one value ---------------------------------------------------------------- */
 
+static int out_of_memory(const struct config_loader *l);
+
 static int column_type_from_name(const char *name)
 {
     static const char *const names[] = {
@@ -80,6 +82,69 @@ static int column_type_from_name(const char *name)
     return -1;
 }
 
+/* A tar_shards dataset's `fields:`: member suffix (what follows the sample's key and
+ * its dot: "jpg", "seg.npy") to type, in order, which are the sample's fields. Several
+ * suffixes may be images (alternatives: a sample has one of them, e.g. jpg and png);
+ * one label at most. */
+static int load_tar_fields(const struct config_loader *l, const yaml_node_t *v, const char *where,
+                           struct config_dataset *d)
+{
+    static const char *const types[] = {"image", "label", "npy", "bytes"};
+    static const int codes[] = {CONFIG_COLUMN_IMAGE, CONFIG_COLUMN_LABEL, CONFIG_COLUMN_NPY, CONFIG_COLUMN_BYTES};
+    char got[80];
+    if (v->type != YAML_MAPPING_NODE || v->data.mapping.pairs.top == v->data.mapping.pairs.start)
+        return config_yaml_fail(l, v->start_mark, "%s.fields: expected a mapping of member suffix to type (image, "
+                                "label, npy, bytes), got %s", where, config_yaml_describe(v, got, sizeof got));
+    size_t n = (size_t)(v->data.mapping.pairs.top - v->data.mapping.pairs.start);
+    if (n > 2 * LD_MAX_FIELDS)
+        return config_yaml_fail(l, v->start_mark, "%s.fields: more than %d suffixes", where, 2 * LD_MAX_FIELDS);
+    for (size_t i = 0; i < d->n_columns; i++)
+        free(d->columns[i].name);
+    free(d->columns);
+    d->n_columns = 0;
+    if (!(d->columns = calloc(n, sizeof *d->columns)))
+        return out_of_memory(l);
+    int labels = 0, ret, fields = 0;
+    bool image = false;
+    for (size_t i = 0; i < n; i++) {
+        const yaml_node_pair_t *pair = &v->data.mapping.pairs.start[i];
+        const yaml_node_t *k = config_yaml_node(l, pair->key), *t = config_yaml_node(l, pair->value);
+        const char *name = NULL;
+        if ((ret = config_yaml_key_text(l, k, where, &name)) < 0)
+            return ret;
+        if ((ret = config_yaml_check_duplicate(l, v, pair, name, "", "suffix")) < 0)
+            return ret;
+        bool ok = *name && strlen(name) < LD_NAME_MAX && name[0] != '.' && !strchr(name, '/');
+        for (const char *c = name; ok && *c; c++)
+            ok = !(*c >= 'A' && *c <= 'Z');
+        if (!ok)
+            return config_yaml_fail(l, k->start_mark, "%s.fields: a member suffix of 1 to %d bytes, lower case, "
+                                    "without '/' or a leading '.' (e.g. jpg, cls, seg.npy), got %s", where,
+                                    LD_NAME_MAX - 1, config_yaml_describe(k, got, sizeof got));
+        const char *text = t->type == YAML_SCALAR_NODE ? (const char *)t->data.scalar.value : "";
+        int type = -1;
+        for (size_t j = 0; j < sizeof types / sizeof types[0]; j++)
+            if (strcmp(text, types[j]) == 0)
+                type = codes[j];
+        if (type < 0)
+            return config_yaml_fail(l, t->start_mark, "%s.fields.%s: expected one of image, label, npy, bytes, got %s",
+                                    where, name, config_yaml_describe(t, got, sizeof got));
+        if (type == CONFIG_COLUMN_LABEL && ++labels > 1)
+            return config_yaml_fail(l, t->start_mark, "%s.fields.%s: a second label suffix", where, name);
+        if (type != CONFIG_COLUMN_IMAGE || !image)
+            fields++;
+        image |= type == CONFIG_COLUMN_IMAGE;
+        if (fields > LD_MAX_FIELDS)
+            return config_yaml_fail(l, k->start_mark, "%s.fields.%s: more than %d fields (a sample has at most %d)",
+                                    where, name, LD_MAX_FIELDS, LD_MAX_FIELDS);
+        if (!(d->columns[i].name = strdup(name)))
+            return out_of_memory(l);
+        d->columns[i].type = type;
+        d->n_columns = i + 1;
+    }
+    return 0;
+}
+
 /* A manifest's `columns:`: a mapping of column name to type, in order, which are the
  * sample's fields. The first names the sample (a file or npy column); one label at
  * most; the name "label" is the label column's field, so no other column takes it. */
@@ -87,9 +152,12 @@ static int load_columns(const struct config_loader *l, const yaml_node_t *v, con
 {
     struct config_dataset *d = base;
     char got[80];
-    bool sql = d->kind == CONFIG_DATASET_SQL;
-    const char *types = sql ? "blob, label, int64, float32" : "file, npy, label, int64, float32";
+    bool sql = d->kind == CONFIG_DATASET_SQL, tar = d->kind == CONFIG_DATASET_TAR_SHARDS;
+    const char *types = sql ? "blob, label, int64, float32" : tar ? "image, label, npy, bytes"
+                                                                 : "file, npy, label, int64, float32";
     const char *first = sql ? "blob" : "file or npy";
+    if (tar)
+        return load_tar_fields(l, v, where, d);
     if (v->type != YAML_MAPPING_NODE || v->data.mapping.pairs.top == v->data.mapping.pairs.start)
         return config_yaml_fail(l, v->start_mark, "%s.columns: expected a mapping of column name to type (%s), got %s",
                                 where, types, config_yaml_describe(v, got, sizeof got));
@@ -577,9 +645,16 @@ int config_table_load(const struct config_loader *l, const yaml_node_t *map, con
         snprintf(prefix, sizeof prefix, "%s: ", where);
         if ((ret = config_yaml_check_duplicate(l, map, pair, name, prefix, "key")) < 0)
             return ret;
+        /* A key may have a row per kind (another default): the row of this kind, else
+         * the first of that name (for the message). */
         size_t i = 0;
-        while (i < n && strcmp(table[i].name, name) != 0)
+        while (i < n && (strcmp(table[i].name, name) != 0 || (kinds && !(table[i].kinds & kinds))))
             i++;
+        if (i == n) {
+            i = 0;
+            while (i < n && strcmp(table[i].name, name) != 0)
+                i++;
+        }
         if (i == n)
             return config_yaml_fail(l, k->start_mark, "unknown key '%s' in '%s' (expected one of: %s)",
                                     name, where, key_list(table, n, kinds, list, sizeof list));

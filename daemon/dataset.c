@@ -69,6 +69,9 @@ int dataset_open(const struct config_dataset *cfg, dataset **ret_dataset, char *
     case CONFIG_DATASET_SQL:
         ops = &source_sql_ops;
         break;
+    case CONFIG_DATASET_TAR_SHARDS:
+        ops = &source_tar_ops;
+        break;
     default:
         snprintf(errbuf, LD_ERRMSG_MAX, "dataset '%s': unknown kind %d",
                  cfg->name ? cfg->name : "?", cfg->kind);

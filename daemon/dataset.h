@@ -243,5 +243,6 @@ extern const struct dataset_ops source_tokens_ops;
 extern const struct dataset_ops source_packed_ops;
 extern const struct dataset_ops source_images_ops;
 extern const struct dataset_ops source_sql_ops;
+extern const struct dataset_ops source_tar_ops;
 
 #endif

@@ -74,7 +74,9 @@ static int snapshot(const struct config_dataset *cfg, const dataset *d, struct w
     size_t prev_len = 0;
     for (uint64_t i = 0; i < d->count; i++) {
         const char *name = dataset_sample_name(d, i);
-        const char *slash = strrchr(name, '/');
+        /* A tar_shards sample's "folder" is its shard: the first component of
+         * "SHARD/KEY" (a key may hold slashes). */
+        const char *slash = cfg->kind == CONFIG_DATASET_TAR_SHARDS ? strchr(name, '/') : strrchr(name, '/');
         if (!slash)
             continue; /* in the root */
         size_t len = (size_t)(slash - name);
@@ -132,7 +134,10 @@ int dataset_watch_new(const struct config_dataset *cfg, const dataset *d, datase
         return LD_ENOMEM;
     }
     w->cfg = cfg;
-    bool folder = cfg->kind == CONFIG_DATASET_FILES || cfg->kind == CONFIG_DATASET_IMAGE_FOLDER;
+    /* A tar_shards sample is named "SHARD/KEY", so its "folder" is the shard file itself:
+     * a shard rewritten (new size, time or inode) or one added to the root is seen. */
+    bool folder = cfg->kind == CONFIG_DATASET_FILES || cfg->kind == CONFIG_DATASET_IMAGE_FOLDER ||
+                  cfg->kind == CONFIG_DATASET_TAR_SHARDS;
     if (folder && d->ops->sample_name && snapshot(cfg, d, &w->dirs, &w->n_dirs) < 0) {
         free(w);
         ld_errorf(errbuf, "dataset '%s': out of memory", cfg->name);
@@ -152,6 +157,9 @@ void dataset_watch_free(dataset_watch *w)
 
 static bool same_samples(const dataset *a, const dataset *b)
 {
+    /* A rewritten shard may keep its sample names and move their members. */
+    if (strcmp(dataset_kind(a), "tar_shards") == 0)
+        return false;
     if (a->count != b->count || a->n_fields != b->n_fields)
         return false;
     for (uint64_t i = 0; i < a->count; i++)

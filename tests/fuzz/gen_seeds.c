@@ -14,7 +14,9 @@
  *   npy     .npy files laid out as numpy writes them (versions 1.0, 2.0, 3.0; a matrix,
  *           a scalar, a vector, a Fortran-ordered one), with their data;
  *   manifest CSV (quoted fields, CRLF and a byte order mark) and JSONL manifests behind
- *           the harness's format byte.
+ *           the harness's format byte;
+ *   tar     WebDataset shards (ustar; pax and GNU long names, a directory, a link) and one
+ *           cut short.
  *
  * Usage: gen_seeds OUTDIR (run by `make fuzz-seeds`). */
 #include <errno.h>
@@ -40,6 +42,7 @@ __attribute__((noreturn, format(printf, 1, 2))) static void die(const char *fmt,
 
 #include <stdarg.h>
 #include "../unit/image_fixtures.h"
+#include "../unit/tar_fixtures.h"
 
 static const char *outdir;
 
@@ -366,6 +369,33 @@ static void manifest_seeds(void)
         seed("manifest", files[i].name, &files[i].format, 1, files[i].text, strlen(files[i].text));
 }
 
+/* ---- tar ----------------------------------------------------------------------------- */
+
+/* WebDataset shards: a plain ustar one, one with a pax long name and size, one with a
+ * GNU long name, a directory and a link; and one cut in the middle of a member. */
+static void tar_seeds(void)
+{
+    static uint8_t buf[16384];
+    size_t len = 0;
+    char longname[200];
+    memset(longname, 'k', 150);
+    strcpy(longname + 150, "/000002.seg.npy");
+    tar_fixture_add(buf, &len, sizeof buf, "000000.jpg", "\xff\xd8\xff\xe0JFIF", 8, '0');
+    tar_fixture_add(buf, &len, sizeof buf, "000000.cls", "3\n", 2, '0');
+    tar_fixture_add(buf, &len, sizeof buf, "000001.txt", "a caption", 9, '0');
+    tar_fixture_end(buf, &len, sizeof buf);
+    seed("tar", "ustar", NULL, 0, buf, len);
+    len = 0;
+    tar_fixture_add(buf, &len, sizeof buf, "dir/", NULL, 0, '5');
+    tar_fixture_add_pax(buf, &len, sizeof buf, "path", longname, "short", "\x93NUMPY", 6);
+    tar_fixture_add(buf, &len, sizeof buf, "././@LongLink", "x/000003.cls", 13, 'L');
+    tar_fixture_add(buf, &len, sizeof buf, "ignored", "7", 1, '0');
+    tar_fixture_add(buf, &len, sizeof buf, "a-link", NULL, 0, '2');
+    tar_fixture_end(buf, &len, sizeof buf);
+    seed("tar", "pax-gnu", NULL, 0, buf, len);
+    seed("tar", "truncated", NULL, 0, buf, len / 2 + 100);
+}
+
 int main(int argc, char **argv)
 {
     if (argc != 2)
@@ -378,5 +408,6 @@ int main(int argc, char **argv)
     reply_seeds();
     npy_seeds();
     manifest_seeds();
+    tar_seeds();
     return 0;
 }

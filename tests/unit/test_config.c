@@ -505,7 +505,7 @@ static void test_bad_values(void **state)
                     5, 12, "datasets.tokens.dtype: expected one of uint16, uint32, got 'int8'",
                     NULL);
     expect_error_at("datasets:\n  a: {kind: folder, path: x}\n", 2, 13,
-                    "datasets.a.kind: expected one of files, token_windows, packed, image_folder, sql, got 'folder'", NULL);
+                    "datasets.a.kind: expected one of files, token_windows, packed, image_folder, sql, tar_shards, got 'folder'", NULL);
     expect_error_at("datasets:\n  t: {kind: token_windows, path: x, context: 0}\n", 2, 46,
                     "datasets.t.context: expected an integer in [1, 1048576], got '0'", NULL);
     expect_error_at("datasets:\n  t: {kind: token_windows, path: x, context: 8, stride: 1073741825}\n",
@@ -575,7 +575,7 @@ static void test_missing_keys(void **state)
     expect_error_at("datasets:\n  a:\n    kind: files\n", 2, 3,
                     "datasets.a: missing required key 'path'", NULL);
     expect_error_at("datasets:\n  a:\n    path: x\n", 2, 3,
-                    "datasets.a: missing required key 'kind' (one of files, token_windows, packed, image_folder, sql)", NULL);
+                    "datasets.a: missing required key 'kind' (one of files, token_windows, packed, image_folder, sql, tar_shards)", NULL);
     expect_error_at("datasets:\n  ok: {kind: files, path: x}\n  t:\n    kind: token_windows\n"
                     "    path: t.bin\n",
                     3, 3, "datasets.t: missing required key 'context'", NULL);
@@ -686,6 +686,46 @@ static void test_sql_config(void **state)
     expect_error_at("datasets:\n  f:\n    kind: files\n    connection: dbname=x\n", 4, 5,
                     "key 'connection' is not valid for kind 'files'", NULL);
     expect_error_at("datasets:\n  f:\n    kind: files\n", 2, 3, "datasets.f: missing required key 'path'", NULL);
+}
+
+/* A tar_shards dataset: its own default pattern, the fields mapping, the index file. */
+static void test_tar_config(void **state)
+{
+    char path[PATH_MAX];
+    struct config *c = load_ok("datasets:\n"
+                               "  t:\n    kind: tar_shards\n    path: /d/shards\n"
+                               "  u:\n    kind: tar_shards\n    path: /d/shards\n    pattern: 'train-*.tar'\n"
+                               "    fields: {jpg: image, png: image, cls: label, seg.npy: npy, txt: bytes}\n"
+                               "    transforms:\n      - center_crop: {size: 32}\n    index: /c/u.idx\n"
+                               "    cache: {path: /c/u.ldc}\n  f:\n    kind: files\n    path: /d/f\n",
+                               path, sizeof path);
+    const struct config_dataset *t = &c->datasets[0], *u = &c->datasets[1];
+    assert_int_equal(t->kind, CONFIG_DATASET_TAR_SHARDS);
+    assert_string_equal(t->pattern, "*.tar");
+    assert_int_equal(t->n_columns, 0);
+    assert_null(t->index_path);
+    assert_string_equal(u->pattern, "train-*.tar");
+    assert_int_equal(u->n_columns, 5);
+    assert_string_equal(u->columns[3].name, "seg.npy");
+    assert_int_equal(u->columns[0].type, CONFIG_COLUMN_IMAGE);
+    assert_int_equal(u->columns[1].type, CONFIG_COLUMN_IMAGE);
+    assert_int_equal(u->columns[2].type, CONFIG_COLUMN_LABEL);
+    assert_int_equal(u->columns[3].type, CONFIG_COLUMN_NPY);
+    assert_int_equal(u->columns[4].type, CONFIG_COLUMN_BYTES);
+    assert_int_equal(u->n_transforms, 1);
+    assert_string_equal(u->index_path, "/c/u.idx");
+    assert_string_equal(c->datasets[2].pattern, "*");       /* the files kind keeps its default */
+    config_free(c);
+#define TARD "datasets:\n  t:\n    kind: tar_shards\n    path: x\n"
+    expect_error_at(TARD "    fields: {jpg: picture}\n", 5, 19,
+                    "datasets.t.fields.jpg: expected one of image, label, npy, bytes, got 'picture'", NULL);
+    expect_error_at(TARD "    fields: {JPG: image}\n", 5, 14, "lower case", NULL);
+    expect_error_at(TARD "    fields: {cls: label, id: label}\n", 5, 30, "a second label suffix", NULL);
+    expect_error_at(TARD "    fields: []\n", 5, 13, "expected a mapping of member suffix to type", NULL);
+    expect_error_at(TARD "    format: npy\n", 5, 5, "key 'format' is not valid for kind 'tar_shards'", NULL);
+    expect_error_at("datasets:\n  f:\n    kind: files\n    path: x\n    index: i\n", 5, 5,
+                    "key 'index' is not valid for kind 'files'", NULL);
+#undef TARD
 }
 
 static void test_kind_specific_keys(void **state)
@@ -1284,6 +1324,7 @@ int main(void)
         cmocka_unit_test(test_files_format),
         cmocka_unit_test(test_manifest),
         cmocka_unit_test(test_sql_config),
+        cmocka_unit_test(test_tar_config),
         cmocka_unit_test(test_cache_section),
         cmocka_unit_test(test_transforms),
         cmocka_unit_test(test_transform_schemas),
