@@ -6,16 +6,16 @@
  * index), which this kind wraps: its raw bytes (the encoded image) come from the file,
  * or from the dataset's cache when one is attached, and transform_apply turns them into
  * `image[C, H, W]` (or HWC) of the configured dtype. Each worker thread keeps one
- * image_buf of scratch memory for all its samples. Augmentations draw from
+ * image_scratch (image_scratch.h) for all its samples. Augmentations draw from
  * (seed, epoch, sample index), so a batch is the same whatever thread decodes it. */
 #include <inttypes.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cache.h"
 #include "dataset.h"
+#include "image_scratch.h"
 #include "transform.h"
 
 #define IMAGES_MAX_ENCODED (256u << 20) /* larger files are refused, not read */
@@ -25,46 +25,6 @@ struct images {
     dataset *files;                 /* the scan, the raw bytes, the fingerprint */
     transform_pipeline *pipeline;
 };
-
-/* Scratch per worker thread: the decode buffers and one encoded-image buffer. */
-struct images_scratch {
-    struct image_buf img;
-    uint8_t *raw;
-    uint64_t raw_cap;
-};
-
-static pthread_key_t scratch_key;
-static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
-
-static void scratch_free(void *p)
-{
-    struct images_scratch *s = p;
-    image_buf_close(&s->img);
-    free(s->raw);
-    free(s);
-}
-
-static void scratch_key_make(void)
-{
-    (void)pthread_key_create(&scratch_key, scratch_free);
-}
-
-static struct images_scratch *scratch_get(void)
-{
-    pthread_once(&scratch_once, scratch_key_make);
-    struct images_scratch *s = pthread_getspecific(scratch_key);
-    if (!s) {
-        s = calloc(1, sizeof *s);
-        if (!s)
-            return NULL;
-        image_buf_init(&s->img);
-        if (pthread_setspecific(scratch_key, s) != 0) {
-            scratch_free(s);
-            return NULL;
-        }
-    }
-    return s;
-}
 
 static void images_free(dataset *d)
 {
@@ -124,7 +84,7 @@ static int images_open(const struct config_dataset *cfg, dataset **ret_dataset, 
 
 /* Decodes and transforms one encoded image into dst. */
 static int images_transform(const struct images *im, uint64_t index, const uint8_t *raw, uint64_t len,
-                            uint64_t seed, uint64_t epoch, void *dst, struct images_scratch *sc, char *errbuf)
+                            uint64_t seed, uint64_t epoch, void *dst, struct image_scratch *sc, char *errbuf)
 {
     char err[LD_ERRMSG_MAX];
     int rc = transform_apply(im->pipeline, raw, len, seed, epoch, index, dst, &sc->img, err);
@@ -139,11 +99,6 @@ static int images_read_ctx(const dataset *d, uint64_t index, const struct datase
                            char *errbuf)
 {
     const struct images *im = (const struct images *)d;
-    struct images_scratch *sc = scratch_get();
-    if (!sc) {
-        ld_errorf(errbuf, "out of memory");
-        return LD_ENOMEM;
-    }
     uint64_t len = 0;
     int64_t label = -1;
     uint64_t need = im->files->ops->raw_bytes(im->files, index);
@@ -152,14 +107,10 @@ static int images_read_ctx(const dataset *d, uint64_t index, const struct datase
                   index, dataset_sample_name(im->files, index), need, IMAGES_MAX_ENCODED >> 20);
         return LD_ESAMPLE;
     }
-    if (need > sc->raw_cap) {
-        uint8_t *p = realloc(sc->raw, need ? need : 1);
-        if (!p) {
-            ld_errorf(errbuf, "out of memory");
-            return LD_ENOMEM;
-        }
-        sc->raw = p;
-        sc->raw_cap = need;
+    struct image_scratch *sc = image_scratch_get(need);
+    if (!sc) {
+        ld_errorf(errbuf, "out of memory");
+        return LD_ENOMEM;
     }
     /* From the cache when the batch may read it: copied out (checked against the
      * sample's checksum, safe from a truncated file) before the decoder sees it; a

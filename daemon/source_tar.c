@@ -26,7 +26,6 @@
 #include <fcntl.h>
 #include <fnmatch.h>
 #include <inttypes.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,6 +36,7 @@
 #include "arena.h"
 #include "beneath.h"
 #include "cache.h"
+#include "image_scratch.h"
 #include "log.h"
 #include "npy.h"
 #include "tar.h"
@@ -57,53 +57,6 @@ struct tar_ds {
     struct npy_header npy[LD_MAX_FIELDS];
     transform_pipeline *pipeline;   /* when a field is an image */
 };
-
-/* Scratch per worker thread: the decode buffers and one encoded-image buffer. */
-struct tar_scratch {
-    struct image_buf img;
-    uint8_t *raw;
-    uint64_t raw_cap;
-};
-
-static pthread_key_t tar_scratch_key;
-static pthread_once_t tar_scratch_once = PTHREAD_ONCE_INIT;
-
-static void tar_scratch_free(void *p)
-{
-    struct tar_scratch *s = p;
-    image_buf_close(&s->img);
-    free(s->raw);
-    free(s);
-}
-
-static void tar_scratch_key_make(void)
-{
-    (void)pthread_key_create(&tar_scratch_key, tar_scratch_free);
-}
-
-/* This thread's scratch with room for `need` encoded bytes, or NULL. */
-static struct tar_scratch *tar_scratch_get(uint64_t need)
-{
-    pthread_once(&tar_scratch_once, tar_scratch_key_make);
-    struct tar_scratch *s = pthread_getspecific(tar_scratch_key);
-    if (!s) {
-        if (!(s = calloc(1, sizeof *s)))
-            return NULL;
-        image_buf_init(&s->img);
-        if (pthread_setspecific(tar_scratch_key, s) != 0) {
-            tar_scratch_free(s);
-            return NULL;
-        }
-    }
-    if (need > s->raw_cap) {
-        uint8_t *p = realloc(s->raw, need);
-        if (!p)
-            return NULL;
-        s->raw = p;
-        s->raw_cap = need;
-    }
-    return s;
-}
 
 static void tar_ds_free(dataset *d)
 {
@@ -567,7 +520,7 @@ static int tar_read_field(const struct tar_ds *t, uint64_t index, int f, const s
                       index, dataset_sample_name(&t->base, index), l->size, TAR_IMAGE_MAX >> 20);
             return LD_ESAMPLE;
         }
-        struct tar_scratch *sc = tar_scratch_get(l->size ? l->size : 1);
+        struct image_scratch *sc = image_scratch_get(l->size);
         if (!sc) {
             ld_errorf(errbuf, "out of memory");
             return LD_ENOMEM;
