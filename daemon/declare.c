@@ -21,7 +21,7 @@
  * trainer's (a trainer who may use `imagenet` may not point it elsewhere). */
 static const char *const declare_source_keys[] = {
     "kind", "path", "connection", "pattern", "format", "manifest", "query", "key", "columns", "version_query",
-    "cache", "follow_links",
+    "cache", "follow_links", "fields", "index",
 };
 
 /* The keys of the scheduling the operator sets (scheduler.h): a declared dataset, and a
@@ -439,7 +439,8 @@ int declare_open(const struct config *cfg, const struct access_peer *peer, uint3
         if (sd->kind != CONFIG_DATASET_FILES && sd->kind != CONFIG_DATASET_IMAGE_FOLDER) {
             ld_errorf(errbuf, "spec.kind: a trainer may declare files and image_folder datasets; a %s dataset is "
                       "configured by the operator", sd->kind == CONFIG_DATASET_TOKEN_WINDOWS ? "token_windows"
-                      : sd->kind == CONFIG_DATASET_PACKED ? "packed" : "sql");
+                      : sd->kind == CONFIG_DATASET_PACKED ? "packed" : sd->kind == CONFIG_DATASET_SQL ? "sql"
+                      : "tar_shards");
             rc = LD_ENOTSUP;
             goto out;
         }

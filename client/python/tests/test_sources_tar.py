@@ -274,3 +274,25 @@ def test_index_reused_and_shard_changed(scratch):
         finally:
             dm.stop_clean()
         written = os.stat(idx).st_mtime_ns
+
+
+def test_declared_and_templates(scratch):
+    """Shards are the operator's: a trainer may refine a configured tar_shards dataset (its
+    own on_error) but not point its index or fields elsewhere, nor declare one."""
+    d = str(scratch)
+    _write_shards(os.path.join(d, "sh"), n=20, per=10)
+    dm = support.Daemon(d, "  t:\n    kind: tar_shards\n    path: sh\n"
+                           "access:\n  declare: {roots: [%s]}\n" % d)
+    dm.start()
+    try:
+        with loaderclient.Client(dm.socket, timeout=10) as c:
+            with c.open(template="t", spec={"on_error": "fail"}, batch_size=5, epochs=1) as s:
+                assert sorted(i for b in s for i in _check(b)) == list(range(20))
+            for key, value in (("index", os.path.join(d, "elsewhere.idx")), ("fields", {"bin": "bytes"})):
+                with pytest.raises(loaderclient.PermissionDenied, match="the source of template 't'"):
+                    c.open(template="t", spec={key: value}, batch_size=5)
+            assert not os.path.exists(os.path.join(d, "elsewhere.idx"))
+            with pytest.raises(loaderclient.LoaderdError, match="a tar_shards dataset is configured by the operator"):
+                c.open(spec={"kind": "tar_shards", "path": "sh"}, batch_size=5)
+    finally:
+        dm.stop_clean()
