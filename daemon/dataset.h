@@ -167,9 +167,10 @@ struct dataset {
     uint64_t read_timeout_ns;
     _Atomic uint32_t stalled_reads;
     /* Read-ahead for samples not in the page cache (coldread.h), or NULL: a kind that
-     * reads files makes it at open, reads through coldread_pread, and frees it before
-     * anything its open callback touches; the stream hands it each batch's samples
-     * while coldread_wanted says so. */
+     * reads files makes it at open and reads through coldread_pread; its free hands
+     * itself to coldread_release, which frees what the open callback uses only once
+     * no read-ahead read is in flight. The stream hands it each batch's samples while
+     * coldread_wanted says so. */
     coldread *ahead;
 };
 
