@@ -431,10 +431,10 @@ def path_subs():
 
 def write_results(results_dir, stem, res, md):
     """Writes stem.json and stem.md (this run's, not committed) and the same, with this
-    machine's paths made neutral, as stem-<date>-<host>.{json,md}: the files a README
-    update commits and quotes."""
+    machine's paths made neutral, as <date>-<host>-stem.{json,md}: the files a README
+    update commits and quotes (.gitignore lets <date>-* files in)."""
     os.makedirs(results_dir, exist_ok=True)
-    dated = f"{stem}-{datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d')}-{host_label()}"
+    dated = f"{datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d')}-{host_label()}-{stem}"
     subs = path_subs()
     for name, r, m in ((stem, res, md), (dated, scrub(res, subs), scrub(md, subs))):
         with open(os.path.join(results_dir, name + ".json"), "w") as f:

@@ -181,7 +181,7 @@ def test_dated_results_name_no_path_of_this_machine(scratch):
     the dated copy to commit with the machine's paths made neutral."""
     res = {"data": os.path.join(support.REPO, "bench", "data", "cold-5000x3072-c100"), "n": 1}
     dated = measure.write_results(scratch, "cold", res, "read %s\n" % support.REPO)
-    assert dated.startswith("cold-") and dated.endswith(measure.host_label())
+    assert dated.endswith(measure.host_label() + "-cold") and dated.startswith("20")
     with open(os.path.join(scratch, "cold.json")) as f:
         assert json.load(f) == res
     with open(os.path.join(scratch, dated + ".json")) as f:
