@@ -68,7 +68,8 @@
     X(ECACHEVERSION, -4019, "cache_version", "cache file format version not supported")  \
     X(ECANCELED, -ECANCELED, "canceled", "operation canceled")                           \
     X(EDEVICE, -4020, "device_error", "the device cannot be used")                       \
-    X(EDENIED, -4021, "permission_denied", "denied by the daemon's access rules")
+    X(EDENIED, -4021, "permission_denied", "denied by the daemon's access rules")     \
+    X(EDETACHED, -4030, "detached", "the consumer fell behind its shared stream and was detached")
 
 /* LC_OK and one LC_<NAME> per row: LC_EPERM, ..., LC_EFIELD, ..., LC_ECANCELED. */
 enum lc_error {

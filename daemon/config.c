@@ -111,6 +111,8 @@ static const struct config_key server_keys[] = {
      SERVER_AT(max_reply_bytes)},
     {.name = "max_total_reply_bytes", .type = CONFIG_KEY_SIZE, .min = 64 * 1024, .max = 16 * (int64_t)GIB,
      .def = 64 * (int64_t)MIB, SERVER_AT(max_total_reply_bytes)},
+    {.name = "share_max_lag", .type = CONFIG_KEY_INT, .min = 1, .max = LD_PREFETCH_MAX, .def = 8,
+     SERVER_AT(share_max_lag)},
     {.name = "metrics", .type = CONFIG_KEY_TABLE, .sub = metrics_keys,
      .n_sub = sizeof metrics_keys / sizeof metrics_keys[0]},
 };

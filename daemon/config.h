@@ -142,6 +142,7 @@ struct config {
     uint32_t max_streams;           /* per daemon */
     uint32_t max_frame;             /* bytes, LD_FRAME_MIN_LIMIT..LD_FRAME_MAX_LIMIT */
     uint32_t prefetch;              /* default prefetch for streams that do not say; 0: auto (prefetch.h) */
+    uint32_t share_max_lag;         /* batches a shared stream's consumer may fall behind (share.h) */
     char *socket_group;             /* group given the socket and the rings (0640); NULL: none */
     char *metrics_listen;           /* server.metrics.listen (metrics_http.h); NULL: no listener */
     uint32_t hello_timeout_s;       /* a connection must say hello within this */

@@ -31,6 +31,7 @@
 #include "metrics_http.h"
 #include "proto.h"
 #include "server.h"
+#include "share.h"
 #include "stream.h"
 
 #define SERVER_READ_BUF_SIZE (64u * 1024u)
@@ -59,6 +60,7 @@ struct conn_stream {
     stream *s;
     uint64_t id;
     uint64_t ring_bytes;
+    share_group *share;             /* a consumer of a shared stream (share.h), or NULL */
 };
 
 enum conn_state {

@@ -67,6 +67,8 @@ void server_ops_close_stream(conn *c, struct conn_stream *cs)
     stream_get_stats(cs->s, &st);
     c->closed_cpu_s += st.worker_cpu_s;
     srv->memory_used -= cs->ring_bytes;
+    if (cs->share && share_consumers(cs->share) == 1)
+        srv->memory_used -= share_ring_bytes(cs->share); /* the last consumer: the ring goes */
     srv->n_streams--;
     ld_log(LD_LOG_INFO, "stream %" PRIu64 " closed (client %" PRIu64 ")", cs->id, c->id);
     stream_close(cs->s);
@@ -277,6 +279,75 @@ static void server_op_datasets(conn *c, const cJSON *req, int64_t id)
     server_reply_send(c, r);
 }
 
+/* The open request's `share` and `share_join`: cs->s becomes a consumer of the shared
+ * stream (opened now when the group is new), or stays NULL for a stream of its own
+ * (no share, or a late joiner that asked for the whole epoch: p then starts there). */
+static int server_ops_open_share(server *srv, const cJSON *req, dataset *d, struct stream_params *p, uint64_t sid,
+                                 struct conn_stream *cs, char *err)
+{
+    const char *name = NULL, *join = "current";
+    int rc;
+    if (!cJSON_GetObjectItemCaseSensitive(req, "share"))
+        return 0;
+    if ((rc = proto_get_str(req, "share", LD_NAME_MAX - 1, &name, err)) < 0 ||
+        (cJSON_GetObjectItemCaseSensitive(req, "share_join") &&
+         (rc = proto_get_str(req, "share_join", 16, &join, err)) < 0))
+        return rc;
+    if (!*name) {
+        ld_errorf(err, "field 'share': expected a name (or \"" SHARE_AUTO "\"), got an empty string");
+        return LD_EFIELD;
+    }
+    bool whole_epoch = strcmp(join, "epoch_start") == 0;
+    if (!whole_epoch && strcmp(join, "current") != 0) {
+        ld_errorf(err, "field 'share_join': expected \"current\" or \"epoch_start\", got \"%s\"", join);
+        return LD_EFIELD;
+    }
+    if (p->device.kind != DEVICE_HOST) {
+        ld_errorf(err, "field 'share': a shared stream delivers host batches; open a device stream without share");
+        return LD_EINVAL;
+    }
+    share_group *g;
+    if ((rc = share_find(srv->set, name, d, p, &g, err)) < 0)
+        return rc;
+    if (g && whole_epoch) {
+        /* Its own stream at batch 0 of the epoch the group is in. */
+        uint64_t e = share_front_epoch(g), end = p->epoch + p->epochs;
+        if (p->epochs && e >= end) {
+            ld_errorf(err, "share '%s' has delivered all its epochs", name);
+            return LD_EEND;
+        }
+        if (p->epochs)
+            p->epochs = end - e;
+        p->epoch = e;
+        p->start_batch = 0;
+        return 0;
+    }
+    bool fresh = !g;
+    if (fresh) {
+        uint64_t budget_left = srv->memory_used < srv->cfg->memory_budget ? srv->cfg->memory_budget - srv->memory_used : 0;
+        stream *producer;
+        p->extra_slots = srv->cfg->share_max_lag;
+        if ((rc = stream_open(srv->set, d, ++srv->next_stream_id, p, budget_left, &producer, err)) < 0)
+            return rc;
+        if ((rc = share_group_new(srv->set, name, producer, srv->cfg->share_max_lag, &g)) < 0) {
+            stream_close(producer);
+            ld_errorf(err, "out of memory");
+            return rc;
+        }
+        srv->memory_used += share_ring_bytes(g);
+        ld_log(LD_LOG_INFO, "shared stream '%s': stream %" PRIu64 " prepares its batches", name, share_producer_id(g));
+    }
+    uint64_t bytes = share_ring_bytes(g);
+    if ((rc = share_attach(g, sid, &cs->s)) < 0) {
+        if (fresh)
+            srv->memory_used -= bytes; /* share_attach closed the group it left empty */
+        ld_errorf(err, "out of memory");
+        return rc;
+    }
+    cs->share = g;
+    return 0;
+}
+
 static void server_op_open(conn *c, const cJSON *req, int64_t id)
 {
     server *srv = c->srv;
@@ -395,7 +466,12 @@ static void server_op_open(conn *c, const cJSON *req, int64_t id)
     /* A reload may have lowered the budget below what is in use. */
     uint64_t budget_left = srv->memory_used < srv->cfg->memory_budget ? srv->cfg->memory_budget - srv->memory_used : 0;
     err[0] = '\0';
-    rc = stream_open(srv->set, d, sid, &p, budget_left, &cs->s, err);
+    rc = server_ops_open_share(srv, req, d, &p, sid, cs, err);
+    if (rc == 0 && !cs->s) {
+        rc = stream_open(srv->set, d, sid, &p, budget_left, &cs->s, err);
+        if (rc == 0)
+            cs->ring_bytes = stream_ring_bytes(cs->s);
+    }
     free(norm); /* the stage keeps what it needs */
     if (rc < 0) {
         free(cs);
@@ -408,7 +484,6 @@ static void server_op_open(conn *c, const cJSON *req, int64_t id)
         declared->retired = true; /* freed when its last stream lets it go (dataset_watch.h) */
     cs->c = c;
     cs->id = sid;
-    cs->ring_bytes = stream_ring_bytes(cs->s);
     cs->next = c->streams;
     c->streams = cs;
     srv->memory_used += cs->ring_bytes;
@@ -418,6 +493,15 @@ static void server_op_open(conn *c, const cJSON *req, int64_t id)
            sid, name, c->id, c->name, p.batch_size, p.seed, p.epoch, p.rank, p.world_size, p.prefetch);
     cJSON *r = proto_reply_ok(id);
     stream_describe_layout(cs->s, r);
+    if (cs->share) {
+        cJSON_AddStringToObject(r, "share", share_name(cs->share));
+        cJSON_AddNumberToObject(r, "ring_stream", (double)share_producer_id(cs->share));
+        cJSON_AddNumberToObject(r, "consumers", share_consumers(cs->share));
+        uint64_t e, b;
+        share_position(cs->s, &e, &b);
+        cJSON_AddNumberToObject(r, "start_epoch", (double)e);
+        cJSON_AddNumberToObject(r, "start_batch", (double)b);
+    }
     server_reply_send(c, r); /* stream_open told the dataset's cache keeper */
 }
 
@@ -473,6 +557,8 @@ static void server_op_next(conn *c, const cJSON *req, int64_t id)
     if (rc == 1) {
         r->cs = NULL;
         server_op_next_reply(c, r, &a); /* known now: no callback comes */
+        if (share_done(cs->s))
+            server_ops_close_stream(c, cs); /* detached, holding nothing: its trainer reopened */
     } else if (rc < 0) {
         char err[LD_ERRMSG_MAX];
         if (rc == LD_EBUSY)
@@ -502,11 +588,16 @@ static void server_op_release(conn *c, const cJSON *req, int64_t id)
     rc = stream_release(cs->s, (uint32_t)slot, (uint64_t)gen);
     if (rc == 0) {
         server_reply_send(c, proto_reply_ok(id));
+        if (share_done(cs->s))
+            server_ops_close_stream(c, cs); /* a detached consumer gave back its last slot */
         return;
     }
     if (rc == LD_EINVAL)
         snprintf(err, sizeof err, "slot %" PRId64 " is out of range (stream %" PRIu64 " has %u slots)", slot,
                  cs->id, ring_slot_count(rg));
+    else if (rc == LD_ENOTLEASED && cs->share)
+        snprintf(err, sizeof err, "slot %" PRId64 " of stream %" PRIu64 " is not leased to it (shared stream '%s')",
+                 slot, cs->id, share_name(cs->share));
     else if (rc == LD_ENOTLEASED)
         snprintf(err, sizeof err, "slot %" PRId64 " of stream %" PRIu64 " is not leased (its state is %s)", slot,
                  cs->id, ring_state_name(ring_state(rg, (uint32_t)slot)));
@@ -547,6 +638,20 @@ static double server_ops_samples_per_s(const server *srv)
     return 0;
 }
 
+/* Whether a consumer of cs's shared stream comes before cs in the server's streams (its
+ * ring is counted there). */
+static bool server_ops_share_counted(const server *srv, const struct conn_stream *cs)
+{
+    for (conn *k = srv->conns; k; k = k->next)
+        for (struct conn_stream *o = k->streams; o; o = o->next) {
+            if (o == cs)
+                return false;
+            if (o->share == cs->share)
+                return true;
+        }
+    return false;
+}
+
 static void server_op_status(conn *c, const cJSON *req, int64_t id)
 {
     server *srv = c->srv;
@@ -554,7 +659,7 @@ static void server_op_status(conn *c, const cJSON *req, int64_t id)
     uint64_t wait = srv->closed_wait_ns;
     for (conn *k = srv->conns; k; k = k->next)
         for (struct conn_stream *cs = k->streams; cs; cs = cs->next) {
-            for (int st = 0; st < RING_STATES; st++)
+            for (int st = 0; st < RING_STATES && !(cs->share && server_ops_share_counted(srv, cs)); st++)
                 counts[st] += ring_count(stream_ring(cs->s), (enum ring_state)st);
             wait += stream_wait_ns(cs->s);
         }

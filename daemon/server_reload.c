@@ -163,6 +163,7 @@ static void server_reload_live_keys(const struct config *was, const struct confi
     server_reload_live_key(live, "server.max_streams", was->max_streams, now->max_streams);
     server_reload_live_key(live, "server.max_frame", was->max_frame, now->max_frame);
     server_reload_live_key(live, "server.prefetch", was->prefetch, now->prefetch);
+    server_reload_live_key(live, "server.share_max_lag", was->share_max_lag, now->share_max_lag);
     server_reload_live_key(live, "server.hello_timeout", was->hello_timeout_s, now->hello_timeout_s);
     server_reload_live_key(live, "server.idle_timeout", was->idle_timeout_s, now->idle_timeout_s);
     server_reload_live_key(live, "server.max_reply_bytes", was->max_reply_bytes, now->max_reply_bytes);

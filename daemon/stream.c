@@ -77,7 +77,6 @@ static uint64_t align_up(uint64_t v, uint64_t a)
 
 static void slot_filled(stream *s, uint32_t slot);
 static void slot_copied(stream *s, uint32_t slot, int rc);
-static void deliver(stream *s);
 
 static void chunk_done(struct hub_completion *c)
 {
@@ -91,8 +90,8 @@ static void set_stalled(struct hub_completion *c)
     stream_set *set = (stream_set *)((char *)c - offsetof(stream_set, stalled));
     for (stream *s = set->streams, *next; s; s = next) {
         next = s->set_next;
-        if (s->w_count && atomic_load_explicit(&s->ds->stalled_reads, memory_order_relaxed))
-            deliver(s);
+        if ((s->w_count || s->group) && atomic_load_explicit(&s->ds->stalled_reads, memory_order_relaxed))
+            stream_deliver(s);
     }
 }
 
@@ -201,6 +200,10 @@ static void stream_free(stream *s)
 {
     if (!s)
         return;
+    if (s->member) {
+        free(s); /* a consumer: everything else is its producer's */
+        return;
+    }
     if (s->slots) {
         for (uint32_t i = 0; i < s->n_slots; i++)
             free(s->slots[i].tasks);
@@ -320,8 +323,9 @@ static void start_fill(stream *s, uint32_t slot, uint64_t seq)
     }
 }
 
-static void schedule(stream *s)
+void stream_schedule(stream *s)
 {
+    s = s->src; /* a shared stream's consumer: its producer fills the slots */
     if (s->closing)
         return;
     while (s->next_fill < s->total_seq && s->next_fill < s->failed_seq) {
@@ -378,10 +382,19 @@ static void stats_roll(stream *s, uint64_t now)
 /* Tells the scheduler whether this stream's trainer is waiting (on changes only). */
 static void set_urgent(stream *s, bool urgent)
 {
-    if (s->urgent == urgent || !s->flow)
+    if (s->urgent == urgent)
         return;
     s->urgent = urgent;
-    pool_flow_set_urgent(s->workers, s->flow, urgent);
+    if (s->member)
+        share_waiting(s->member, urgent); /* the producer's flow is urgent while any consumer waits */
+    else
+        stream_set_urgent(s, urgent);
+}
+
+void stream_set_urgent(stream *s, bool urgent)
+{
+    if (s->flow)
+        pool_flow_set_urgent(s->workers, s->flow, urgent);
 }
 
 /* The answer to the next request in line, when it is known: the end, the failure, or
@@ -390,23 +403,30 @@ static void set_urgent(stream *s, bool urgent)
  * scheduler hears of). */
 static bool answer_now(stream *s, struct stream_answer *ret)
 {
+    stream *src = s->src; /* whose slots: itself, or a shared stream's producer */
     for (;;) {
         if (s->next_deliver >= s->total_seq) {
             *ret = (struct stream_answer){.rc = LD_EEND, .message = "the stream has delivered all its epochs"};
             return true;
         }
-        if (s->next_deliver >= s->failed_seq) {
-            *ret = (struct stream_answer){.rc = s->fail_rc, .message = s->fail_msg};
+        if (s->next_deliver >= s->failed_seq || s->next_deliver >= src->failed_seq) {
+            const stream *f = s->next_deliver >= s->failed_seq ? s : src;
+            *ret = (struct stream_answer){.rc = f->fail_rc, .message = f->fail_msg};
             return true;
         }
         uint32_t i;
-        for (i = 0; i < s->n_slots; i++)
-            if (ring_state(s->ring, i) == RING_READY && s->slots[i].seq == s->next_deliver)
+        for (i = 0; i < s->n_slots; i++) {
+            enum ring_state st = ring_state(s->ring, i);
+            /* A shared stream's batch stays LEASED while any consumer still needs it. */
+            if ((st == RING_READY || (st == RING_LEASED && s->member)) && s->slots[i].seq == s->next_deliver)
                 break;
+        }
         if (i < s->n_slots) {
             struct stream_slot *sl = &s->slots[i];
-            int leased = ring_lease(s->ring, i);
-            ld_require(leased == 0); /* READY was just checked: else the ring's bookkeeping is broken */
+            if (!s->member) {
+                int leased = ring_lease(s->ring, i);
+                ld_require(leased == 0); /* READY was just checked: else the ring's bookkeeping is broken */
+            }
             *ret = (struct stream_answer){.rc = 0};
             ret->batch = (struct stream_batch){
                 .slot = i,
@@ -417,6 +437,8 @@ static bool answer_now(stream *s, struct stream_answer *ret)
                 .bytes = batch_bytes(s, i, sl->rows),
             };
             s->next_deliver++;
+            if (s->member)
+                share_take(s->member, i);
             s->batches_served++;
             s->samples_served += sl->rows;
             s->bytes_served += ret->batch.bytes;
@@ -443,14 +465,18 @@ static bool answer_now(stream *s, struct stream_answer *ret)
         snprintf(msg, sizeof msg, "a read of dataset '%s' has not returned for more than %" PRIu64
                  " s (read_timeout): its storage is not answering", s->ds->name,
                  s->ds->read_timeout_ns / 1000000000u);
-        stream_fail(s, s->next_deliver, LD_ETIMEDOUT, msg); /* then answered as a failure */
+        stream_fail(src, s->next_deliver, LD_ETIMEDOUT, msg); /* then answered as a failure */
     }
 }
 
 /* Answers the waiting next requests, oldest first, as far as the answers are known.
  * Runs from hub completions only (a slot filled, a read found stalled). */
-static void deliver(stream *s)
+void stream_deliver(stream *s)
 {
+    if (s->group) {
+        share_ready(s->group); /* a shared stream's producer: its consumers answer */
+        return;
+    }
     struct stream_answer a;
     while (s->w_count && answer_now(s, &a)) {
         stream_next_cb cb;
@@ -542,8 +568,8 @@ static void slot_filled(stream *s, uint32_t slot)
     } else {
         start_copy(s, slot);
     }
-    deliver(s);
-    schedule(s);
+    stream_deliver(s);
+    stream_schedule(s);
 }
 
 /* The slot's copy ended (a device stage that works asynchronously): it is READY. */
@@ -564,8 +590,8 @@ static void slot_copied(stream *s, uint32_t slot, int rc)
         ring_lease(s->ring, slot); /* READY -> LEASED -> FREE: nothing may deliver it */
         ring_release(s->ring, slot, ring_generation(s->ring, slot));
     }
-    deliver(s);
-    schedule(s);
+    stream_deliver(s);
+    stream_schedule(s);
 }
 
 static void chunk_cancelled(struct pool_task *t)
@@ -589,6 +615,7 @@ int stream_open(stream_set *set, dataset *d, uint64_t id, const struct stream_pa
     s->id = id;
     s->p = *p;
     s->failed_seq = UINT64_MAX;
+    s->src = s;
 
     struct sampler_params sp = {
         .n = d->count, .seed = p->seed, .shuffle = p->shuffle, .batch_size = p->batch_size,
@@ -644,7 +671,7 @@ int stream_open(stream_set *set, dataset *d, uint64_t id, const struct stream_pa
         prefetch_init(&s->pf, s->p.prefetch);
         p = &s->p;
     }
-    s->n_slots = p->prefetch + SLOTS_BEYOND_PREFETCH;
+    s->n_slots = p->prefetch + SLOTS_BEYOND_PREFETCH + p->extra_slots;
     uint64_t need = LD_RING_ALIGN + (uint64_t)s->n_slots * slot_bytes;
     if (need > budget_left) {
         char a[LD_FORMAT_BYTES_MAX], b[LD_FORMAT_BYTES_MAX], c[LD_FORMAT_BYTES_MAX];
@@ -734,7 +761,7 @@ int stream_open(stream_set *set, dataset *d, uint64_t id, const struct stream_pa
         s->cache_ticket = cache_keeper_stream_opened(d->keeper);
     s->set_next = set->streams;
     set->streams = s;
-    schedule(s);
+    stream_schedule(s);
     *ret_stream = s;
     return 0;
 
@@ -747,6 +774,11 @@ void stream_close(stream *s)
 {
     if (!s || s->closing)
         return;
+    if (s->member) {
+        share_leave(s->member); /* gives back what it held; the last one closes the producer */
+        stream_free(s);
+        return;
+    }
     s->closing = true;
     /* The name goes now, even while workers still fill slots of the ring (its memory
      * goes with the last of them): a trainer killed before its first next leaves
@@ -777,7 +809,7 @@ int stream_next(stream *s, stream_next_cb cb, void *ctx, struct stream_answer *r
     stats_roll(s, stream_now_ns());
     /* Known now (and nobody asked before it): the answer is returned, not called back. */
     if (s->w_count == 0 && answer_now(s, ret)) {
-        schedule(s); /* a batch leased just now leaves room for one more ahead */
+        stream_schedule(s); /* a batch leased just now leaves room for one more ahead */
         return 1;
     }
     if (s->w_count == STREAM_MAX_WAITING)
@@ -791,8 +823,30 @@ int stream_next(stream *s, stream_next_cb cb, void *ctx, struct stream_answer *r
 
 int stream_release(stream *s, uint32_t slot, uint64_t generation)
 {
+    if (s->member)
+        return share_release(s->member, slot, generation);
     int rc = ring_release(s->ring, slot, generation);
     if (rc == 0)
-        schedule(s);
+        stream_schedule(s);
     return rc;
+}
+
+int stream_consumer_new(stream *src, uint64_t id, uint64_t seq, stream **ret_consumer)
+{
+    stream *s = malloc(sizeof *s);
+    if (!s)
+        return LD_ENOMEM;
+    /* Its producer's layout, ring, slots and flow, borrowed; its own place and counters. */
+    *s = (struct stream){
+        .set = src->set, .ds = src->ds, .id = id, .p = src->p, .smp = src->smp, .ring = src->ring,
+        .dev = src->dev, .slot_used = src->slot_used, .n_slots = src->n_slots, .max_chunks = src->max_chunks,
+        .workers = src->workers, .flow = src->flow, .weight = src->weight, .slots = src->slots,
+        .total_seq = src->total_seq, .next_fill = seq, .next_deliver = seq, .failed_seq = UINT64_MAX,
+        .unlinked = true, /* the producer's name stays for consumers joining later */
+        .src = src,
+    };
+    s->p.prefetch = src->prefetch_auto ? src->pf.depth : src->p.prefetch;
+    memcpy(s->layout, src->layout, sizeof s->layout);
+    *ret_consumer = s;
+    return 0;
 }

@@ -45,6 +45,7 @@ struct stream_params {
     uint64_t start_batch;
     uint32_t prefetch;          /* 0: auto, the depth adapts (prefetch.h) */
     uint64_t epochs;            /* 0: unbounded */
+    uint32_t extra_slots;       /* slots beyond prefetch's: a shared stream's lag (share.h) */
     /* Scheduling (scheduler.h): the opening client's uid and its `clients:` entry
      * (weight 1 and max_share 1 when it has none); the dataset adds its own. */
     uint32_t uid;

@@ -1,6 +1,7 @@
-/* stream_internal — private to daemon/stream*.c: the layout of a stream, its slots and
- * its tasks, shared by stream.c (the flow of batches) and stream_report.c (what
- * `open`, `streams`, metrics and `loaderctl top` show of a stream). */
+/* stream_internal — private to daemon/stream*.c and share.c: the layout of a stream, its
+ * slots and its tasks, shared by stream.c (the flow of batches), stream_report.c (what
+ * `open`, `streams`, metrics and `loaderctl top` show of a stream) and share.c (several
+ * consumers of one stream's ring). */
 #ifndef LD_STREAM_INTERNAL_H
 #define LD_STREAM_INTERNAL_H
 
@@ -13,6 +14,7 @@
 #include "pool.h"
 #include "prefetch.h"
 #include "sampler.h"
+#include "share.h"
 #include "stream.h"
 
 struct stream_set {
@@ -20,6 +22,7 @@ struct stream_set {
     pool *workers;
     uint32_t live;
     stream *streams;                /* the live ones, linked by set_next */
+    share_group *shares;            /* the shared streams' groups (share.c) */
     struct hub_completion stalled;  /* posted by the deadline watcher: a read was found stalled */
 };
 
@@ -83,6 +86,14 @@ struct stream {
     uint32_t busy_slots;
     uint64_t cache_ticket;          /* from the dataset's cache keeper at open */
     bool closing, unlinked;
+    /* Shared streams (share.h). A consumer reads the slots of another stream, `src`,
+     * which fills them (itself for every other stream): its ring, slots, layout, flow
+     * and device stage are src's, borrowed, and it only keeps its own place, requests
+     * and counters. The producer of a shared stream has `group` set: it answers no next
+     * of its own and tells the group when a batch is ready. */
+    stream *src;
+    share_member *member;
+    share_group *group;
     struct {
         stream_next_cb cb;
         void *ctx;
@@ -95,6 +106,15 @@ struct stream {
         uint64_t ns, samples, wait_ns;
     } mark, last;                   /* the window being measured, and the one before */
 };
+
+/* For share.c: answers a stream's waiting nexts as far as the answers are known
+ * (from hub completions only); keeps `prefetch` batches in flight. */
+void stream_deliver(stream *s);
+void stream_schedule(stream *s);
+/* A consumer of src's ring, at sequence `seq` (share.c owns it): LD_ENOMEM or 0. */
+int stream_consumer_new(stream *src, uint64_t id, uint64_t seq, stream **ret_consumer);
+/* Tells the scheduler whether a trainer of this stream is waiting (on changes only). */
+void stream_set_urgent(stream *s, bool urgent);
 
 static inline uint64_t stream_now_ns(void)
 {

@@ -11,9 +11,11 @@
 
 static const char *stream_state_name(const stream *s)
 {
-    if (s->closing)
+    if (s->closing || s->src->closing)
         return "closing";
     if (s->next_deliver >= s->failed_seq)
+        return s->fail_rc == LD_EDETACHED ? "detached" : "failed";
+    if (s->next_deliver >= s->src->failed_seq)
         return "failed";
     if (s->next_deliver >= s->total_seq)
         return "ended";
@@ -87,6 +89,8 @@ void stream_describe_state(const stream *s, cJSON *o)
     cJSON_AddNumberToObject(o, "worker_cpu_s", st.worker_cpu_s);
     cJSON_AddNumberToObject(o, "prefetch_depth", st.prefetch_depth);
     cJSON_AddNumberToObject(o, "weight", s->weight);
+    if (s->member)
+        share_describe(s->member, o);
     device_stats(s->dev, o);
 }
 

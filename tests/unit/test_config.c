@@ -437,7 +437,7 @@ static void test_unknown_keys(void **state)
     expect_error_at("server:\n  workerz: 4\n" ONE_DATASET, 2, 3,
                     "unknown key 'workerz' in 'server' (expected one of: socket, workers, "
                     "memory_budget, device_memory_budget, max_clients, max_streams, max_frame, prefetch, log_level, "
-                    "socket_group, hello_timeout, idle_timeout, max_reply_bytes, max_total_reply_bytes, metrics)",
+                    "socket_group, hello_timeout, idle_timeout, max_reply_bytes, max_total_reply_bytes, share_max_lag, metrics)",
                     NULL);
     expect_error_at("datasets:\n"
                     "  a:\n"
