@@ -120,14 +120,15 @@ LC_EXPORT int lc_batch_release(lc_batch *b)
     lc_stream *s = b->stream;
     lc_client *c = s->client;
     client_unlink_batch(b);
-    if (b->old || c->lost) {
+    if ((b->old && !b->old->release) || c->lost) {
         /* A batch of a connection that is gone: the daemon that leased it is gone too,
          * and nothing is owed to the new one. Its ring stays mapped while other batches
          * of it are held. */
         client_batch_free(b);
         return client_take_release_failure(c);
     }
-    if (s->dev) {
+    uint64_t sid = b->old ? b->old->release_id : s->id;
+    if (s->dev && !b->old) {
         char msg[LD_ERRMSG_MAX];
         int dret = client_device_release(b, msg);
         if (dret < 0) {
@@ -143,7 +144,7 @@ LC_EXPORT int lc_batch_release(lc_batch *b)
         int64_t id = -1;
         cJSON *req = cJSON_CreateObject();
         if (!req || !cJSON_AddStringToObject(req, "op", LD_OP_RELEASE) ||
-            !cJSON_AddNumberToObject(req, "stream", (double)s->id) ||
+            !cJSON_AddNumberToObject(req, "stream", (double)sid) ||
             !cJSON_AddNumberToObject(req, "slot", b->slot) ||
             !cJSON_AddNumberToObject(req, "generation", (double)b->generation)) {
             cJSON_Delete(req);
@@ -156,7 +157,7 @@ LC_EXPORT int lc_batch_release(lc_batch *b)
         if (ret == 0) {
             struct client_pending *p = client_pending_find(c, id);
             if (p) {
-                p->stream_id = s->id;
+                p->stream_id = sid;
                 p->slot = b->slot;
                 p->generation = b->generation;
             }

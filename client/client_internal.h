@@ -61,6 +61,11 @@ struct client_old_ring {
     size_t map_size;
     int fd;
     unsigned refs;              /* held batches that point into it */
+    /* Whether releasing its batches is owed to the daemon, under stream release_id: not
+     * when the daemon that leased them is gone; yes for a shared stream's consumer that
+     * was detached (the daemon keeps those slots until they come back). */
+    bool release;
+    uint64_t release_id;
 };
 
 struct lc_batch {
@@ -83,6 +88,7 @@ struct lc_stream {
     lc_client *client;
     lc_stream *prev, *next;     /* the client's list of streams */
     uint64_t id;
+    uint64_t ring_id;           /* the id in the ring's header: id, or a shared stream's producer */
     uint32_t batch_size;
     uint64_t batches_per_epoch;
     uint64_t samples_per_epoch;
@@ -172,6 +178,11 @@ int client_break(lc_client *c, int code, const char *fmt, ...) __attribute__((fo
 int client_check_usable(lc_client *c);                 /* LC_ECLOSED once broken, LC_ECONNRESET while lost */
 struct client_pending *client_pending_find(lc_client *c, int64_t id);
 void client_pending_forget_stream(lc_client *c, const lc_stream *s);
+/* A shared stream's consumer was detached (its next answered LC_EDETACHED): its held
+ * batches keep the shared ring (released under the old id), and the stream is reopened,
+ * unshared, at its next batch by the next call. LC_EDETACHED when there is nothing to
+ * reopen (the stream is over or failed). */
+int client_stream_detached(lc_stream *s);
 int client_flush_deferred(lc_client *c, int64_t deadline, int timeout_ms);
 /* Adds an id to msg (taking ownership of msg) and sends it, after the deferred frames in
  * the same write; with `defer`, queues it among them instead. The FIFO learns what to do

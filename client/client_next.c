@@ -66,6 +66,7 @@ LC_EXPORT int lc_stream_next(lc_stream *s, int timeout_ms, lc_batch **ret_batch)
     unsigned head;
     /* A daemon that goes away under us is reconnected to and the stream reopened at the
      * batch it had reached (client_reconnect.c); the request then goes to the new one. */
+again:
     for (;;) {
         if (client_stream_over(s)) {
             /* Every epoch was delivered (perhaps before the daemon went: nothing to reopen). */
@@ -96,6 +97,12 @@ LC_EXPORT int lc_stream_next(lc_stream *s, int timeout_ms, lc_batch **ret_batch)
     s->ahead_head = (head + 1) % CLIENT_READ_AHEAD;
     s->ahead_count--;
     ret = proto_reply_status(reply, msg);
+    if (ret == LC_EDETACHED && client_stream_detached(s) == 0) {
+        /* It fell behind its shared stream: on in a stream of its own, same batches. */
+        cJSON_Delete(reply);
+        reply = NULL;
+        goto again;
+    }
     if (ret < 0) {
         s->ahead_stop = true; /* end of stream or a failed stream: every later answer is the same */
         client_seterr(c, "%s", msg);

@@ -139,7 +139,10 @@ cJSON *client_open_request(const char *dataset, const lc_stream_options *o, uint
         !cJSON_AddNumberToObject(req, "epochs", (double)epochs) ||
         (o->device && !cJSON_AddStringToObject(req, "device", o->device)) ||
         (o->device && !cJSON_AddStringToObject(req, "transfer", o->transfer == LC_TRANSFER_CLIENT
-                                                                    ? LD_TRANSFER_CLIENT : LD_TRANSFER_IPC))) {
+                                                                    ? LD_TRANSFER_CLIENT : LD_TRANSFER_IPC)) ||
+        (o->share && !cJSON_AddStringToObject(req, "share", o->share)) ||
+        (o->share && !cJSON_AddStringToObject(req, "share_join", o->share_join == LC_SHARE_JOIN_EPOCH_START
+                                                                     ? "epoch_start" : "current"))) {
         cJSON_Delete(req);
         return NULL;
     }
@@ -208,6 +211,26 @@ static void client_stream_detach(lc_stream *s)
     s->ring_fd = -1;
     if (!s->failed && !client_stream_over(s))
         s->needs_reopen = true;
+}
+
+int client_stream_detached(lc_stream *s)
+{
+    lc_client *c = s->client;
+    uint64_t old_id = s->id;
+    /* The read-ahead's answers still on their way say "detached" too: dropped. */
+    client_pending_forget_stream(c, s);
+    lc_batch *first = NULL;
+    for (lc_batch *b = s->batches; b && !first; b = b->next)
+        if (!b->old)
+            first = b;
+    client_stream_detach(s);
+    /* The batches still held of the shared ring stay leased to the old stream id until
+     * they are released, which the daemon hears of. */
+    if (first && first->old && first->old != &client_unowned_ring) {
+        first->old->release = true;
+        first->old->release_id = old_id;
+    }
+    return s->needs_reopen ? 0 : LC_EDETACHED;
 }
 
 int client_lost(lc_client *c, const char *fmt, ...)
@@ -498,6 +521,7 @@ void client_stream_reopened(lc_stream *s, cJSON *reply)
     /* The same fields (checked above); where they lie in a slot, and the slots
      * themselves, are the new ring's. */
     s->id = t->id;
+    s->ring_id = t->ring_id;
     s->slot_count = t->slot_count;
     s->slot_size = t->slot_size;
     s->slot_offset = t->slot_offset;

@@ -223,6 +223,12 @@ int client_parse_open(const cJSON *reply, uint32_t batch_size, lc_stream *s, con
         return LC_EPROTO;
     }
     s->id = (uint64_t)v[0];
+    /* A consumer of a shared stream maps the ring of the stream that fills it. */
+    if ((ret = proto_opt_int(reply, "ring_stream", 0, LD_JSON_SAFE_INT, v[0], &v[0], sub)) < 0) {
+        client_msgf(msg, "%s", sub);
+        return LC_EPROTO;
+    }
+    s->ring_id = (uint64_t)v[0];
     s->slot_count = (uint32_t)v[2];
     s->slot_size = (uint64_t)v[3];
     s->slot_offset = (uint64_t)v[4];
@@ -304,7 +310,7 @@ int client_map_ring(lc_stream *s, const char *shm, uint64_t shm_size, char *msg)
     const struct ld_ring_header *h = map;
     if (h->magic != LD_RING_MAGIC || h->version != LD_RING_VERSION || h->slot_count != s->slot_count ||
         h->slot_size != s->slot_size || h->slot_offset != s->slot_offset || h->total_size != shm_size ||
-        h->stream_id != s->id) {
+        h->stream_id != s->ring_id) {
         ret = LC_EPROTO;
         snprintf(msg, LD_ERRMSG_MAX,
                  "ring header of %s does not match the open reply (magic 0x%08x version %u, %u slots of "
@@ -406,6 +412,11 @@ LC_EXPORT int lc_stream_open(lc_client *c, const char *dataset, const lc_stream_
         (ret = client_check_u64(c, "start_batch", o->start_batch)) < 0 ||
         (ret = client_check_u64(c, "epochs", o->epochs)) < 0)
         return ret;
+    if (o->share_join != LC_SHARE_JOIN_CURRENT && o->share_join != LC_SHARE_JOIN_EPOCH_START) {
+        client_seterr(c, "lc_stream_open: share_join must be LC_SHARE_JOIN_CURRENT or LC_SHARE_JOIN_EPOCH_START, got %d",
+                      o->share_join);
+        return LC_EINVAL;
+    }
     req = client_open_request(dataset, o, o->epoch, o->start_batch, o->epochs);
     if (!req) {
         client_seterr(c, "out of memory building 'open'");
@@ -434,6 +445,9 @@ LC_EXPORT int lc_stream_open(lc_client *c, const char *dataset, const lc_stream_
     s->opts.device = NULL;
     s->opts.device_normalize = NULL;
     s->opts.spec = NULL;
+    /* A reopen (after a daemon restart, or a detach) resumes at the exact batch this
+     * stream reached: in a stream of its own, never at a shared stream's front. */
+    s->opts.share = NULL;
     /* Once the daemon holds a stream for us, every failure below must close it. */
     if (proto_get_int(reply, "stream", 0, LD_JSON_SAFE_INT, &sid, msg) == 0)
         remote = true;
@@ -468,6 +482,16 @@ LC_EXPORT int lc_stream_open(lc_client *c, const char *dataset, const lc_stream_
         client_seterr(c, "%s", msg);
         goto out;
     }
+    /* A stream that joined a shared one starts where the group is. */
+    int64_t e = 0, b = 0;
+    if (proto_opt_int(reply, "start_epoch", 0, LD_JSON_SAFE_INT, (int64_t)o->epoch, &e, msg) < 0 ||
+        proto_opt_int(reply, "start_batch", 0, LD_JSON_SAFE_INT, (int64_t)o->start_batch, &b, msg) < 0) {
+        ret = LC_EPROTO;
+        client_seterr(c, "malformed open reply from loaderd: %s", msg);
+        goto out;
+    }
+    s->next_epoch = (uint64_t)e;
+    s->next_batch = (uint64_t)b;
     if (o->device && strncmp(o->device, "cuda:", 5) == 0) {
         /* The daemon accepted the name, so it is "cuda:N". */
         int ordinal = atoi(o->device + 5);

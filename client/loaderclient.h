@@ -102,7 +102,22 @@ typedef struct lc_stream_options {
      * allowed, naming what), LC_ECONFIG ("spec.KEY: ..."), LC_ENOTSUP. The daemon owns
      * the declared dataset while the stream is open; a reconnect declares it again. */
     const char *spec;
+    /* Shared streams (see "shared streams" in the README); new in 0.1. NULL: a stream of
+     * its own. A name: every stream opened with that name and the same dataset and
+     * settings (batch_size, shuffle, seed, epoch, epochs, rank, world_size, drop_last)
+     * reads one ring, each batch prepared once; "auto": the same, named by the settings.
+     * Host batches only. */
+    const char *share;
+    int share_join;               /* LC_SHARE_JOIN_CURRENT (default) or LC_SHARE_JOIN_EPOCH_START */
 } lc_stream_options;
+
+/* Where a stream joins a shared stream that is already running: at the next batch the
+ * group prepares (start_batch is then ignored), or in a stream of its own at batch 0 of
+ * the epoch the group is in. A consumer that falls more than the daemon's
+ * server.share_max_lag batches behind is detached: lc_stream_next reopens it, unshared,
+ * at its next batch (lc_stream_reopens counts it), and its batches stay the same. */
+#define LC_SHARE_JOIN_CURRENT 0
+#define LC_SHARE_JOIN_EPOCH_START 1
 
 /* The library's version, "MAJOR.MINOR.PATCH", and as MAJOR * 10000 + MINOR * 100 + PATCH
  * (0.1.0 is 100), for run-time checks against the pkg-config version compiled against. */

@@ -121,7 +121,9 @@ class LcStreamOptions(ctypes.Structure):
                 ("device", ctypes.c_char_p),
                 ("transfer", ctypes.c_int),
                 ("device_normalize", ctypes.c_char_p),
-                ("spec", ctypes.c_char_p)]
+                ("spec", ctypes.c_char_p),
+                ("share", ctypes.c_char_p),
+                ("share_join", ctypes.c_int)]
 
 
 class LcDeviceField(ctypes.Structure):

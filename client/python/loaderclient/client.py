@@ -808,7 +808,8 @@ class Client(_Closes):
              keep_views_safe: bool = True, auto_release: bool = True, device: Optional[str] = None,
              transfer: str = "ipc", device_normalize: Optional[Dict[str, Any]] = None,
              spec: Optional[Dict[str, Any]] = None, template: Optional[str] = None,
-             transforms: Optional[Sequence[Any]] = None) -> Stream:
+             transforms: Optional[Sequence[Any]] = None, share: Optional[str] = None,
+             share_join: str = "current") -> Stream:
         """Opens a stream of `dataset` (a configured dataset's name), or of a dataset this
         trainer declares: spec={"kind": "image_folder", "path": "/data/x/train", "transforms":
         [...], ...} (the keys of a dataset in the daemon's config), or a configured dataset
@@ -826,7 +827,11 @@ class Client(_Closes):
         "ipc" (the daemon copies, default) or "client" (this process copies, where CUDA IPC
         is not possible); device_normalize={"field", "mean", "std", "dtype", "layout"}: the
         daemon's GPU casts and normalizes that uint8 image field (see the README's GPU
-        section). Raises DeviceError with the reason when the GPU cannot be used."""
+        section). Raises DeviceError with the reason when the GPU cannot be used.
+        share="NAME" (or "auto"): streams opened with the same name, dataset and settings
+        read one ring, each batch prepared once (host batches only); a stream joining a
+        running one starts at its next batch, or with share_join="epoch_start" in a stream
+        of its own at batch 0 of the epoch it is in (see the README's shared streams)."""
         self._check()
         if batch_size is None:
             raise InvalidArgument(errors.EFIELD, "batch_size is required")
@@ -861,6 +866,14 @@ class Client(_Closes):
         if device_normalize is not None:
             norm_json = json.dumps(device_normalize).encode()
             o.device_normalize = norm_json
+        share_name = None
+        if share is not None:
+            share_name = str(share).encode()
+            o.share = share_name
+            if share_join not in ("current", "epoch_start"):
+                raise InvalidArgument(errors.EFIELD, "share_join must be 'current' or 'epoch_start', got %r"
+                                      % (share_join,))
+            o.share_join = 1 if share_join == "epoch_start" else 0
         h = ctypes.c_void_p()
         with self._lock:
             self._run_deferred()

@@ -275,6 +275,23 @@ def test_unshuffled_order_and_options(client, rec_index):
         assert s.samples_per_epoch == REC["n"] // 3 and s.batches_per_epoch == (REC["n"] // 3) // 64
 
 
+def test_shared_stream(client, rec_index):
+    # share=: two streams of one share read one ring, the batches of a stream of its own.
+    with client.open("rec", 64, seed=5, epochs=1) as own:
+        ref = [(b.epoch, b.index, check_rec_batch(b, rec_index)) for b in own]
+    with client.open("rec", 64, seed=5, epochs=1, share="py") as a, \
+            client.open("rec", 64, seed=5, epochs=1, share="py") as b:
+        info = [x for x in client.streams() if x["id"] in (a.id, b.id)]
+        assert [x["share"]["name"] for x in info] == ["py", "py"] and info[0]["share"]["consumers"] == 2
+        got_a, got_b = [], []
+        for x, y in zip(a, b):
+            got_a.append((x.epoch, x.index, check_rec_batch(x, rec_index)))
+            got_b.append((y.epoch, y.index, check_rec_batch(y, rec_index)))
+        assert got_a == ref and got_b == ref
+    with pytest.raises(loaderclient.InvalidArgument):
+        client.open("rec", 64, share="py", share_join="later")
+
+
 def test_ragged_field(client):
     n, size = VAR["n"], VAR["size"]
     index = {support.file_word0(i): i for i in range(n)}
