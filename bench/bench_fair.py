@@ -67,21 +67,62 @@ def parse_args(argv):
     return a
 
 
-def generate(args, bins):
-    light = os.path.join(args.data_dir, "fair-light")
+def heavy_images(args, bins):
+    """The heavy dataset's folder (bench_share.py reads it too), generated once."""
     heavy = os.path.join(args.data_dir, "fair-heavy")
     os.makedirs(args.data_dir, exist_ok=True)
-    subprocess.run([bins["gendata"], "files", light, "--count", str(LIGHT_FILES), "--size", str(LIGHT_SIZE),
-                    "--classes", "10"], check=True, stdout=subprocess.DEVNULL)
     if not os.path.isdir(heavy) or sum(len(f) for _, _, f in os.walk(heavy)) < HEAVY_IMAGES:
         subprocess.run([bins["genimages"], heavy, "--count", str(HEAVY_IMAGES), "--classes", "10",
                         "--min", str(HEAVY_MIN), "--max", str(HEAVY_MAX)], check=True, stdout=subprocess.DEVNULL)
-    for root in (light, heavy):  # page cache
+    return heavy
+
+
+def warm(*roots):
+    """Reads every file under roots once, so that the benchmark reads the page cache."""
+    for root in roots:
         for d, _, files in os.walk(root):
             for f in files:
                 with open(os.path.join(d, f), "rb") as fh:
                     fh.read()
+
+
+def generate(args, bins):
+    light = os.path.join(args.data_dir, "fair-light")
+    os.makedirs(args.data_dir, exist_ok=True)
+    subprocess.run([bins["gendata"], "files", light, "--count", str(LIGHT_FILES), "--size", str(LIGHT_SIZE),
+                    "--classes", "10"], check=True, stdout=subprocess.DEVNULL)
+    heavy = heavy_images(args, bins)
+    warm(light, heavy)
     return light, heavy
+
+
+def start_daemon(loaderd, cfg, sock, log_path):
+    """loaderd on cfg, once its socket answers (RuntimeError when it does not start)."""
+    with open(log_path, "wb") as lf:
+        daemon = subprocess.Popen([loaderd, "--config", cfg], stdout=lf, stderr=lf,
+                                  stdin=subprocess.DEVNULL, start_new_session=True)
+    t0 = time.perf_counter()
+    while not (os.path.exists(sock) and measure.socket_accepts(sock)):
+        if daemon.poll() is not None or time.perf_counter() - t0 > 30:
+            raise RuntimeError("loaderd did not start" + measure.log_tail(log_path))
+        time.sleep(0.02)
+    return daemon
+
+
+def stop_daemon(daemon, tmp):
+    """SIGTERM to loaderd (if it runs), and the temporary directory removed."""
+    if daemon and daemon.poll() is None:
+        daemon.send_signal(signal.SIGTERM)
+        try:
+            daemon.wait(20)
+        except subprocess.TimeoutExpired:
+            daemon.kill()
+    try:
+        for n in os.listdir(tmp):
+            os.unlink(os.path.join(tmp, n))
+        os.rmdir(tmp)
+    except OSError:
+        pass
 
 
 def write_config(path, sock, light, heavy):
@@ -160,14 +201,7 @@ def main(argv):
     daemon = heavy_proc = None
     rc = 0
     try:
-        with open(daemon_log, "wb") as lf:
-            daemon = subprocess.Popen([bins["loaderd"], "--config", cfg], stdout=lf, stderr=lf,
-                                      stdin=subprocess.DEVNULL, start_new_session=True)
-        t0 = time.perf_counter()
-        while not (os.path.exists(sock) and measure.socket_accepts(sock)):
-            if daemon.poll() is not None or time.perf_counter() - t0 > 30:
-                raise RuntimeError("loaderd did not start" + measure.log_tail(daemon_log))
-            time.sleep(0.02)
+        daemon = start_daemon(bins["loaderd"], cfg, sock, daemon_log)
 
         log("bench_fair: light alone")
         alone = light_reads(args, bins, sock)
@@ -219,18 +253,7 @@ def main(argv):
                 heavy_proc.wait(10)
             except subprocess.TimeoutExpired:
                 heavy_proc.kill()
-        if daemon and daemon.poll() is None:
-            daemon.send_signal(signal.SIGTERM)
-            try:
-                daemon.wait(20)
-            except subprocess.TimeoutExpired:
-                daemon.kill()
-        try:
-            for n in os.listdir(tmp):
-                os.unlink(os.path.join(tmp, n))
-            os.rmdir(tmp)
-        except OSError:
-            pass
+        stop_daemon(daemon, tmp)
 
     s = out.get("summary")
     md = ["## Fairness: a light job next to a heavy one (bench/bench_fair.py)", ""]

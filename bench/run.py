@@ -10,10 +10,11 @@ one on the same workers), bench/bench_sql.py (the sql kind on PostgreSQL against
 that query it), bench/bench_cold.py (small files from an empty page cache, against
 DataLoader and fio), bench/bench_device.py (the device stage against
 DataLoader(pin_memory=True); it says so and skips without a GPU), bench/bench_tar.py (tar
-shards vs webdataset + DataLoader), and the GPU section
-(gpu_section: "no GPU: skipped" where there is none). Each writes its own files under
-bench/results/ (latest.*, cache.*, images.*, python.*, fair.*, sql.*, cold.*, device.*,
-tar.*, raw outputs; none of them committed). Then this
+shards vs webdataset + DataLoader), bench/bench_share.py (four trainers on one shared
+stream, four streams and four DataLoaders; a jittery trainer under fixed and adaptive
+prefetch), and the GPU section (gpu_section: "no GPU: skipped" where there is none). Each
+writes its own files under bench/results/ (latest.*, cache.*, images.*, python.*, fair.*,
+sql.*, cold.*, device.*, tar.*, share.*, raw outputs; none of them committed). Then this
 script gathers them into
 
     bench/results/<date>-<host>.json   machine (CPU model, cores, RAM, kernel, versions of
@@ -30,7 +31,8 @@ ones committed with a README update: the README's table names the file it comes 
 
 Options for the benchmarks come from the environment as before (BENCH_ARGS,
 BENCH_CACHE_ARGS, BENCH_IMAGES_ARGS, BENCH_PYTHON_ARGS, BENCH_FAIR_ARGS, BENCH_SQL_ARGS,
-BENCH_COLD_ARGS, BENCH_DEVICE_ARGS, BENCH_TAR_ARGS); `--quick` in BENCH_ARGS makes all nine small. Exits non-zero when any benchmark failed (the result files are written
+BENCH_COLD_ARGS, BENCH_DEVICE_ARGS, BENCH_TAR_ARGS, BENCH_SHARE_ARGS); `--quick` in BENCH_ARGS
+makes all ten small. Exits non-zero when any benchmark failed (the result files are written
 anyway, with the failures in them).
 """
 import datetime
@@ -64,6 +66,7 @@ def steps():
         ("cold", ["bench/bench_cold.py"], "BENCH_COLD_ARGS", ("cold.json", "cold.md")),
         ("device", ["bench/bench_device.py"], "BENCH_DEVICE_ARGS", ("device.json", "device.md")),
         ("tar", ["bench/bench_tar.py"], "BENCH_TAR_ARGS", ("tar.json", "tar.md")),
+        ("share", ["bench/bench_share.py"], "BENCH_SHARE_ARGS", ("share.json", "share.md")),
     ]
 
 
