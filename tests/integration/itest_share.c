@@ -108,7 +108,7 @@ static int setup(void **state)
 {
     struct harness *h = harness_new();
     harness_gen_files(h, "rec", N_FILES, 256, 0, true);
-    harness_write_config(h, "  workers: 2\n  share_max_lag: 3\n", "  rec:\n    kind: files\n    path: rec\n");
+    harness_write_config(h, "  workers: 2\n  share_max_lag: 6\n", "  rec:\n    kind: files\n    path: rec\n");
     harness_start(h);
     lc_client *c = harness_connect(h, 10000, "reference");
     lc_stream *s = open_share(c, NULL, 0, 7);
@@ -157,7 +157,8 @@ static void test_identical_bytes(void **state)
     assert_non_null(strstr(reply, "\"name\":\"sweep\""));
     assert_non_null(strstr(reply, "\"consumers\":2"));
     lc_free(reply);
-    /* A batch apart (within share_max_lag): always the reference batches, in order. */
+    /* A batch apart (with the read-ahead, within share_max_lag): always the reference
+     * batches, in order. */
     for (uint64_t i = 0; i < TOTAL; i++) {
         assert_int_equal(read_check(sa, NULL), i);
         if (i >= 1)
