@@ -375,6 +375,12 @@ static void server_op_open(conn *c, const cJSON *req, int64_t id)
         server_reply_error(c, id, rc, err);
         return;
     }
+    if (spec && cJSON_GetObjectItemCaseSensitive(req, "share")) {
+        /* Each open declares a dataset of its own: two of them are never the same one. */
+        server_reply_error(c, id, LD_ENOTSUP, "field 'share': a stream of a declared dataset (spec) cannot be "
+                                              "shared; share a configured dataset");
+        return;
+    }
     if ((rc = proto_epoch_span(epoch, epochs, &epochs, err)) < 0) {
         server_reply_error(c, id, rc, err);
         return;

@@ -318,6 +318,9 @@ static void test_auto_and_mismatch(void **state)
     assert_int_equal(lc_request_json(a, "{\"op\":\"open\",\"dataset\":\"rec\",\"batch_size\":8,\"share\":\"x\","
                                         "\"share_join\":\"later\"}", &reply), LC_EFIELD);
     assert_non_null(strstr(lc_client_error(a), "field 'share_join': expected \"current\" or \"epoch_start\""));
+    assert_int_equal(lc_request_json(a, "{\"op\":\"open\",\"batch_size\":8,\"share\":\"x\","
+                                        "\"spec\":{\"kind\":\"files\",\"path\":\"rec\"}}", &reply), LC_ENOTSUP);
+    assert_non_null(strstr(lc_client_error(a), "cannot be shared"));
     lc_stream_close(s1);
     lc_stream_close(s2);
     lc_stream_close(s3);
