@@ -41,6 +41,7 @@ sys.path.insert(0, HERE)
 sys.dont_write_bytecode = True
 import bench_images as BI  # noqa: E402  (the image data and the loaderd run)
 import measure as B  # noqa: E402  (bench/measure.py: process accounting, reporting helpers)
+from bench_peers import warm  # noqa: E402  (every byte under a path read once)
 
 SHARDS = 8
 WDS_VERSION = "webdataset==1.0.2"
@@ -73,18 +74,6 @@ def make_shards(img_dir, files, shard_dir):
         os.rename(path + ".tmp", path)
         paths.append(path)
     return paths
-
-
-def warm(paths):
-    total = 0
-    for p in paths:
-        with open(p, "rb", buffering=0) as f:
-            while True:
-                b = f.read(1 << 20)
-                if not b:
-                    break
-                total += len(b)
-    return total
 
 
 def tar_config(path, sock, shard_dir, workers):
@@ -232,7 +221,7 @@ def main():
     img_dir, files = BI.generate(args, bins["ld-genimages"])
     shard_dir = os.path.join(args.data_dir, f"shards-{args.images}")
     shards = make_shards(img_dir, files, shard_dir)
-    log(f"bench_tar: {len(shards)} shards, {warm(shards) / B.MIB:.0f} MiB read into the page cache")
+    log(f"bench_tar: {len(shards)} shards, {warm(shard_dir) / B.MIB:.0f} MiB read into the page cache")
     failures, rows = [], []
     BI.write_config = lambda path, sock, d, workers: tar_config(path, sock, d, workers)
     py, why = venv_python(args)
