@@ -139,7 +139,12 @@ LC_EXPORT int lc_batch_release(lc_batch *b)
             return dret;
         }
     }
-    if (!c->broken) {
+    /* Through the hand-off while it runs; once the stream has delivered its last batch
+     * the daemon fills nothing more and would not come by the queue: a release message
+     * then (which takes the queue with it). */
+    if (s->ho && !s->ho_over && !client_stream_over(s) && !c->broken) {
+        ret = client_handoff_release(s, b->slot, b->generation); /* no message: client_handoff.c */
+    } else if (!c->broken) {
         int64_t deadline = client_now_ms() + c->timeout_ms;
         int64_t id = -1;
         cJSON *req = cJSON_CreateObject();

@@ -122,6 +122,9 @@ struct lc_stream {
     char *dev_name, *dev_norm;  /* copies of opts.device and opts.device_normalize */
     char *spec;                 /* copy of opts.spec (NULL: a configured dataset) */
     bool spec_template;         /* spec refines `dataset` (else dataset is only a label) */
+    /* Batches handed off in shared memory (client_handoff.c), or NULL: the socket. */
+    struct client_handoff *ho;
+    bool ho_over;               /* the hand-off ended: the socket says why */
 };
 
 struct lc_client {
@@ -227,9 +230,10 @@ void client_stream_reopened_or_orphan(lc_client *c, lc_stream *s, cJSON *reply);
 void client_batch_free(lc_batch *b);
 /* The stream has delivered every epoch it was opened for. */
 bool client_stream_over(const lc_stream *s);
-/* Builds an open request for s's options at (epoch, start_batch). */
+/* Builds an open request for s's options at (epoch, start_batch), asking for the
+ * hand-off in shared memory when `handoff`. */
 cJSON *client_open_request(const char *dataset, const lc_stream_options *o, uint64_t epoch, uint64_t start_batch,
-                           uint64_t epochs);
+                           uint64_t epochs, bool handoff);
 #define CLIENT_RECONNECT_DEFAULT_MS LC_RECONNECT_DEFAULT_MS
 
 /* ---- client_info.c: versioned structs ---------------------------------------------- */
@@ -246,6 +250,21 @@ const struct ld_slot_header *client_stream_slot(const lc_stream *s, int slot);
 void client_stream_free(lc_stream *s);
 /* Maps the ring named by an open reply into s and checks its header. */
 int client_map_ring(lc_stream *s, const char *shm, uint64_t shm_size, char *msg);
+
+/* ---- client_handoff.c: batches through shared memory -------------------------------- */
+/* Whether an open with these options asks for the hand-off (LOADERD_HANDOFF=socket: no). */
+bool client_handoff_wanted(const lc_stream_options *o);
+/* Maps the hand-off an open reply offers and starts it (one `handoff` request). 0 with
+ * s->ho set, or 0 without it when the reply offers none; < 0 when the connection broke. */
+int client_handoff_attach(lc_stream *s, const cJSON *reply, char *msg);
+/* The next entry of the ready queue, waiting until deadline: 0 with *ret set, 1 when the
+ * hand-off ended (a `next` on the socket says why), or < 0 (LC_ETIMEDOUT, a lost or
+ * broken connection, LC_EPROTO for a queue that makes no sense). */
+int client_handoff_next(lc_stream *s, int64_t deadline, int timeout_ms, struct ld_handoff_ready *ret);
+/* Gives a slot back through the release queue (and wakes an idle daemon when it is time). */
+int client_handoff_release(lc_stream *s, int slot, uint64_t generation);
+/* Unmaps it (the stream closes, or its connection is gone). Accepts a stream without one. */
+void client_handoff_close(lc_stream *s);
 
 /* ---- client_next.c ----------------------------------------------------------------- */
 void client_next_read_ahead(lc_stream *s, int64_t deadline, int timeout_ms);

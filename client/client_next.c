@@ -41,8 +41,9 @@ static int client_next_send(lc_stream *s, int64_t deadline, int timeout_ms)
  * call reports it. */
 void client_next_read_ahead(lc_stream *s, int64_t deadline, int timeout_ms)
 {
-    /* Not while the stream waits for its reopen: its id on the new daemon is not known. */
-    if (s->ahead_stop || s->client->lost || s->needs_reopen || s->reopen_id >= 0 || s->failed || !s->map)
+    /* Not while the stream waits for its reopen: its id on the new daemon is not known;
+     * not while the hand-off in shared memory brings its batches. */
+    if ((s->ho && !s->ho_over) || s->ahead_stop || s->client->lost || s->needs_reopen || s->reopen_id >= 0 || s->failed || !s->map)
         return;
     while (s->ahead_count < CLIENT_READ_AHEAD && !s->client->broken && client_next_send(s, deadline, timeout_ms) == 0)
         ;
@@ -64,6 +65,7 @@ LC_EXPORT int lc_stream_next(lc_stream *s, int timeout_ms, lc_batch **ret_batch)
     timeout_ms = client_effective_timeout(c, timeout_ms);
     int64_t deadline = client_now_ms() + timeout_ms;
     unsigned head;
+    int64_t slot, gen, epoch, batch, rows;
     /* A daemon that goes away under us is reconnected to and the stream reopened at the
      * batch it had reached (client_reconnect.c); the request then goes to the new one. */
 again:
@@ -75,6 +77,21 @@ again:
         }
         if ((ret = client_stream_ready(s, deadline, timeout_ms)) < 0)
             return ret;
+        if (s->ho && !s->ho_over) {
+            /* The hand-off in shared memory: no request, no reply (client_handoff.c). */
+            struct ld_handoff_ready e;
+            ret = client_handoff_next(s, deadline, timeout_ms, &e);
+            if (ret < 0 && c->lost)
+                continue;
+            if (ret < 0)
+                return ret;
+            if (ret == 0) {
+                slot = e.slot, gen = (int64_t)e.generation, epoch = (int64_t)e.epoch, batch = (int64_t)e.batch;
+                rows = e.rows;
+                goto hand_out;
+            }
+            s->ho_over = true; /* the stream ended or failed: a next on the socket says which */
+        }
         if (!s->ahead_count) {
             ret = client_next_send(s, deadline, timeout_ms);
             if (ret < 0 && c->lost)
@@ -108,7 +125,6 @@ again:
         client_seterr(c, "%s", msg);
         goto out;
     }
-    int64_t slot, gen, epoch, batch, rows;
     if (proto_get_int(reply, "slot", 0, (int64_t)s->slot_count - 1, &slot, msg) < 0 ||
         proto_get_int(reply, "generation", 0, LD_JSON_SAFE_INT, &gen, msg) < 0 ||
         proto_get_int(reply, "epoch", 0, LD_JSON_SAFE_INT, &epoch, msg) < 0 ||
@@ -118,6 +134,7 @@ again:
         client_seterr(c, "malformed next reply from loaderd: %s", msg);
         goto out;
     }
+hand_out:
     b = calloc(1, sizeof *b);
     if (!b) {
         ret = LC_ENOMEM;

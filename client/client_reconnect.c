@@ -121,7 +121,7 @@ static bool client_add_object(cJSON *req, const char *key, const char *json)
 }
 
 cJSON *client_open_request(const char *dataset, const lc_stream_options *o, uint64_t epoch, uint64_t start_batch,
-                           uint64_t epochs)
+                           uint64_t epochs, bool handoff)
 {
     cJSON *req = cJSON_CreateObject();
     /* A declared dataset: the spec, refining `dataset` when there is one (a template). */
@@ -142,7 +142,8 @@ cJSON *client_open_request(const char *dataset, const lc_stream_options *o, uint
                                                                     ? LD_TRANSFER_CLIENT : LD_TRANSFER_IPC)) ||
         (o->share && !cJSON_AddStringToObject(req, "share", o->share)) ||
         (o->share && !cJSON_AddStringToObject(req, "share_join", o->share_join == LC_SHARE_JOIN_EPOCH_START
-                                                                     ? "epoch_start" : "current"))) {
+                                                                     ? "epoch_start" : "current")) ||
+        (handoff && !cJSON_AddNumberToObject(req, "handoff", LD_HANDOFF_VERSION))) {
         cJSON_Delete(req);
         return NULL;
     }
@@ -175,6 +176,7 @@ static void client_stream_detach(lc_stream *s)
     /* The device ring went with the daemon: its handles are closed (and the mapping
      * unpinned while it is still mapped); a reopen imports the new ones. */
     client_device_close(s);
+    client_handoff_close(s); /* the new connection serves the stream through the socket */
     for (unsigned k = 0; k < CLIENT_READ_AHEAD; k++) {
         cJSON_Delete(s->ahead_reply[k]);
         s->ahead_reply[k] = NULL;
@@ -316,8 +318,10 @@ static int client_reopen_send(lc_stream *s, int64_t deadline, int timeout_ms)
 {
     lc_client *c = s->client;
     uint64_t epochs = s->opts.epochs ? s->opts.epochs - (s->next_epoch - s->opts.epoch) : 0;
+    /* A reopened stream is served through the socket: mapping a hand-off needs a
+     * request of its own, which the reply's arrival (inside another call) cannot make. */
     cJSON *req = client_open_request(s->spec && !s->spec_template ? NULL : s->dataset, &s->opts, s->next_epoch,
-                                     s->next_batch, epochs);
+                                     s->next_batch, epochs, false);
     if (!req) {
         client_seterr(c, "out of memory building 'open'");
         return LC_ENOMEM;

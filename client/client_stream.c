@@ -417,7 +417,7 @@ LC_EXPORT int lc_stream_open(lc_client *c, const char *dataset, const lc_stream_
                       o->share_join);
         return LC_EINVAL;
     }
-    req = client_open_request(dataset, o, o->epoch, o->start_batch, o->epochs);
+    req = client_open_request(dataset, o, o->epoch, o->start_batch, o->epochs, client_handoff_wanted(o));
     if (!req) {
         client_seterr(c, "out of memory building 'open'");
         return LC_ENOMEM;
@@ -502,6 +502,11 @@ LC_EXPORT int lc_stream_open(lc_client *c, const char *dataset, const lc_stream_
         }
         s->dev_ordinal = ordinal;
     }
+    ret = client_handoff_attach(s, reply, msg);
+    if (ret < 0) {
+        client_seterr(c, "%s", msg);
+        goto out;
+    }
     s->next = c->streams;
     if (c->streams)
         c->streams->prev = s;
@@ -542,6 +547,7 @@ LC_EXPORT int lc_stream_close(lc_stream *s)
     }
     s->ahead_count = 0;
     client_device_close(s); /* the daemon frees the device ring once the stream is closed */
+    client_handoff_close(s);
     /* A reopen still under way: its reply names the stream to close. */
     if (s->reopen_id >= 0 && !c->lost && !c->broken) {
         int64_t deadline = client_now_ms() + c->timeout_ms;
@@ -599,6 +605,7 @@ void client_stream_free(lc_stream *s)
     free(s->dev_norm);
     free(s->spec);
     client_device_close(s); /* before the mapping goes: it may be pinned */
+    client_handoff_close(s);
     if (s->map)
         munmap((void *)s->map, s->map_size);
     if (s->ring_fd >= 0)

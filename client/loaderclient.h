@@ -109,7 +109,17 @@ typedef struct lc_stream_options {
      * Host batches only. */
     const char *share;
     int share_join;               /* LC_SHARE_JOIN_CURRENT (default) or LC_SHARE_JOIN_EPOCH_START */
+    /* How batches are announced and given back (new in 0.1.1):
+     *   LC_HANDOFF_SHM (0, the default)  through shared memory, a ready queue and a
+     *       release queue beside the ring: no socket message per batch (a daemon that
+     *       does not offer it is served through the socket);
+     *   LC_HANDOFF_SOCKET  one `next` and one `release` message per batch.
+     * The environment variable LOADERD_HANDOFF=socket turns the default into
+     * LC_HANDOFF_SOCKET for a whole process. */
+    int handoff;
 } lc_stream_options;
+#define LC_HANDOFF_SHM 0
+#define LC_HANDOFF_SOCKET 1
 
 /* Where a stream joins a shared stream that is already running: at the next batch the
  * group prepares (start_batch is then ignored), or in a stream of its own at batch 0 of

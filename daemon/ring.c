@@ -76,12 +76,111 @@ static uint64_t shm_free_bytes(void)
     return (uint64_t)sv.f_bavail * sv.f_frsize;
 }
 
+int ring_shm_create(const char *prefix, uint64_t stream_id, const char *tag, uint64_t total, unsigned mode,
+                    unsigned group_mode, char name[RING_NAME_MAX], void **ret_base, char *errbuf)
+{
+    int fd = -1;
+    bool created = false;
+    void *base = MAP_FAILED;
+    int ret;
+    if (!prefix_ok(prefix) || (mode & ~0777u) != 0 || (group_mode & ~0070u) != 0 || total == 0 ||
+        total > SIZE_MAX) {
+        ld_errorf(errbuf, "invalid shared-memory parameters (prefix, size or mode)");
+        return LD_EINVAL;
+    }
+    /* O_EXCL: the name is ours alone. A clash of 64 random bits means a name was
+     * planted or the generator is broken; retrying a few times covers neither case
+     * silently but costs nothing when it is a real accident. */
+    for (int attempt = 0; attempt < 4 && fd < 0; attempt++) {
+        uint64_t rnd;
+        if (getrandom(&rnd, sizeof(rnd), 0) != (ssize_t)sizeof(rnd)) {
+            ret = ld_from_errno(errno);
+            ld_errorf(errbuf, "getrandom: %s", strerror(errno));
+            goto fail;
+        }
+        int n = snprintf(name, RING_NAME_MAX, "/%s.%ld.%" PRIu64 ".%s%016" PRIx64, prefix,
+                         (long)getpid(), stream_id, tag, rnd);
+        if (n < 0 || (size_t)n >= RING_NAME_MAX) {
+            ret = LD_ENAMETOOLONG;
+            ld_errorf(errbuf, "shared memory name for prefix '%s' is too long", prefix);
+            goto fail;
+        }
+        fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, mode);
+        if (fd < 0 && errno != EEXIST) {
+            ret = ld_from_errno(errno);
+            ld_errorf(errbuf, "shm_open %s: %s", name, strerror(errno));
+            goto fail;
+        }
+    }
+    if (fd < 0) {
+        ret = LD_EEXIST;
+        ld_errorf(errbuf, "shm_open: could not find a free name for stream %" PRIu64, stream_id);
+        goto fail;
+    }
+    created = true;
+    /* A trainer in the service group maps the object with its own uid: it carries that
+     * group and group_mode. */
+    if (ring_group != (gid_t)-1) {
+        mode |= group_mode;
+        if (fchown(fd, (uid_t)-1, ring_group) < 0) {
+            ret = ld_from_errno(errno);
+            ld_errorf(errbuf, "cannot give %s to group %u: %s", name, (unsigned)ring_group, strerror(errno));
+            goto fail;
+        }
+    }
+    /* The umask must not decide who may map the object: the mode is the contract
+     * (0600, or group-readable for the service group). */
+    if (fchmod(fd, mode) < 0) {
+        ret = ld_from_errno(errno);
+        ld_errorf(errbuf, "fchmod %s: %s", name, strerror(errno));
+        goto fail;
+    }
+    if (ftruncate(fd, (off_t)total) < 0) {
+        ret = ld_from_errno(errno);
+        ld_errorf(errbuf, "ftruncate %s to %" PRIu64 " bytes: %s", name, total, strerror(errno));
+        goto fail;
+    }
+    int err = posix_fallocate(fd, 0, (off_t)total);
+    if (err == ENOSPC || err == EFBIG) {
+        char want[LD_FORMAT_BYTES_MAX], avail[LD_FORMAT_BYTES_MAX];
+        ld_format_bytes(total, want, sizeof(want));
+        ld_format_bytes(shm_free_bytes(), avail, sizeof(avail));
+        ld_errorf(errbuf,
+                "cannot commit %s of shared memory for stream %" PRIu64 " in " RING_SHM_DIR
+                " (free: %s): " RING_SHM_DIR " is too small; in a container raise it "
+                "(docker run --shm-size=...)",
+                want, stream_id, avail);
+        ret = LD_ENOSPC;
+        goto fail;
+    } else if (err != 0) {
+        ret = ld_from_errno(err);
+        ld_errorf(errbuf, "posix_fallocate %s: %s", name, strerror(err));
+        goto fail;
+    }
+    /* MAP_POPULATE: the page tables are filled now rather than on the first batch. */
+    base = mmap(NULL, (size_t)total, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+    if (base == MAP_FAILED) {
+        ret = ld_from_errno(errno);
+        ld_errorf(errbuf, "mmap %s (%" PRIu64 " bytes): %s", name, total, strerror(errno));
+        goto fail;
+    }
+    close(fd);
+    *ret_base = base;
+    return 0;
+
+fail:
+    if (fd >= 0)
+        close(fd);
+    if (created)
+        shm_unlink(name);
+    name[0] = '\0';
+    return ret;
+}
+
 int ring_open(const char *prefix, uint64_t stream_id, uint32_t slot_count, uint64_t slot_bytes,
               unsigned mode, ring **ret_ring, char *errbuf)
 {
     ring *r = NULL;
-    int fd = -1;
-    bool created = false;
     int ret;
 
     if (!prefix_ok(prefix) || slot_count == 0 || slot_bytes == 0 || !ret_ring ||
@@ -121,86 +220,12 @@ int ring_open(const char *prefix, uint64_t stream_id, uint32_t slot_count, uint6
     r->total_size = total;
     r->counts[RING_FREE] = slot_count;
 
-    /* O_EXCL: the name is ours alone. A clash of 64 random bits means a name was
-     * planted or the generator is broken; retrying a few times covers neither case
-     * silently but costs nothing when it is a real accident. */
-    for (int attempt = 0; attempt < 4 && fd < 0; attempt++) {
-        uint64_t rnd;
-        if (getrandom(&rnd, sizeof(rnd), 0) != (ssize_t)sizeof(rnd)) {
-            ret = ld_from_errno(errno);
-            ld_errorf(errbuf, "getrandom: %s", strerror(errno));
-            goto fail;
-        }
-        int n = snprintf(r->name, sizeof(r->name), "/%s.%ld.%" PRIu64 ".%016" PRIx64, prefix,
-                         (long)getpid(), stream_id, rnd);
-        if (n < 0 || (size_t)n >= sizeof(r->name)) {
-            ret = LD_ENAMETOOLONG;
-            ld_errorf(errbuf, "shared memory name for prefix '%s' is too long", prefix);
-            goto fail;
-        }
-        fd = shm_open(r->name, O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, mode);
-        if (fd < 0 && errno != EEXIST) {
-            ret = ld_from_errno(errno);
-            ld_errorf(errbuf, "shm_open %s: %s", r->name, strerror(errno));
-            goto fail;
-        }
-    }
-    if (fd < 0) {
-        ret = LD_EEXIST;
-        ld_errorf(errbuf, "shm_open: could not find a free name for stream %" PRIu64, stream_id);
+    /* Group read, never write: a client never writes into a slot. */
+    void *base;
+    ret = ring_shm_create(prefix, stream_id, "", total, mode, 0040, r->name, &base, errbuf);
+    if (ret < 0)
         goto fail;
-    }
-    created = true;
-    /* A trainer in the service group maps the ring with its own uid: the ring carries
-     * that group and group read, never write (a client never writes into a slot). */
-    if (ring_group != (gid_t)-1) {
-        mode |= 0040;
-        if (fchown(fd, (uid_t)-1, ring_group) < 0) {
-            ret = ld_from_errno(errno);
-            ld_errorf(errbuf, "cannot give %s to group %u: %s", r->name, (unsigned)ring_group, strerror(errno));
-            goto fail;
-        }
-    }
-    /* The umask must not decide who may map the ring: the configured mode is the
-     * contract (0600, or group-readable for the service group). */
-    if (fchmod(fd, mode) < 0) {
-        ret = ld_from_errno(errno);
-        ld_errorf(errbuf, "fchmod %s: %s", r->name, strerror(errno));
-        goto fail;
-    }
-    if (ftruncate(fd, (off_t)total) < 0) {
-        ret = ld_from_errno(errno);
-        ld_errorf(errbuf, "ftruncate %s to %" PRIu64 " bytes: %s", r->name, total, strerror(errno));
-        goto fail;
-    }
-    int err = posix_fallocate(fd, 0, (off_t)total);
-    if (err == ENOSPC || err == EFBIG) {
-        char want[LD_FORMAT_BYTES_MAX], avail[LD_FORMAT_BYTES_MAX];
-        ld_format_bytes(total, want, sizeof(want));
-        ld_format_bytes(shm_free_bytes(), avail, sizeof(avail));
-        ld_errorf(errbuf,
-                "cannot commit %s of shared memory for stream %" PRIu64 " in " RING_SHM_DIR
-                " (free: %s): " RING_SHM_DIR " is too small; in a container raise it "
-                "(docker run --shm-size=...)",
-                want, stream_id, avail);
-        ret = LD_ENOSPC;
-        goto fail;
-    } else if (err != 0) {
-        ret = ld_from_errno(err);
-        ld_errorf(errbuf, "posix_fallocate %s: %s", r->name, strerror(err));
-        goto fail;
-    }
-    /* MAP_POPULATE: the page tables are filled now rather than on the first batch. */
-    void *base = mmap(NULL, (size_t)total, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE,
-                      fd, 0);
-    if (base == MAP_FAILED) {
-        ret = ld_from_errno(errno);
-        ld_errorf(errbuf, "mmap %s (%" PRIu64 " bytes): %s", r->name, total, strerror(errno));
-        goto fail;
-    }
     r->base = base;
-    close(fd);
-    fd = -1;
 
     struct ld_ring_header *h = (struct ld_ring_header *)r->base;
     h->magic = LD_RING_MAGIC;
@@ -215,12 +240,8 @@ int ring_open(const char *prefix, uint64_t stream_id, uint32_t slot_count, uint6
     return 0;
 
 fail:
-    if (fd >= 0)
-        close(fd);
-    if (r && created)
-        shm_unlink(r->name);
     if (r) {
-        r->unlinked = true;
+        r->unlinked = !r->name[0];
         ring_free(r);
     }
     return ret;

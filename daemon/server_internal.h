@@ -27,6 +27,7 @@
 #include "access.h"
 #include "cache_keeper.h"
 #include "dataset_watch.h"
+#include "handoff.h"
 #include "hub.h"
 #include "metrics_http.h"
 #include "proto.h"
@@ -61,6 +62,7 @@ struct conn_stream {
     uint64_t id;
     uint64_t ring_bytes;
     share_group *share;             /* a consumer of a shared stream (share.h), or NULL */
+    handoff *ho;                    /* batches handed off in shared memory (handoff.h), or NULL */
 };
 
 enum conn_state {

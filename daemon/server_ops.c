@@ -71,6 +71,7 @@ void server_ops_close_stream(conn *c, struct conn_stream *cs)
         srv->memory_used -= share_ring_bytes(cs->share); /* the last consumer: the ring goes */
     srv->n_streams--;
     ld_log(LD_LOG_INFO, "stream %" PRIu64 " closed (client %" PRIu64 ")", cs->id, c->id);
+    handoff_close(cs->ho); /* before the stream: its waiting next is forgotten with it */
     stream_close(cs->s);
     free(cs);
 }
@@ -348,12 +349,28 @@ static int server_ops_open_share(server *srv, const cJSON *req, dataset *d, stru
     return 0;
 }
 
+static void server_ops_count_batch(conn *c, const struct stream_batch *b);
+
+static void server_ops_handoff_batch(void *ctx, const struct stream_batch *b)
+{
+    struct conn_stream *cs = ctx;
+    server_ops_count_batch(cs->c, b);
+}
+
+/* The client wrote its release queue wrongly: the connection ends with the reason (the
+ * write and the close go through the loop, so this may run inside a stream's answer). */
+static void server_ops_handoff_fail(void *ctx, int code, const char *message)
+{
+    struct conn_stream *cs = ctx;
+    server_conn_fatal(cs->c, code, message);
+}
+
 static void server_op_open(conn *c, const cJSON *req, int64_t id)
 {
     server *srv = c->srv;
     char err[LD_ERRMSG_MAX];
     const char *name = NULL;
-    int64_t batch, seed, epoch, rank, world, start, prefetch, epochs;
+    int64_t batch, seed, epoch, rank, world, start, prefetch, epochs, handoff_version;
     bool shuffle, drop_last;
     int rc;
     /* "spec": a dataset the trainer declares; with "template" (or "dataset"), the keys
@@ -371,7 +388,8 @@ static void server_op_open(conn *c, const cJSON *req, int64_t id)
         (rc = proto_opt_bool(req, "drop_last", false, &drop_last, err)) < 0 ||
         (rc = proto_opt_int(req, "start_batch", 0, LD_JSON_SAFE_INT, 0, &start, err)) < 0 ||
         (rc = proto_opt_int(req, "prefetch", 1, LD_PREFETCH_MAX, srv->cfg->prefetch, &prefetch, err)) < 0 ||
-        (rc = proto_opt_int(req, "epochs", 0, LD_JSON_SAFE_INT, 0, &epochs, err)) < 0) {
+        (rc = proto_opt_int(req, "epochs", 0, LD_JSON_SAFE_INT, 0, &epochs, err)) < 0 ||
+        (rc = proto_opt_int(req, "handoff", 0, LD_JSON_SAFE_INT, 0, &handoff_version, err)) < 0) {
         server_reply_error(c, id, rc, err);
         return;
     }
@@ -490,6 +508,13 @@ static void server_op_open(conn *c, const cJSON *req, int64_t id)
         declared->retired = true; /* freed when its last stream lets it go (dataset_watch.h) */
     cs->c = c;
     cs->id = sid;
+    /* A client that asks for the hand-off and does not get it uses the socket (the
+     * consumers of a shared stream do). */
+    if (handoff_version >= 1 && !cs->share &&
+        handoff_open(cs->s, sid, ring_slot_count(stream_ring(cs->s)), server_ops_handoff_batch,
+                     server_ops_handoff_fail, cs, &cs->ho, err) < 0)
+        ld_log(LD_LOG_WARN, "stream %" PRIu64 ": no hand-off in shared memory, the socket carries its batches: %s",
+               sid, err);
     cs->next = c->streams;
     c->streams = cs;
     srv->memory_used += cs->ring_bytes;
@@ -508,7 +533,21 @@ static void server_op_open(conn *c, const cJSON *req, int64_t id)
         cJSON_AddNumberToObject(r, "start_epoch", (double)e);
         cJSON_AddNumberToObject(r, "start_batch", (double)b);
     }
+    if (cs->ho)
+        handoff_describe(cs->ho, r);
     server_reply_send(c, r); /* stream_open told the dataset's cache keeper */
+}
+
+/* A batch leased to the connection, by a next reply or the hand-off. */
+static void server_ops_count_batch(conn *c, const struct stream_batch *b)
+{
+    server *srv = c->srv;
+    srv->batches_served++;
+    srv->samples_served += b->rows;
+    srv->bytes_served += b->bytes;
+    c->batches_served++;
+    c->samples_served += b->rows;
+    c->bytes_served += b->bytes;
 }
 
 /* Fills a next's outbox entry with the stream's answer. */
@@ -519,13 +558,7 @@ static void server_op_next_reply(conn *c, struct reply *r, const struct stream_a
         msg = proto_reply_error(r->id, a->rc, a->message && *a->message ? a->message : ld_strerror(a->rc));
     } else {
         const struct stream_batch *b = &a->batch;
-        server *srv = c->srv;
-        srv->batches_served++;
-        srv->samples_served += b->rows;
-        srv->bytes_served += b->bytes;
-        c->batches_served++;
-        c->samples_served += b->rows;
-        c->bytes_served += b->bytes;
+        server_ops_count_batch(c, b);
         msg = proto_reply_ok(r->id);
         cJSON_AddNumberToObject(msg, "slot", b->slot);
         cJSON_AddNumberToObject(msg, "generation", (double)b->generation);
@@ -552,6 +585,9 @@ static void server_op_next(conn *c, const cJSON *req, int64_t id)
     struct conn_stream *cs = server_ops_find_stream(c, req, id);
     if (!cs)
         return;
+    /* A client that uses the socket for its batches has no use for the hand-off's name. */
+    handoff_unlink(cs->ho);
+    handoff_poll(cs->ho);
     struct reply *r = server_outbox_add(c, id);
     if (!r) {
         server_conn_abort(c);
@@ -590,29 +626,37 @@ static void server_op_release(conn *c, const cJSON *req, int64_t id)
         server_reply_error(c, id, rc, err);
         return;
     }
-    const ring *rg = stream_ring(cs->s);
     rc = stream_release(cs->s, (uint32_t)slot, (uint64_t)gen);
     if (rc == 0) {
+        handoff_poll(cs->ho); /* the slot may be what the hand-off waited for */
         server_reply_send(c, proto_reply_ok(id));
         if (share_done(cs->s))
             server_ops_close_stream(c, cs); /* a detached consumer gave back its last slot */
         return;
     }
-    if (rc == LD_EINVAL)
-        snprintf(err, sizeof err, "slot %" PRId64 " is out of range (stream %" PRIu64 " has %u slots)", slot,
-                 cs->id, ring_slot_count(rg));
-    else if (rc == LD_ENOTLEASED && cs->share)
+    if (rc == LD_ENOTLEASED && cs->share)
         snprintf(err, sizeof err, "slot %" PRId64 " of stream %" PRIu64 " is not leased to it (shared stream '%s')",
                  slot, cs->id, share_name(cs->share));
-    else if (rc == LD_ENOTLEASED)
-        snprintf(err, sizeof err, "slot %" PRId64 " of stream %" PRIu64 " is not leased (its state is %s)", slot,
-                 cs->id, ring_state_name(ring_state(rg, (uint32_t)slot)));
-    else if (rc == LD_ESTALE)
-        snprintf(err, sizeof err, "slot %" PRId64 " of stream %" PRIu64 " is at generation %" PRIu64 ", not %" PRId64,
-                 slot, cs->id, ring_generation(rg, (uint32_t)slot), gen);
     else
-        snprintf(err, sizeof err, "%s", ld_strerror(rc));
+        handoff_release_error(stream_ring(cs->s), cs->id, slot, gen, rc, err);
     server_reply_error(c, id, rc, err);
+}
+
+/* The client mapped the hand-off's memory (the first one), or released while the daemon
+ * was idle (later ones). */
+static void server_op_handoff(conn *c, const cJSON *req, int64_t id)
+{
+    struct conn_stream *cs = server_ops_find_stream(c, req, id);
+    if (!cs)
+        return;
+    if (!cs->ho) {
+        char err[LD_ERRMSG_MAX];
+        snprintf(err, sizeof err, "stream %" PRIu64 " was not opened with \"handoff\"", cs->id);
+        server_reply_error(c, id, LD_ENOTSUP, err);
+        return;
+    }
+    server_reply_send(c, proto_reply_ok(id)); /* first: the kick may end the connection */
+    handoff_kick(cs->ho);
 }
 
 static void server_op_close(conn *c, const cJSON *req, int64_t id)
@@ -877,6 +921,7 @@ static const struct {
     {LD_OP_HELLO, server_op_hello, false},     {LD_OP_DATASETS, server_op_datasets, false},
     {LD_OP_OPEN, server_op_open, false},       {LD_OP_NEXT, server_op_next, false},
     {LD_OP_RELEASE, server_op_release, false}, {LD_OP_CLOSE, server_op_close, false},
+    {LD_OP_HANDOFF, server_op_handoff, false},
     {LD_OP_STATUS, server_op_status, false},   {LD_OP_STREAMS, server_op_streams, false},
     {LD_OP_CACHE_BUILD, server_op_cache_build, true}, {LD_OP_CACHE_INFO, server_op_cache_info, false},
     {LD_OP_CACHE_VERIFY, server_op_cache_verify, true},
@@ -913,7 +958,7 @@ void server_ops_handle(conn *c, const char *payload, size_t len)
                 ops[i].run(c, req, id);
         } else {
             snprintf(err, sizeof err, "unknown op '%s' (expected hello, datasets, open, next, release, "
-                                      "close, status, streams, cache_build, cache_info, cache_verify, metrics or reload)", op);
+                                      "close, handoff, status, streams, cache_build, cache_info, cache_verify, metrics or reload)", op);
             server_reply_error(c, id, LD_EUNKNOWNOP, err);
         }
     }

@@ -330,8 +330,8 @@ void stream_schedule(stream *s)
         return;
     while (s->next_fill < s->total_seq && s->next_fill < s->failed_seq) {
         uint32_t ahead = ring_count(s->ring, RING_FILLING) + ring_count(s->ring, RING_COPYING) +
-                         ring_count(s->ring, RING_READY);
-        if (ahead >= (s->prefetch_auto ? s->pf.depth : s->p.prefetch))
+                         ring_count(s->ring, RING_READY) + s->handed_ahead;
+        if (ahead >= stream_prefetch_target(s))
             break;
         uint32_t slot;
         uint64_t gen;
@@ -446,17 +446,21 @@ static bool answer_now(stream *s, struct stream_answer *ret)
             /* Past the ring's first fill: the first batches are waited for whatever the
              * trainer's rate, so they say nothing about the depth it needs. */
             if (s->prefetch_auto && s->batches_served > s->p.prefetch)
-                prefetch_on_delivery(&s->pf, s->wait_start_ns != 0, ring_count(s->ring, RING_READY));
+                prefetch_on_delivery(&s->pf, s->wait_start_ns != 0, ring_count(s->ring, RING_READY) + s->handed_ahead);
             if (s->wait_start_ns) {
                 s->wait_ns += stream_now_ns() - s->wait_start_ns;
                 s->wait_start_ns = 0;
             }
+            if (s->eager)
+                set_urgent(s, false); /* until the asker says its trainer waits again */
             return true;
         }
         if (!atomic_load_explicit(&s->ds->stalled_reads, memory_order_relaxed)) {
-            if (!s->wait_start_ns)
-                s->wait_start_ns = stream_now_ns();
-            set_urgent(s, true);
+            if (!s->eager) {
+                if (!s->wait_start_ns)
+                    s->wait_start_ns = stream_now_ns();
+                set_urgent(s, true);
+            }
             return false;
         }
         /* A read of this dataset does not return: the batch may never come. Its slot
@@ -819,6 +823,33 @@ int stream_next(stream *s, stream_next_cb cb, void *ctx, struct stream_answer *r
     s->waiters[tail].ctx = ctx;
     s->w_count++;
     return 0;
+}
+
+void stream_set_eager(stream *s)
+{
+    s->eager = true;
+}
+
+void stream_set_handed_ahead(stream *s, uint32_t n)
+{
+    uint32_t was = s->handed_ahead;
+    s->handed_ahead = n;
+    if (n < was)
+        schedule(s); /* the trainer took some: room to prepare more */
+}
+
+uint32_t stream_prefetch_target(const stream *s)
+{
+    return s->prefetch_auto ? s->pf.depth : s->p.prefetch;
+}
+
+void stream_trainer_waits(stream *s)
+{
+    if (!s->w_count || s->closing)
+        return;
+    if (!s->wait_start_ns)
+        s->wait_start_ns = stream_now_ns();
+    set_urgent(s, true);
 }
 
 int stream_release(stream *s, uint32_t slot, uint64_t generation)

@@ -103,6 +103,19 @@ void stream_close(stream *s);
  * LD_EBUSY when STREAM_MAX_WAITING already wait, LD_ECLOSED after stream_close (neither
  * then). */
 int stream_next(stream *s, stream_next_cb cb, void *ctx, struct stream_answer *ret);
+/* For an asker that keeps a next waiting whether or not its trainer waits (the hand-off
+ * in shared memory, handoff.h): from now on a waiting next starts neither the wait clock
+ * (client_wait_s, stall, the adaptive prefetch's "waited") nor the scheduler's priority
+ * for a waiting trainer; the asker says when its trainer waits (stream_trainer_waits). */
+void stream_set_eager(stream *s);
+/* The trainer of an eager stream waits for the batch asked now: the clock and the
+ * priority run until that batch is delivered. Does nothing while no next waits. */
+void stream_trainer_waits(stream *s);
+/* Eager streams: the batches handed to the trainer that it has not taken yet count as
+ * prepared ahead, as READY ones do (the prefetch depth, its adaptation, `streams`). */
+void stream_set_handed_ahead(stream *s, uint32_t n);
+/* The batches the stream keeps prepared ahead now: its prefetch, or the adaptive depth. */
+uint32_t stream_prefetch_target(const stream *s);
 /* Gives a leased slot back (LD_ENOTLEASED / LD_ESTALE / LD_EINVAL change nothing). */
 int stream_release(stream *s, uint32_t slot, uint64_t generation);
 

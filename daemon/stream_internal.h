@@ -74,6 +74,8 @@ struct stream {
     pool *workers;
     pool_flow *flow;                /* this stream's queue in the pool (scheduler.h) */
     bool urgent;                    /* the trainer waits and the batch is not READY */
+    bool eager;                     /* nexts wait ahead of the trainer: it says when it waits */
+    uint32_t handed_ahead;          /* eager: batches handed over, not yet taken by the trainer */
     uint32_t weight;                /* in the share of worker time */
     bool prefetch_auto;             /* opened with prefetch 0: the depth adapts (prefetch.h) */
     struct prefetch_ctl pf;

@@ -68,7 +68,7 @@ void stream_describe_state(const stream *s, cJSON *o)
     cJSON_AddNumberToObject(o, "batches_per_epoch", (double)bpe);
     cJSON_AddNumberToObject(o, "rank", s->p.rank);
     cJSON_AddNumberToObject(o, "world_size", s->p.world_size);
-    cJSON_AddNumberToObject(o, "prefetch", s->prefetch_auto ? s->pf.depth : s->p.prefetch);
+    cJSON_AddNumberToObject(o, "prefetch", stream_prefetch_target(s));
     cJSON_AddBoolToObject(o, "prefetch_auto", s->prefetch_auto);
     if (s->prefetch_auto)
         cJSON_AddNumberToObject(o, "prefetch_max", s->p.prefetch);
@@ -105,7 +105,7 @@ void stream_get_stats(const stream *s, struct stream_stats *ret)
         .active_s = (double)active / 1e9, .wait_s = (double)wait / 1e9,
         .worker_cpu_s = (double)fs.cpu_ns / 1e9,
         .prefetch_depth = ring_count(s->ring, RING_FILLING) + ring_count(s->ring, RING_COPYING) +
-                          ring_count(s->ring, RING_READY),
+                          ring_count(s->ring, RING_READY) + s->handed_ahead,
     };
     if (active) {
         ret->stall = (double)wait / (double)active;

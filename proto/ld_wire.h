@@ -70,6 +70,7 @@
 #define LD_OP_CACHE_VERIFY "cache_verify"
 #define LD_OP_METRICS "metrics"
 #define LD_OP_RELOAD "reload"
+#define LD_OP_HANDOFF "handoff"
 
 /* Element types of batch fields. Never renumber: the wire carries the names, the
  * Python binding the numbers. */
@@ -134,6 +135,91 @@ _Static_assert(offsetof(struct ld_slot_header, epoch) == 8, "ld_slot_header.epoc
 _Static_assert(offsetof(struct ld_slot_header, batch) == 16, "ld_slot_header.batch");
 _Static_assert(offsetof(struct ld_slot_header, rows) == 24, "ld_slot_header.rows");
 _Static_assert(offsetof(struct ld_slot_header, reserved) == 32, "ld_slot_header.reserved");
+
+/* ---- batch hand-off through shared memory (an open with "handoff": 1) -----------
+ * One object per stream and connection, beside the ring: a header, a ready queue that
+ * the daemon writes (each entry a batch leased to the connection, in stream order) and
+ * a release queue that the client writes (each entry a slot it gives back). Unlike the
+ * ring, the client maps it read-write; the daemon trusts nothing in it: every release
+ * entry is checked against the ring's own state, and the connection still owns every
+ * lease (a closed connection gives back every slot, whatever the queues say).
+ *
+ * Sleeping: a client with nothing to read sets `client_waiting`, checks the queue once
+ * more and waits on the futex word `ready_seq` (FUTEX_WAIT, not private: the word is
+ * shared); the daemon bumps `ready_seq` after every entry and wakes it when
+ * `client_waiting` is set. The daemon takes releases, and reads `ready_head` (batches
+ * handed over and not yet taken count towards the stream's prefetch), whenever a batch
+ * is filled. With nothing filling (every slot leased, or the prefetch made of batches
+ * the client has not taken) it sets `daemon_idle` to a new non-zero number; the client
+ * then sends one `handoff` request on the socket for that number (the daemon's loop
+ * sleeps in epoll, not on a futex): once it has taken and released `wake_after`
+ * batches since, or before it sleeps. An entry with `rows` 0 ends the hand-off: the
+ * stream ended or failed, and a `next` on the socket answers why. Counters only grow;
+ * entry i of a queue is at i % capacity. Never change without a version bump. */
+#define LD_HANDOFF_MAGIC 0x464f484cu  /* "LHOF" little-endian */
+#define LD_HANDOFF_VERSION 1u
+#define LD_HANDOFF_QUEUE_MAX 131072u  /* capacity: a power of two above the ring's slot count */
+
+struct ld_handoff_header {
+    uint32_t magic;
+    uint32_t version;
+    uint32_t capacity;          /* entries per queue, a power of two */
+    uint32_t slot_count;        /* of the stream's ring */
+    uint64_t stream_id;
+    uint64_t ready_offset;      /* struct ld_handoff_ready[capacity] */
+    uint64_t release_offset;    /* struct ld_handoff_release[capacity] */
+    uint64_t total_size;
+    uint8_t reserved0[16];
+    /* written by the daemon (its own cache line) */
+    uint64_t ready_tail;        /* ready entries published */
+    uint64_t release_head;      /* release entries taken */
+    uint32_t ready_seq;         /* futex word: bumped after each entry */
+    uint32_t daemon_idle;       /* 0, or the number of the idle spell a wake-up should end */
+    uint32_t wake_after;        /* batches taken and released before an idle daemon is woken */
+    uint8_t reserved1[36];
+    /* written by the client (its own cache line) */
+    uint64_t ready_head;        /* ready entries taken (informative: the daemon never needs it) */
+    uint64_t release_tail;      /* release entries published */
+    uint32_t client_waiting;    /* 1 while the client sleeps on ready_seq */
+    uint8_t reserved2[44];
+};
+_Static_assert(sizeof(struct ld_handoff_header) == 192, "ld_handoff_header is wire layout");
+_Static_assert(offsetof(struct ld_handoff_header, capacity) == 8, "ld_handoff_header.capacity");
+_Static_assert(offsetof(struct ld_handoff_header, stream_id) == 16, "ld_handoff_header.stream_id");
+_Static_assert(offsetof(struct ld_handoff_header, ready_offset) == 24, "ld_handoff_header.ready_offset");
+_Static_assert(offsetof(struct ld_handoff_header, release_offset) == 32, "ld_handoff_header.release_offset");
+_Static_assert(offsetof(struct ld_handoff_header, total_size) == 40, "ld_handoff_header.total_size");
+_Static_assert(offsetof(struct ld_handoff_header, ready_tail) == 64, "ld_handoff_header.ready_tail");
+_Static_assert(offsetof(struct ld_handoff_header, release_head) == 72, "ld_handoff_header.release_head");
+_Static_assert(offsetof(struct ld_handoff_header, ready_seq) == 80, "ld_handoff_header.ready_seq");
+_Static_assert(offsetof(struct ld_handoff_header, daemon_idle) == 84, "ld_handoff_header.daemon_idle");
+_Static_assert(offsetof(struct ld_handoff_header, wake_after) == 88, "ld_handoff_header.wake_after");
+_Static_assert(offsetof(struct ld_handoff_header, ready_head) == 128, "ld_handoff_header.ready_head");
+_Static_assert(offsetof(struct ld_handoff_header, release_tail) == 136, "ld_handoff_header.release_tail");
+_Static_assert(offsetof(struct ld_handoff_header, client_waiting) == 144, "ld_handoff_header.client_waiting");
+
+/* A batch leased to the connection: what a `next` reply says. rows 0: the end (see above). */
+struct ld_handoff_ready {
+    uint32_t slot;
+    uint32_t rows;
+    uint64_t generation;
+    uint64_t epoch;
+    uint64_t batch;
+};
+_Static_assert(sizeof(struct ld_handoff_ready) == 32, "ld_handoff_ready is wire layout");
+_Static_assert(offsetof(struct ld_handoff_ready, rows) == 4, "ld_handoff_ready.rows");
+_Static_assert(offsetof(struct ld_handoff_ready, generation) == 8, "ld_handoff_ready.generation");
+_Static_assert(offsetof(struct ld_handoff_ready, epoch) == 16, "ld_handoff_ready.epoch");
+_Static_assert(offsetof(struct ld_handoff_ready, batch) == 24, "ld_handoff_ready.batch");
+
+/* A slot given back: what a `release` request says. */
+struct ld_handoff_release {
+    uint32_t slot;
+    uint32_t reserved;
+    uint64_t generation;
+};
+_Static_assert(sizeof(struct ld_handoff_release) == 16, "ld_handoff_release is wire layout");
+_Static_assert(offsetof(struct ld_handoff_release, generation) == 8, "ld_handoff_release.generation");
 
 /* ---- device stage (an open with "device": "cuda:N") -----------------------------
  * The open reply's "device" object (proto_device_encode / proto_device_decode) carries

@@ -672,6 +672,12 @@ int harness_wait_leased(struct harness *h, int at_most)
     return leased;
 }
 
+bool harness_handoff_default(void)
+{
+    const char *env = getenv("LOADERD_HANDOFF");
+    return !(env && strcmp(env, "socket") == 0);
+}
+
 void harness_flush_releases(lc_client *c)
 {
     char *json = NULL;

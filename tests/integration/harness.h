@@ -103,6 +103,9 @@ double harness_status_num(struct harness *h, const char *key, const char *sub);
 int harness_wait_leased(struct harness *h, int at_most);
 /* Releases are pipelined: they leave with the client's next request. A status request
  * on c sends the queued ones and waits until the daemon has answered them. */
+/* Whether streams opened with the default options use the hand-off in shared memory
+ * (LOADERD_HANDOFF=socket runs the same tests through the socket). */
+bool harness_handoff_default(void);
 void harness_flush_releases(struct lc_client *c);
 
 /* Raw protocol access, for tests of what the library never sends: a connected socket

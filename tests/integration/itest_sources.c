@@ -299,6 +299,9 @@ static void test_links_fifos_swaps(void **state)
     o.shuffle = 0;
     o.epochs = 1;
     o.prefetch = 1;
+    /* Through the socket: the hand-off would lease (and so prepare) every batch the ring
+     * holds at once, and how many of them are read before the changes would be timing. */
+    o.handoff = LC_HANDOFF_SOCKET;
     /* The streams are opened first: a stream keeps the list of samples it was opened
      * on, while a later open would rescan the changed folders. With prefetch 1 only
      * batch 0 is read before the changes. */

@@ -123,7 +123,8 @@ class LcStreamOptions(ctypes.Structure):
                 ("device_normalize", ctypes.c_char_p),
                 ("spec", ctypes.c_char_p),
                 ("share", ctypes.c_char_p),
-                ("share_join", ctypes.c_int)]
+                ("share_join", ctypes.c_int),
+                ("handoff", ctypes.c_int)]
 
 
 class LcDeviceField(ctypes.Structure):

@@ -1,0 +1,291 @@
+/* client_handoff — the trainer's side of the batch hand-off through shared memory.
+ *
+ * An open that asks for it ("handoff": 1) gets a second shared object beside the ring
+ * (struct ld_handoff_header in proto/ld_wire.h): the daemon publishes each batch it
+ * leases to us in a ready queue, we publish each slot we give back in a release queue.
+ * A batch then costs no system call while the daemon keeps ahead: lc_stream_next takes
+ * the next entry, lc_batch_release writes one. With nothing to take we sleep on a futex
+ * (in slices, looking at the socket in between, so a daemon that went away is noticed
+ * as it is on the socket path). The daemon sleeps in its event loop, not on a futex: when
+ * it has nothing left to fill it says so (`daemon_idle`), and we send it one `handoff`
+ * request, once we have given back half the ring or before we sleep ourselves.
+ *
+ * Nothing in the object is trusted more than a socket reply: an entry must name a slot
+ * of the ring, the batch that comes next in the stream's order, and the generation the
+ * slot's header holds (lc_stream_next checks the header as for a socket reply). */
+#include "client_internal.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <poll.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+/* A sleep on the futex lasts at most this long before the socket is looked at. */
+#define CLIENT_HANDOFF_SLICE_MS 50
+
+struct client_handoff {
+    struct ld_handoff_header *hdr;
+    const struct ld_handoff_ready *ready;
+    struct ld_handoff_release *rel;
+    size_t size;
+    uint32_t cap;
+    uint64_t ready_head, release_tail; /* our own copies */
+    uint32_t woke_idle;         /* the idle spell we sent a wake-up for */
+    uint32_t idle_seen;         /* the idle spell the events below count for */
+    uint32_t idle_events;       /* batches taken and released since it began */
+};
+
+bool client_handoff_wanted(const lc_stream_options *o)
+{
+    if (o->handoff == LC_HANDOFF_SOCKET)
+        return false;
+    const char *env = getenv("LOADERD_HANDOFF");
+    return !(env && strcmp(env, "socket") == 0);
+}
+
+void client_handoff_close(lc_stream *s)
+{
+    struct client_handoff *h = s->ho;
+    if (!h)
+        return;
+    munmap(h->hdr, h->size);
+    free(h);
+    s->ho = NULL;
+}
+
+/* Maps the object the reply names and checks it against the stream. */
+static int client_handoff_map(lc_stream *s, const cJSON *jo, struct client_handoff *h, char *msg)
+{
+    const char *shm;
+    int64_t size, cap, version;
+    char sub[LD_ERRMSG_MAX];
+    struct stat st;
+    int ret, fd = -1;
+    if (proto_get_int(jo, "version", 1, LD_JSON_SAFE_INT, &version, sub) < 0 || version != LD_HANDOFF_VERSION)
+        return 1; /* another layout: the socket serves us */
+    if ((ret = proto_get_str(jo, "shm", LD_SHM_NAME_MAX - 1, &shm, sub)) < 0 ||
+        (ret = proto_get_int(jo, "size", sizeof(struct ld_handoff_header), INT64_MAX / 2, &size, sub)) < 0 ||
+        (ret = proto_get_int(jo, "capacity", 1, LD_HANDOFF_QUEUE_MAX, &cap, sub)) < 0) {
+        client_msgf(msg, "malformed open reply from loaderd: handoff: %s", sub);
+        return LC_EPROTO;
+    }
+    if (shm[0] != '/' || strchr(shm + 1, '/') || (cap & (cap - 1)) || cap <= s->slot_count ||
+        (uint64_t)size > SIZE_MAX) {
+        client_msgf(msg, "malformed open reply from loaderd: handoff %s of %lld bytes, capacity %lld for %u slots",
+                    shm, (long long)size, (long long)cap, s->slot_count);
+        return LC_EPROTO;
+    }
+    fd = shm_open(shm, O_RDWR | O_CLOEXEC, 0);
+    if (fd < 0) {
+        ret = ld_from_errno(errno);
+        client_msgf(msg, "cannot open shared memory %s: %s", shm, strerror(errno));
+        goto out;
+    }
+    /* The daemon's, and nobody else's to write. */
+    if (fstat(fd, &st) < 0 || st.st_uid != s->client->server_uid || (st.st_mode & 0002) ||
+        (uint64_t)st.st_size < (uint64_t)size) {
+        ret = LC_EPERM;
+        client_msgf(msg, "shared memory %s (uid %u, mode 0%03o, %lld bytes) is not loaderd's hand-off of %lld "
+                    "bytes (uid %u, no write for others): refusing to map it", shm, (unsigned)st.st_uid,
+                    (unsigned)(st.st_mode & 0777), (long long)st.st_size, (long long)size,
+                    (unsigned)s->client->server_uid);
+        goto out;
+    }
+    void *map = mmap(NULL, (size_t)size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (map == MAP_FAILED) {
+        ret = ld_from_errno(errno);
+        client_msgf(msg, "cannot map shared memory %s: %s", shm, strerror(errno));
+        goto out;
+    }
+    const struct ld_handoff_header *hd = map;
+    uint64_t ready_end = hd->ready_offset + (uint64_t)cap * sizeof(struct ld_handoff_ready);
+    uint64_t release_end = hd->release_offset + (uint64_t)cap * sizeof(struct ld_handoff_release);
+    if (hd->magic != LD_HANDOFF_MAGIC || hd->version != LD_HANDOFF_VERSION || hd->capacity != cap ||
+        hd->slot_count != s->slot_count || hd->stream_id != s->id || hd->total_size != (uint64_t)size ||
+        hd->ready_offset < sizeof *hd || hd->ready_offset % 8 || hd->release_offset % 8 ||
+        ready_end > (uint64_t)size || hd->release_offset < ready_end || release_end > (uint64_t)size) {
+        munmap(map, (size_t)size);
+        ret = LC_EPROTO;
+        client_msgf(msg, "hand-off header of %s does not match the open reply (magic 0x%08x version %u, "
+                    "capacity %u, %u slots, stream %llu)", shm, hd->magic, hd->version, hd->capacity,
+                    hd->slot_count, (unsigned long long)hd->stream_id);
+        goto out;
+    }
+    h->hdr = map;
+    h->size = (size_t)size;
+    h->cap = (uint32_t)cap;
+    h->ready = (const struct ld_handoff_ready *)((const uint8_t *)map + hd->ready_offset);
+    h->rel = (struct ld_handoff_release *)((uint8_t *)map + hd->release_offset);
+    h->ready_head = __atomic_load_n(&hd->ready_tail, __ATOMIC_ACQUIRE); /* 0: nothing published yet */
+    h->release_tail = __atomic_load_n(&hd->release_head, __ATOMIC_ACQUIRE);
+    ret = 0;
+out:
+    if (fd >= 0)
+        close(fd);
+    return ret;
+}
+
+/* Sends `handoff` for the stream: the start, or a wake-up of an idle daemon. A wake-up's
+ * reply is not waited for (it is read with whatever comes next). */
+static int client_handoff_send(lc_stream *s, bool wait)
+{
+    lc_client *c = s->client;
+    cJSON *req = cJSON_CreateObject();
+    if (!req || !cJSON_AddStringToObject(req, "op", LD_OP_HANDOFF) ||
+        !cJSON_AddNumberToObject(req, "stream", (double)s->id)) {
+        cJSON_Delete(req);
+        client_seterr(c, "out of memory building 'handoff'");
+        return LC_ENOMEM;
+    }
+    if (wait) {
+        cJSON *reply = NULL;
+        int ret = client_call(c, req, LD_OP_HANDOFF, c->timeout_ms, &reply);
+        cJSON_Delete(reply);
+        return ret;
+    }
+    int64_t id;
+    return client_send(c, req, CLIENT_PENDING_IGNORE, LD_OP_HANDOFF, NULL, client_now_ms() + c->timeout_ms,
+                       c->timeout_ms, &id);
+}
+
+int client_handoff_attach(lc_stream *s, const cJSON *reply, char *msg)
+{
+    const cJSON *jo = cJSON_GetObjectItemCaseSensitive(reply, "handoff");
+    if (!jo)
+        return 0; /* not offered (an older daemon, or none asked): the socket serves us */
+    if (!cJSON_IsObject(jo)) {
+        client_msgf(msg, "malformed open reply from loaderd: 'handoff' is not an object");
+        return LC_EPROTO;
+    }
+    struct client_handoff *h = calloc(1, sizeof *h);
+    if (!h) {
+        client_msgf(msg, "out of memory");
+        return LC_ENOMEM;
+    }
+    int ret = client_handoff_map(s, jo, h, msg);
+    if (ret != 0) {
+        free(h);
+        return ret > 0 ? 0 : ret;
+    }
+    s->ho = h;
+    ret = client_handoff_send(s, true);
+    if (ret < 0) {
+        client_handoff_close(s);
+        client_msgf(msg, "%s", s->client->error);
+    }
+    return ret;
+}
+
+/* An idle daemon gets one wake-up per idle spell: once we have taken and released
+ * `wake_after` batches since it went idle (it can prepare that many again), or when we
+ * are about to sleep. `event`: we just took or released one. */
+static int client_handoff_wake(lc_stream *s, bool sleeping, bool event)
+{
+    struct client_handoff *h = s->ho;
+    uint32_t idle = __atomic_load_n(&h->hdr->daemon_idle, __ATOMIC_RELAXED);
+    if (!idle || idle == h->woke_idle)
+        return 0;
+    if (idle != h->idle_seen) {
+        h->idle_seen = idle;
+        h->idle_events = 0;
+    }
+    h->idle_events += event;
+    uint32_t after = __atomic_load_n(&h->hdr->wake_after, __ATOMIC_RELAXED);
+    if (!sleeping && h->idle_events < 2 * (uint64_t)(after ? after : 1))
+        return 0;
+    h->woke_idle = idle;
+    return client_handoff_send(s, false);
+}
+
+int client_handoff_release(lc_stream *s, int slot, uint64_t generation)
+{
+    struct client_handoff *h = s->ho;
+    lc_client *c = s->client;
+    if (h->release_tail - __atomic_load_n(&h->hdr->release_head, __ATOMIC_ACQUIRE) >= h->cap)
+        return client_break(c, LC_EPROTO, "the hand-off's release queue of stream %llu is full: loaderd does not "
+                            "take releases", (unsigned long long)s->id);
+    struct ld_handoff_release *e = &h->rel[h->release_tail & (h->cap - 1)];
+    e->slot = (uint32_t)slot;
+    e->generation = generation;
+    h->release_tail++;
+    __atomic_store_n(&h->hdr->release_tail, h->release_tail, __ATOMIC_RELEASE);
+    /* Pairs with the daemon's fence between saying it is idle and looking at the queue. */
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    return client_handoff_wake(s, false, true);
+}
+
+static void client_handoff_futex_wait(uint32_t *word, uint32_t seen, int ms)
+{
+    struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000L};
+    syscall(SYS_futex, word, FUTEX_WAIT, seen, &ts, NULL, 0); /* EAGAIN, EINTR, ETIMEDOUT: look again */
+}
+
+int client_handoff_next(lc_stream *s, int64_t deadline, int timeout_ms, struct ld_handoff_ready *ret)
+{
+    struct client_handoff *h = s->ho;
+    lc_client *c = s->client;
+    for (;;) {
+        uint32_t seq = __atomic_load_n(&h->hdr->ready_seq, __ATOMIC_ACQUIRE);
+        uint64_t tail = __atomic_load_n(&h->hdr->ready_tail, __ATOMIC_ACQUIRE);
+        if (tail != h->ready_head) {
+            if (tail - h->ready_head > h->cap)
+                return client_break(c, LC_EPROTO, "the hand-off's ready queue of stream %llu is at %llu, %llu "
+                                    "entries past ours (capacity %u)", (unsigned long long)s->id,
+                                    (unsigned long long)tail, (unsigned long long)(tail - h->ready_head), h->cap);
+            const struct ld_handoff_ready *src = &h->ready[h->ready_head & (h->cap - 1)];
+            struct ld_handoff_ready e = {
+                .slot = __atomic_load_n(&src->slot, __ATOMIC_RELAXED),
+                .rows = __atomic_load_n(&src->rows, __ATOMIC_RELAXED),
+                .generation = __atomic_load_n(&src->generation, __ATOMIC_RELAXED),
+                .epoch = __atomic_load_n(&src->epoch, __ATOMIC_RELAXED),
+                .batch = __atomic_load_n(&src->batch, __ATOMIC_RELAXED),
+            };
+            h->ready_head++;
+            __atomic_store_n(&h->hdr->ready_head, h->ready_head, __ATOMIC_RELAXED);
+            if (e.rows == 0)
+                return 1;
+            __atomic_thread_fence(__ATOMIC_SEQ_CST); /* as after a release */
+            int w = client_handoff_wake(s, false, true);
+            if (w < 0)
+                return w;
+            if (e.slot >= s->slot_count || e.rows > s->batch_size || e.epoch != s->next_epoch ||
+                e.batch != s->next_batch)
+                return client_break(c, LC_EPROTO, "the hand-off of stream %llu announced slot %u (epoch %llu batch "
+                                    "%llu, %u rows); expected epoch %llu batch %llu in one of %u slots",
+                                    (unsigned long long)s->id, e.slot, (unsigned long long)e.epoch,
+                                    (unsigned long long)e.batch, e.rows, (unsigned long long)s->next_epoch,
+                                    (unsigned long long)s->next_batch, s->slot_count);
+            *ret = e;
+            return 0;
+        }
+        int r = client_handoff_wake(s, true, false);
+        if (r < 0)
+            return r;
+        int left = client_remaining_ms(deadline);
+        if (left == 0) {
+            client_seterr(c, "timed out after %d ms waiting for a batch of stream %llu", timeout_ms,
+                          (unsigned long long)s->id);
+            return LC_ETIMEDOUT;
+        }
+        /* Replies that came (a wake-up's), or the daemon gone: the socket says. */
+        struct pollfd pfd = {.fd = c->fd, .events = POLLIN};
+        if (poll(&pfd, 1, 0) > 0 && (r = client_wait(c, -1, 0, 0, NULL)) < 0)
+            return r;
+        if (c->lost || c->broken)
+            return client_check_usable(c);
+        __atomic_store_n(&h->hdr->client_waiting, 1, __ATOMIC_RELAXED);
+        /* Pairs with the daemon's fence between publishing and looking at client_waiting. */
+        __atomic_thread_fence(__ATOMIC_SEQ_CST);
+        if (__atomic_load_n(&h->hdr->ready_tail, __ATOMIC_RELAXED) == h->ready_head)
+            client_handoff_futex_wait(&h->hdr->ready_seq, seq, left < CLIENT_HANDOFF_SLICE_MS ? left : CLIENT_HANDOFF_SLICE_MS);
+        __atomic_store_n(&h->hdr->client_waiting, 0, __ATOMIC_RELAXED);
+    }
+}

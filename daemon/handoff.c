@@ -1,0 +1,322 @@
+/* handoff — the daemon's side of the batch hand-off through shared memory (handoff.h).
+ *
+ * A stream answers `next` requests in order (stream.h); the hand-off is one more asker:
+ * it keeps exactly one `next` waiting on its stream, and every answer (a leased batch)
+ * becomes an entry of the ready queue, after which it asks again. The client takes
+ * entries without a system call while there are some, and sleeps on a futex when there
+ * are none; the daemon wakes it only when it said it sleeps. Releases come back the same
+ * way, through a queue the client writes, and the daemon takes them whenever the loop
+ * passes by: its own publications come with every filled slot, so while anything fills
+ * the releases are taken without being asked. When nothing fills (every slot leased or
+ * published) the daemon says it is idle, and the client that releases then sends one
+ * `handoff` request: the only socket message in the loop, and only for a trainer slower
+ * than its data.
+ *
+ * The client's memory is read once per field into locals and checked before anything
+ * is done with it: a release queue that claims more entries than it can hold, or an
+ * entry that names a slot not leased at that generation, ends the connection with the
+ * reason (handoff_fail_cb); other clients never see it. */
+#include "handoff.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "ld_wire.h"
+#include "log.h"
+#include "ring.h"
+
+struct handoff {
+    stream *s;
+    uint64_t id;
+    char name[RING_NAME_MAX];
+    bool unlinked;
+    bool started;               /* the client mapped it: publishing */
+    bool asking;                /* a next of ours waits on the stream */
+    bool ended;                 /* the end entry is published: nothing more */
+    bool failed;                /* the client broke the protocol: nothing more */
+    struct ld_handoff_header *hdr;
+    struct ld_handoff_ready *ready;
+    const struct ld_handoff_release *rel;
+    uint64_t size;
+    uint32_t cap, slot_count;
+    uint64_t ready_tail, release_head; /* our own copies: the shared ones are only told */
+    uint32_t seq, idle_seq;
+    bool client_waited;         /* the client slept when the last entry was published */
+    handoff_batch_cb on_batch;
+    handoff_fail_cb on_fail;
+    void *ctx;
+};
+
+static uint32_t handoff_capacity(uint32_t slot_count)
+{
+    uint32_t cap = 16;
+    while (cap <= slot_count) /* every slot leased and the end entry still fit */
+        cap *= 2;
+    return cap;
+}
+
+int handoff_open(stream *s, uint64_t id, uint32_t slot_count, handoff_batch_cb on_batch, handoff_fail_cb on_fail,
+                 void *ctx, handoff **ret_handoff, char *errbuf)
+{
+    if (slot_count == 0 || slot_count >= LD_HANDOFF_QUEUE_MAX) {
+        ld_errorf(errbuf, "a hand-off queue holds at most %u slots, the ring has %u", LD_HANDOFF_QUEUE_MAX - 1,
+                  slot_count);
+        return LD_ERANGE;
+    }
+    handoff *h = calloc(1, sizeof *h);
+    if (!h) {
+        ld_errorf(errbuf, "out of memory");
+        return LD_ENOMEM;
+    }
+    h->s = s;
+    h->id = id;
+    h->slot_count = slot_count;
+    h->cap = handoff_capacity(slot_count);
+    h->on_batch = on_batch;
+    h->on_fail = on_fail;
+    h->ctx = ctx;
+    uint64_t ready_off = sizeof(struct ld_handoff_header);
+    uint64_t release_off = ready_off + (uint64_t)h->cap * sizeof(struct ld_handoff_ready);
+    uint64_t total = release_off + (uint64_t)h->cap * sizeof(struct ld_handoff_release);
+    total = (total + LD_RING_ALIGN - 1) / LD_RING_ALIGN * LD_RING_ALIGN;
+    void *base;
+    /* The client writes its queue: the service group gets write as well as read. */
+    int rc = ring_shm_create("loaderd", id, "h", total, 0600, 0060, h->name, &base, errbuf);
+    if (rc < 0) {
+        free(h);
+        return rc;
+    }
+    h->size = total;
+    h->hdr = base;
+    h->ready = (struct ld_handoff_ready *)((uint8_t *)base + ready_off);
+    h->rel = (const struct ld_handoff_release *)((uint8_t *)base + release_off);
+    h->hdr->magic = LD_HANDOFF_MAGIC;
+    h->hdr->version = LD_HANDOFF_VERSION;
+    h->hdr->capacity = h->cap;
+    h->hdr->slot_count = slot_count;
+    h->hdr->stream_id = id;
+    h->hdr->ready_offset = ready_off;
+    h->hdr->release_offset = release_off;
+    h->hdr->total_size = total;
+    *ret_handoff = h;
+    return 0;
+}
+
+void handoff_unlink(handoff *h)
+{
+    if (!h || h->unlinked)
+        return;
+    shm_unlink(h->name); /* ENOENT: removed by hand already; the goal is met */
+    h->unlinked = true;
+}
+
+void handoff_close(handoff *h)
+{
+    if (!h)
+        return;
+    handoff_unlink(h);
+    munmap(h->hdr, h->size);
+    free(h);
+}
+
+void handoff_describe(const handoff *h, cJSON *obj)
+{
+    cJSON *o = cJSON_AddObjectToObject(obj, "handoff");
+    if (!o)
+        return;
+    cJSON_AddStringToObject(o, "shm", h->name);
+    cJSON_AddNumberToObject(o, "size", (double)h->size);
+    cJSON_AddNumberToObject(o, "capacity", h->cap);
+    cJSON_AddNumberToObject(o, "version", LD_HANDOFF_VERSION);
+}
+
+void handoff_release_error(const ring *r, uint64_t id, int64_t slot, int64_t generation, int rc, char *errbuf)
+{
+    if (rc == LD_EINVAL)
+        ld_errorf(errbuf, "slot %" PRId64 " is out of range (stream %" PRIu64 " has %u slots)", slot, id,
+                  ring_slot_count(r));
+    else if (rc == LD_ENOTLEASED)
+        ld_errorf(errbuf, "slot %" PRId64 " of stream %" PRIu64 " is not leased (its state is %s)", slot, id,
+                  ring_state_name(ring_state(r, (uint32_t)slot)));
+    else if (rc == LD_ESTALE)
+        ld_errorf(errbuf, "slot %" PRId64 " of stream %" PRIu64 " is at generation %" PRIu64 ", not %" PRId64, slot,
+                  id, ring_generation(r, (uint32_t)slot), generation);
+    else
+        ld_errorf(errbuf, "%s", ld_strerror(rc));
+}
+
+static void handoff_fail(handoff *h, const char *msg)
+{
+    h->failed = true;
+    ld_log(LD_LOG_WARN, "stream %" PRIu64 ": hand-off: %s", h->id, msg);
+    h->on_fail(h->ctx, LD_EPROTO, msg);
+}
+
+/* Takes every release the client published. Returns how many, or -1 once it failed. */
+static int handoff_take_releases(handoff *h)
+{
+    char msg[LD_ERRMSG_MAX];
+    uint64_t tail = __atomic_load_n(&h->hdr->release_tail, __ATOMIC_ACQUIRE);
+    if (tail - h->release_head > h->cap) {
+        snprintf(msg, sizeof msg, "the release queue's tail %" PRIu64 " is not within %u entries after the "
+                 "daemon's head %" PRIu64 ": the shared queue was written wrongly", tail, h->cap, h->release_head);
+        handoff_fail(h, msg);
+        return -1;
+    }
+    int n = 0;
+    while (h->release_head != tail) {
+        const struct ld_handoff_release *e = &h->rel[h->release_head & (h->cap - 1)];
+        /* One read of each field: the client may be writing them while we look. */
+        uint32_t slot = __atomic_load_n(&e->slot, __ATOMIC_RELAXED);
+        uint64_t gen = __atomic_load_n(&e->generation, __ATOMIC_RELAXED);
+        int rc = stream_release(h->s, slot, gen);
+        if (rc < 0) {
+            char why[LD_ERRMSG_MAX];
+            handoff_release_error(stream_ring(h->s), h->id, slot, (int64_t)gen, rc, why);
+            snprintf(msg, sizeof msg, "release queue entry %" PRIu64 ": %.400s", h->release_head, why);
+            handoff_fail(h, msg);
+            return -1;
+        }
+        h->release_head++;
+        n++;
+    }
+    if (n)
+        __atomic_store_n(&h->hdr->release_head, h->release_head, __ATOMIC_RELEASE);
+    return n;
+}
+
+static void handoff_wake_client(handoff *h)
+{
+    __atomic_store_n(&h->hdr->ready_seq, ++h->seq, __ATOMIC_RELEASE);
+    /* Pairs with the client's fence between setting client_waiting and looking at the
+     * queue again: either it sees the entry, or we see it waiting. */
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    h->client_waited = __atomic_load_n(&h->hdr->client_waiting, __ATOMIC_RELAXED) != 0;
+    if (h->client_waited)
+        syscall(SYS_futex, &h->hdr->ready_seq, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+}
+
+/* Batches handed over that the client has not taken yet count as prepared ahead. Its
+ * own count may say anything: clamped to what was published, it only moves this
+ * stream's depth within its ring. */
+static void handoff_count_ahead(handoff *h)
+{
+    uint64_t head = __atomic_load_n(&h->hdr->ready_head, __ATOMIC_RELAXED);
+    uint64_t ahead = h->ready_tail - head;
+    if (head > h->ready_tail || ahead > h->slot_count)
+        ahead = h->slot_count;
+    if (h->ended)
+        ahead = 0;
+    stream_set_handed_ahead(h->s, (uint32_t)ahead);
+}
+
+/* One answer of the stream into the ready queue. */
+static void handoff_publish(handoff *h, const struct stream_answer *a)
+{
+    struct ld_handoff_ready *e = &h->ready[h->ready_tail & (h->cap - 1)];
+    if (a->rc < 0) {
+        *e = (struct ld_handoff_ready){.rows = 0};
+        h->ended = true; /* every later next answers the same: the socket tells why */
+    } else {
+        *e = (struct ld_handoff_ready){
+            .slot = a->batch.slot, .rows = a->batch.rows, .generation = a->batch.generation,
+            .epoch = a->batch.epoch, .batch = a->batch.batch,
+        };
+        h->on_batch(h->ctx, &a->batch);
+    }
+    h->ready_tail++;
+    __atomic_store_n(&h->hdr->ready_tail, h->ready_tail, __ATOMIC_RELEASE);
+    handoff_wake_client(h);
+    handoff_count_ahead(h);
+}
+
+static void handoff_answer(void *ctx, const struct stream_answer *a);
+
+/* Whether the stream is filling anything: if not, only a release can make it go on. */
+static bool handoff_stream_busy(const handoff *h)
+{
+    const ring *r = stream_ring(h->s);
+    return ring_count(r, RING_FILLING) + ring_count(r, RING_COPYING) > 0;
+}
+
+/* Takes the releases, keeps one next asked, and says whether the daemon is idle. */
+static void handoff_pump(handoff *h)
+{
+    /* A few rounds at most: a client that keeps moving its counters must not hold the
+     * loop (it stays idle and may wake the daemon again). */
+    for (int round = 0; round < 4; round++) {
+        /* An ended hand-off still takes the releases of the batches it published. */
+        if (!h->started || h->failed || handoff_take_releases(h) < 0 || h->ended)
+            return;
+        uint64_t seen_head = __atomic_load_n(&h->hdr->ready_head, __ATOMIC_RELAXED);
+        handoff_count_ahead(h);
+        while (!h->asking && !h->ended) {
+            struct stream_answer a;
+            int rc = stream_next(h->s, handoff_answer, h, &a);
+            if (rc == 1) {
+                handoff_publish(h, &a);
+            } else if (rc == 0) {
+                h->asking = true;
+                /* A trainer that slept until the last batch came will likely wait for
+                 * this one too: the stream's wait clock and priority run (stream.h). */
+                if (h->client_waited)
+                    stream_trainer_waits(h->s);
+            } else {
+                a = (struct stream_answer){.rc = rc};
+                handoff_publish(h, &a);
+            }
+        }
+        if (h->ended || handoff_stream_busy(h)) {
+            if (__atomic_load_n(&h->hdr->daemon_idle, __ATOMIC_RELAXED))
+                __atomic_store_n(&h->hdr->daemon_idle, 0, __ATOMIC_RELAXED);
+            return;
+        }
+        /* Nothing fills: every slot is leased, or the prefetch is made of batches the
+         * client holds or has not taken. Say so, then look once more (the client looks
+         * at daemon_idle after taking or releasing: one of us sees the other). */
+        if (++h->idle_seq == 0)
+            h->idle_seq = 1;
+        uint32_t target = stream_prefetch_target(h->s);
+        __atomic_store_n(&h->hdr->wake_after, target / 2 ? target / 2 : 1, __ATOMIC_RELAXED);
+        __atomic_store_n(&h->hdr->daemon_idle, h->idle_seq, __ATOMIC_RELAXED);
+        __atomic_thread_fence(__ATOMIC_SEQ_CST);
+        if (__atomic_load_n(&h->hdr->release_tail, __ATOMIC_RELAXED) == h->release_head &&
+            __atomic_load_n(&h->hdr->ready_head, __ATOMIC_RELAXED) == seen_head)
+            return;
+    }
+}
+
+/* The stream's answer to our waiting next, from a hub completion (stream.h). */
+static void handoff_answer(void *ctx, const struct stream_answer *a)
+{
+    handoff *h = ctx;
+    h->asking = false;
+    if (h->failed)
+        return; /* the slot stays leased to the connection, which is ending */
+    handoff_publish(h, a);
+    handoff_pump(h);
+}
+
+void handoff_kick(handoff *h)
+{
+    handoff_unlink(h);
+    if (!h->started)
+        stream_set_eager(h->s); /* our next waits whether or not the trainer does */
+    h->started = true;
+    handoff_pump(h);
+}
+
+void handoff_poll(handoff *h)
+{
+    if (h)
+        handoff_pump(h);
+}

@@ -1,0 +1,58 @@
+/* handoff — batches handed to a client through shared memory instead of one `next` and
+ * one `release` message each (an open with "handoff": 1).
+ *
+ * Per stream and connection, a small shared-memory object beside the ring holds a ready
+ * queue (the daemon publishes each batch it leases to the connection, in stream order)
+ * and a release queue (the client publishes each slot it gives back); the layout and
+ * the sleeping protocol are struct ld_handoff_header's (proto/ld_wire.h). The hand-off
+ * keeps one `next` asked of the stream at all times, so a batch is published as soon
+ * as it is READY, and takes the releases whenever the loop comes by: at each published
+ * batch, at a `release` or `handoff` request of its connection, and when the client
+ * wakes an idle daemon (every slot leased, nothing filling) with a `handoff` request.
+ *
+ * Nothing the client writes is trusted: a release entry must name a slot the stream has
+ * leased at that generation, or the connection is ended with the reason; the leases
+ * stay the connection's, so closing it gives back every slot whatever the queues say.
+ * Everything here runs on the loop thread. */
+#ifndef LD_HANDOFF_H
+#define LD_HANDOFF_H
+
+#include <stdint.h>
+#include <cJSON.h>
+
+#include "stream.h"
+
+typedef struct handoff handoff;
+
+/* Called for each batch published (for the connection's counters), on the loop thread. */
+typedef void (*handoff_batch_cb)(void *ctx, const struct stream_batch *b);
+/* Called once when the client broke the protocol (a bad release entry): the caller ends
+ * the connection with code and message. Never inside handoff_open or handoff_close; may
+ * run inside a stream's answer, so it must not close the stream (end the connection
+ * through the loop). */
+typedef void (*handoff_fail_cb)(void *ctx, int code, const char *message);
+
+/* Creates the shared object for stream s (stream `id`, slot_count slots), mode 0600 (the
+ * service group may write it too, see ring_share_with_group). errbuf says why not. */
+int handoff_open(stream *s, uint64_t id, uint32_t slot_count, handoff_batch_cb on_batch, handoff_fail_cb on_fail,
+                 void *ctx, handoff **ret_handoff, char *errbuf);
+/* Stops publishing, unmaps and removes the name. Call before the stream is closed (its
+ * waiting next is then forgotten by stream_close). Accepts NULL. */
+void handoff_close(handoff *h);
+
+/* Adds "handoff": {"shm", "size", "capacity", "version"} to an open reply. */
+void handoff_describe(const handoff *h, cJSON *obj);
+/* The client has mapped the object: its name is removed, and publishing starts (the
+ * first call) or the release queue is taken (every later one, the client's wake-up). */
+void handoff_kick(handoff *h);
+/* Takes the release queue now, if the hand-off has started (a release or a next came on
+ * the socket). */
+void handoff_poll(handoff *h);
+/* Removes the name (the client mapped it, or will use the socket); idempotent. */
+void handoff_unlink(handoff *h);
+
+/* The reason a release (slot, generation) of stream `id` was refused with rc, as the
+ * `release` request and the release queue report it. */
+void handoff_release_error(const ring *r, uint64_t id, int64_t slot, int64_t generation, int rc, char *errbuf);
+
+#endif

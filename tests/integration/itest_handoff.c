@@ -1,0 +1,388 @@
+/* Integration tests: batches handed off through shared memory (a ready queue and a
+ * release queue beside the ring, proto/ld_wire.h) against a real loaderd.
+ *
+ *   same batches      one epoch through the hand-off and through the socket: the same
+ *                     batches, bit for bit, every sample exactly once, no slot left leased.
+ *   idle daemon       a trainer that holds every slot (the daemon has nothing to fill)
+ *                     and then gives them back: the daemon is woken and the epoch goes on
+ *                     in order.
+ *   killed asleep     a trainer SIGKILLed while it sleeps on the ready queue's futex
+ *                     leaves nothing: no stream, slot, ring memory, /dev/shm object,
+ *                     mapping or descriptor in the daemon.
+ *   hostile client    a client that writes garbage into its release queue has its
+ *                     connection ended with a message that names the entry; another
+ *                     client reading at the same time gets its whole epoch, in order.
+ *
+ * The other integration tests (exact cover, leases, kill loops, reconnects) run through
+ * the hand-off too, since it is the default; LOADERD_HANDOFF=socket runs them through the
+ * socket. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <cJSON.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "harness.h"
+#include "ld_mix.h"
+#include "ld_wire.h"
+#include "loaderclient.h"
+#include "probe.h"
+
+#define N_FILES 800
+#define FILE_SIZE 128
+#define N_CLASSES 4
+#define BATCH 16
+
+static const char datasets_yaml[] = "  records:\n"
+                                    "    kind: files\n"
+                                    "    path: rec\n";
+
+static int setup_daemon(void **state)
+{
+    struct harness *h = harness_new();
+    harness_gen_files(h, "rec", N_FILES, FILE_SIZE, N_CLASSES, false);
+    harness_write_config(h, "  workers: 2\n  memory_budget: 64MiB\n", datasets_yaml);
+    harness_start(h);
+    *state = h;
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    harness_free(*state);
+    return 0;
+}
+
+static void sleep_ms(int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+static lc_stream *open_records(lc_client *c, int handoff, uint32_t prefetch, uint64_t epochs)
+{
+    lc_stream_options o;
+    lc_stream_options_init(&o);
+    o.batch_size = BATCH;
+    o.seed = 7;
+    o.prefetch = prefetch;
+    o.epochs = epochs;
+    o.handoff = handoff;
+    lc_stream *s = NULL;
+    int r = lc_stream_open(c, "records", &o, &s);
+    if (r < 0)
+        fail_msg("open: %s: %s", lc_strerror(r), lc_client_error(c));
+    return s;
+}
+
+/* Reads one epoch, releasing each batch; returns a hash of every byte in order and
+ * checks that every file came exactly once. */
+static uint64_t read_epoch(lc_client *c, lc_stream *s)
+{
+    int seen[N_FILES] = {0};
+    uint64_t hash = 0, batch = 0;
+    for (;;) {
+        lc_batch *b = NULL;
+        int r = lc_stream_next(s, 10000, &b);
+        if (r == LC_EEND)
+            break;
+        if (r < 0)
+            fail_msg("next: %s: %s", lc_strerror(r), lc_client_error(c));
+        assert_int_equal(lc_batch_index(b), batch);
+        lc_field data, label;
+        assert_int_equal(lc_batch_field(b, 0, &data), 0);
+        assert_int_equal(lc_batch_field(b, 1, &label), 0);
+        for (uint32_t i = 0; i < lc_batch_rows(b); i++) {
+            const uint8_t *row = (const uint8_t *)data.data + (size_t)i * FILE_SIZE;
+            bool found = false;
+            for (uint64_t f = 0; f < N_FILES && !found; f++)
+                if (harness_file_matches(f, row, FILE_SIZE, FILE_SIZE, false)) {
+                    seen[f]++;
+                    found = true;
+                }
+            assert_true(found);
+            for (size_t k = 0; k < FILE_SIZE; k++)
+                hash = ld_splitmix64(hash ^ row[k]);
+            hash = ld_splitmix64(hash ^ (uint64_t)((const int64_t *)label.data)[i]);
+        }
+        assert_int_equal(lc_batch_release(b), 0);
+        batch++;
+    }
+    for (int f = 0; f < N_FILES; f++)
+        if (seen[f] != 1)
+            fail_msg("file %d delivered %d times", f, seen[f]);
+    return hash;
+}
+
+static void test_same_batches(void **state)
+{
+    struct harness *h = *state;
+    lc_client *c = harness_connect(h, 10000, "itest_handoff");
+    lc_stream *a = open_records(c, LC_HANDOFF_SHM, 3, 1);
+    uint64_t ha = read_epoch(c, a);
+    assert_int_equal(lc_stream_close(a), 0);
+    lc_stream *b = open_records(c, LC_HANDOFF_SOCKET, 3, 1);
+    uint64_t hb = read_epoch(c, b);
+    assert_int_equal(lc_stream_close(b), 0);
+    assert_true(ha == hb);
+    harness_flush_releases(c);
+    assert_int_equal(harness_wait_leased(h, 0), 0);
+    lc_client_close(c);
+    harness_stop_clean(h);
+}
+
+static void test_idle_daemon(void **state)
+{
+    struct harness *h = *state;
+    lc_client *c = harness_connect(h, 10000, "itest_handoff");
+    lc_stream *s = open_records(c, LC_HANDOFF_SHM, 2, 1);
+    lc_batch *held[64];
+    int n = 0, r;
+    /* Every slot ends up leased to us: the daemon has nothing left to fill. */
+    while ((r = lc_stream_next(s, 300, &held[n])) == 0) {
+        assert_int_equal(lc_batch_index(held[n]), (uint64_t)n);
+        n++;
+        assert_true(n < 64);
+    }
+    assert_int_equal(r, LC_ETIMEDOUT);
+    lc_ring_info ri;
+    assert_int_equal(lc_stream_ring_info(s, &ri), 0);
+    assert_int_equal(n, (int)ri.slot_count);
+    /* Given back one at a time, each followed by a next: the daemon is woken each time
+     * it has gone idle, and batches keep their order. */
+    uint64_t want = (uint64_t)n;
+    for (int i = 0; i < n; i++) {
+        assert_int_equal(lc_batch_release(held[i]), 0);
+        lc_batch *b = NULL;
+        r = lc_stream_next(s, 10000, &b);
+        if (r < 0)
+            fail_msg("next after release %d: %s: %s", i, lc_strerror(r), lc_client_error(c));
+        assert_int_equal(lc_batch_index(b), want++);
+        held[i] = b;
+    }
+    for (int i = 0; i < n; i++)
+        assert_int_equal(lc_batch_release(held[i]), 0);
+    lc_batch *b = NULL;
+    while ((r = lc_stream_next(s, 10000, &b)) == 0) {
+        assert_int_equal(lc_batch_index(b), want++);
+        assert_int_equal(lc_batch_release(b), 0);
+    }
+    assert_int_equal(r, LC_EEND);
+    assert_int_equal(want, lc_stream_batches_per_epoch(s));
+    harness_flush_releases(c); /* the last release is a message, sent with the next request */
+    assert_int_equal(harness_wait_leased(h, 0), 0);
+    assert_int_equal(lc_stream_close(s), 0);
+    lc_client_close(c);
+    harness_stop_clean(h);
+}
+
+static void test_killed_asleep(void **state)
+{
+    struct harness *h = *state;
+    lc_client *ctl = harness_connect(h, 10000, "itest_handoff_ctl");
+    int fds = probe_fd_count(h->pid);
+    int maps = probe_ring_maps(h->pid);
+    assert_true(fds > 0);
+    assert_int_equal(maps, 0);
+    for (int round = 0; round < 3; round++) {
+        pid_t child = fork();
+        assert_true(child >= 0);
+        if (child == 0) {
+            lc_client *c = harness_connect(h, 10000, "itest_handoff_victim");
+            lc_stream *s = open_records(c, LC_HANDOFF_SHM, 2, 0);
+            lc_batch *b;
+            /* Holds every batch it gets, then sleeps on the ready queue until killed. */
+            for (;;)
+                lc_stream_next(s, round == 0 ? 60000 : 100 + 50 * round, &b);
+        }
+        /* Until it holds every slot and sleeps (round 0), or at any moment (others). */
+        struct probe_status st = {0};
+        for (int i = 0; i < 200; i++) {
+            assert_int_equal(probe_status(ctl, &st), 0);
+            if (st.streams == 1 && st.leased >= 2 && st.filling == 0)
+                break;
+            sleep_ms(10);
+        }
+        assert_int_equal(st.streams, 1);
+        assert_true(probe_ring_maps(h->pid) >= 1);
+        sleep_ms(round == 0 ? 100 : 5 * round);
+        assert_int_equal(kill(child, SIGKILL), 0);
+        assert_int_equal(waitpid(child, NULL, 0), child);
+        for (int i = 0; i < 300; i++) {
+            assert_int_equal(probe_status(ctl, &st), 0);
+            if (st.streams == 0 && st.leased == 0 && st.memory_used == 0 && st.clients == 1 &&
+                probe_ring_maps(h->pid) == 0 && probe_fd_count(h->pid) == fds)
+                break;
+            sleep_ms(10);
+        }
+        assert_int_equal(st.streams, 0);
+        assert_int_equal(st.leased, 0);
+        assert_int_equal(st.memory_used, 0);
+        assert_int_equal(st.clients, 1);
+        assert_int_equal(probe_ring_maps(h->pid), 0);
+        assert_int_equal(probe_fd_count(h->pid), fds);
+        char names[256];
+        assert_int_equal(harness_shm_count(h->pid, names, sizeof names), 0);
+    }
+    lc_client_close(ctl);
+    harness_stop_clean(h);
+}
+
+/* A raw client that opens a stream with the hand-off and maps its memory read-write. */
+struct raw_handoff {
+    int fd;
+    int64_t stream;
+    struct ld_handoff_header *hdr;
+    size_t size;
+};
+
+static void raw_open(struct harness *h, struct raw_handoff *rh)
+{
+    rh->fd = harness_raw_connect(h);
+    harness_raw_send(rh->fd, "{\"op\":\"hello\",\"id\":1,\"version\":1}");
+    free(harness_raw_reply(rh->fd, 10000));
+    harness_raw_send(rh->fd, "{\"op\":\"open\",\"id\":2,\"dataset\":\"records\",\"batch_size\":16,\"prefetch\":2,"
+                             "\"handoff\":1}");
+    char *reply = harness_raw_reply(rh->fd, 10000);
+    assert_non_null(reply);
+    cJSON *j = cJSON_Parse(reply);
+    free(reply);
+    assert_non_null(j);
+    rh->stream = (int64_t)cJSON_GetObjectItem(j, "stream")->valuedouble;
+    const cJSON *ho = cJSON_GetObjectItem(j, "handoff");
+    assert_non_null(ho);
+    const char *shm = cJSON_GetObjectItem(ho, "shm")->valuestring;
+    rh->size = (size_t)cJSON_GetObjectItem(ho, "size")->valuedouble;
+    int sfd = shm_open(shm, O_RDWR, 0);
+    assert_true(sfd >= 0);
+    rh->hdr = mmap(NULL, rh->size, PROT_READ | PROT_WRITE, MAP_SHARED, sfd, 0);
+    assert_true(rh->hdr != MAP_FAILED);
+    close(sfd);
+    cJSON_Delete(j);
+    assert_int_equal(rh->hdr->magic, LD_HANDOFF_MAGIC);
+}
+
+static void raw_kick(struct raw_handoff *rh, int id)
+{
+    char req[128];
+    snprintf(req, sizeof req, "{\"op\":\"handoff\",\"id\":%d,\"stream\":%lld}", id, (long long)rh->stream);
+    harness_raw_send(rh->fd, req);
+}
+
+/* Reads replies until the connection ends; returns the last error message seen. */
+static char *raw_read_until_closed(int fd)
+{
+    char *last = NULL, *reply;
+    while ((reply = harness_raw_reply(fd, 10000)) != NULL) {
+        if (strstr(reply, "\"ok\":false")) {
+            free(last);
+            last = reply;
+        } else {
+            free(reply);
+        }
+    }
+    return last;
+}
+
+static void test_closed_before_start(void **state)
+{
+    struct harness *h = *state;
+    /* Opened with the hand-off, never started: the ring's and the queues' names exist
+     * until the connection goes, and go with it. */
+    struct raw_handoff rh;
+    raw_open(h, &rh);
+    assert_int_equal(harness_shm_count(h->pid, NULL, 0), 2);
+    munmap(rh.hdr, rh.size);
+    close(rh.fd);
+    int left = -1;
+    for (int i = 0; i < 200 && left != 0; i++) {
+        left = harness_shm_count(h->pid, NULL, 0);
+        if (left)
+            sleep_ms(10);
+    }
+    assert_int_equal(left, 0);
+    assert_int_equal(harness_wait_leased(h, 0), 0);
+    harness_stop_clean(h);
+}
+
+static void test_hostile_release_queue(void **state)
+{
+    struct harness *h = *state;
+    /* A well-behaved trainer reads an epoch through the hand-off meanwhile. */
+    lc_client *good = harness_connect(h, 10000, "itest_handoff_good");
+    lc_stream *gs = open_records(good, LC_HANDOFF_SHM, 2, 1);
+    lc_batch *gb = NULL;
+    assert_int_equal(lc_stream_next(gs, 10000, &gb), 0);
+
+    struct {
+        const char *what;
+        uint32_t slot;
+        uint64_t gen;
+        uint64_t tail;
+        const char *says;
+    } cases[] = {
+        {"a slot out of range", 1000, 1, 1, "out of range"},
+        {"a slot not leased", 0, 99, 1, "release queue entry 0"},
+        {"a tail far past the head", 0, 0, 1u << 30, "release queue's tail"},
+        {"a tail behind the head", 0, 0, UINT64_MAX, "release queue's tail"},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        struct raw_handoff rh;
+        raw_open(h, &rh);
+        raw_kick(&rh, 3);
+        /* Garbage: an entry, and a tail that claims it (or far more). */
+        struct ld_handoff_release *rel = (struct ld_handoff_release *)((uint8_t *)rh.hdr + rh.hdr->release_offset);
+        rel[0].slot = cases[k].slot;
+        rel[0].generation = cases[k].gen;
+        __atomic_store_n(&rh.hdr->release_tail, cases[k].tail, __ATOMIC_RELEASE);
+        raw_kick(&rh, 4); /* the wake-up that makes the daemon look */
+        char *err = raw_read_until_closed(rh.fd);
+        if (!err || !strstr(err, cases[k].says))
+            fail_msg("%s: the connection ended with %s", cases[k].what, err ? err : "no error");
+        assert_non_null(strstr(err, "protocol_error"));
+        free(err);
+        munmap(rh.hdr, rh.size);
+        close(rh.fd);
+        assert_true(harness_alive(h));
+    }
+    /* The good trainer goes on to the end of its epoch, in order. */
+    uint64_t want = 1;
+    assert_int_equal(lc_batch_release(gb), 0);
+    int r;
+    while ((r = lc_stream_next(gs, 10000, &gb)) == 0) {
+        assert_int_equal(lc_batch_index(gb), want++);
+        assert_int_equal(lc_batch_release(gb), 0);
+    }
+    assert_int_equal(r, LC_EEND);
+    assert_int_equal(want, lc_stream_batches_per_epoch(gs));
+    assert_int_equal(lc_stream_close(gs), 0);
+    lc_client_close(good);
+    /* Nothing of the ended connections is left. */
+    assert_int_equal(harness_wait_leased(h, 0), 0);
+    assert_true(harness_status_num(h, "streams", NULL) == 0);
+    harness_stop_clean(h);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_same_batches, setup_daemon, teardown),
+        cmocka_unit_test_setup_teardown(test_idle_daemon, setup_daemon, teardown),
+        cmocka_unit_test_setup_teardown(test_killed_asleep, setup_daemon, teardown),
+        cmocka_unit_test_setup_teardown(test_closed_before_start, setup_daemon, teardown),
+        cmocka_unit_test_setup_teardown(test_hostile_release_queue, setup_daemon, teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
