@@ -222,16 +222,19 @@ int client_handoff_release(lc_stream *s, int slot, uint64_t generation)
     return client_handoff_wake(s, false, true);
 }
 
-static void client_handoff_futex_wait(uint32_t *word, uint32_t seen, int ms)
+/* Returns whether the wait ran out (nothing woke us): then the socket is looked at. */
+static bool client_handoff_futex_wait(uint32_t *word, uint32_t seen, int ms)
 {
     struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000L};
-    syscall(SYS_futex, word, FUTEX_WAIT, seen, &ts, NULL, 0); /* EAGAIN, EINTR, ETIMEDOUT: look again */
+    /* EAGAIN (the word moved), EINTR, a wake-up: look at the queue again. */
+    return syscall(SYS_futex, word, FUTEX_WAIT, seen, &ts, NULL, 0) < 0 && errno == ETIMEDOUT;
 }
 
 int client_handoff_next(lc_stream *s, int64_t deadline, int timeout_ms, struct ld_handoff_ready *ret)
 {
     struct client_handoff *h = s->ho;
     lc_client *c = s->client;
+    bool look = true; /* at the socket: first, and after each sleep that nothing ended */
     for (;;) {
         uint32_t seq = __atomic_load_n(&h->hdr->ready_seq, __ATOMIC_ACQUIRE);
         uint64_t tail = __atomic_load_n(&h->hdr->ready_tail, __ATOMIC_ACQUIRE);
@@ -275,17 +278,22 @@ int client_handoff_next(lc_stream *s, int64_t deadline, int timeout_ms, struct l
                           (unsigned long long)s->id);
             return LC_ETIMEDOUT;
         }
-        /* Replies that came (a wake-up's), or the daemon gone: the socket says. */
-        struct pollfd pfd = {.fd = c->fd, .events = POLLIN};
-        if (poll(&pfd, 1, 0) > 0 && (r = client_wait(c, -1, 0, 0, NULL)) < 0)
-            return r;
-        if (c->lost || c->broken)
-            return client_check_usable(c);
+        /* Replies that came (a wake-up's), or the daemon gone: the socket says. Not
+         * before every sleep (a system call each): a daemon that went away stops waking
+         * us, and the slice runs out. */
+        if (look) {
+            struct pollfd pfd = {.fd = c->fd, .events = POLLIN};
+            if (poll(&pfd, 1, 0) > 0 && (r = client_wait(c, -1, 0, 0, NULL)) < 0)
+                return r;
+            if (c->lost || c->broken)
+                return client_check_usable(c);
+        }
         __atomic_store_n(&h->hdr->client_waiting, 1, __ATOMIC_RELAXED);
         /* Pairs with the daemon's fence between publishing and looking at client_waiting. */
         __atomic_thread_fence(__ATOMIC_SEQ_CST);
-        if (__atomic_load_n(&h->hdr->ready_tail, __ATOMIC_RELAXED) == h->ready_head)
-            client_handoff_futex_wait(&h->hdr->ready_seq, seq, left < CLIENT_HANDOFF_SLICE_MS ? left : CLIENT_HANDOFF_SLICE_MS);
+        look = __atomic_load_n(&h->hdr->ready_tail, __ATOMIC_RELAXED) == h->ready_head &&
+               client_handoff_futex_wait(&h->hdr->ready_seq, seq,
+                                         left < CLIENT_HANDOFF_SLICE_MS ? left : CLIENT_HANDOFF_SLICE_MS);
         __atomic_store_n(&h->hdr->client_waiting, 0, __ATOMIC_RELAXED);
     }
 }

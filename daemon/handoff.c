@@ -84,6 +84,7 @@ int handoff_open(stream *s, uint64_t id, uint32_t slot_count, handoff_batch_cb o
     h->on_batch = on_batch;
     h->on_fail = on_fail;
     h->ctx = ctx;
+    h->client_waited = true; /* the first batch is waited for: the trainer has just opened */
     uint64_t ready_off = sizeof(struct ld_handoff_header);
     uint64_t release_off = ready_off + (uint64_t)h->cap * sizeof(struct ld_handoff_ready);
     uint64_t total = release_off + (uint64_t)h->cap * sizeof(struct ld_handoff_release);

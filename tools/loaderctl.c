@@ -43,11 +43,13 @@ static const struct {
     {"top", CTL_TOP_USAGE},
     {"read", "  read DATASET [--epochs N] [--batch-size B] [--no-shuffle] [--seed S] [--epoch E]\n"
              "       [--rank R] [--world-size W] [--drop-last] [--start-batch K] [--prefetch P]\n"
-             "       [--touch] [--json] [--spec JSON]\n"
+             "       [--handoff shm|socket] [--touch] [--json] [--spec JSON]\n"
              "                         attach as a trainer, consume N epochs (default 1, batch 64),\n"
              "                         print samples/s; --touch reads every byte of each batch;\n"
              "                         --spec: a dataset declared as the trainer would (no DATASET),\n"
-             "                         or the keys that refine DATASET (access.declare allows it)\n"},
+             "                         or the keys that refine DATASET (access.declare allows it);\n"
+             "                         --handoff socket: a next and a release message per batch\n"
+             "                         instead of the queues in shared memory (default shm)\n"},
     {"cache", "  cache build DATASET [--force]   build the dataset's cache file now (--force: even\n"
               "                         over a valid one) and wait for it, showing progress\n"
               "  cache verify DATASET   check every sample of the cache against its checksum\n"

@@ -245,25 +245,30 @@ int ctl_cmd_read(lc_client **pc, struct ctl_opts *o, int argc, char **argv)
         CTL_NUM("--start-batch", 0, (uint64_t)lc_limit("epoch_max"), so.start_batch)
         CTL_NUM("--prefetch", 1, (uint64_t)lc_limit("prefetch_max"), so.prefetch)
 #undef CTL_NUM
-        if (strcmp(a, "--no-shuffle") == 0)
+        if (strcmp(a, "--no-shuffle") == 0) {
             so.shuffle = 0;
-        else if (strcmp(a, "--drop-last") == 0)
+        } else if (strcmp(a, "--drop-last") == 0) {
             so.drop_last = 1;
-        else if (strcmp(a, "--touch") == 0)
+        } else if (strcmp(a, "--touch") == 0) {
             touch = true;
-        else if (strcmp(a, "--json") == 0)
+        } else if (strcmp(a, "--handoff") == 0) {
+            if (!val || (strcmp(val, "shm") != 0 && strcmp(val, "socket") != 0))
+                return ctl_usage_error("--handoff needs shm or socket");
+            so.handoff = strcmp(val, "socket") == 0 ? LC_HANDOFF_SOCKET : LC_HANDOFF_SHM;
+            i++;
+        } else if (strcmp(a, "--json") == 0) {
             o->json = true;
-        else if (strcmp(a, "--spec") == 0) {
+        } else if (strcmp(a, "--spec") == 0) {
             if (!val)
                 return ctl_usage_error("--spec needs a JSON object (a dataset's keys)");
             so.spec = argv[++i]; /* a declared dataset, or the keys that refine DATASET */
-        }
-        else if (a[0] == '-' && a[1] != '\0')
+        } else if (a[0] == '-' && a[1] != '\0') {
             return ctl_usage_error("read: unknown option %s", a);
-        else if (!dataset)
+        } else if (!dataset) {
             dataset = a;
-        else
+        } else {
             return ctl_usage_error("read: one dataset only (got %s and %s)", dataset, a);
+        }
     }
     if (!dataset && !so.spec)
         return ctl_usage_error("read: which dataset? (a configured name, or --spec JSON)");

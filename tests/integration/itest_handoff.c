@@ -140,6 +140,18 @@ static void test_same_batches(void **state)
     harness_flush_releases(c);
     assert_int_equal(harness_wait_leased(h, 0), 0);
     lc_client_close(c);
+    /* loaderctl read --handoff: both paths read the same bytes (the checksum of --touch). */
+    char shm[4096], sock[4096], bad[4096];
+    assert_int_equal(harness_ctl(h, shm, sizeof shm, "read", "records", "--batch-size", "16", "--seed", "3",
+                                 "--touch", "--json", NULL), 0);
+    assert_int_equal(harness_ctl(h, sock, sizeof sock, "read", "records", "--batch-size", "16", "--seed", "3",
+                                 "--touch", "--json", "--handoff", "socket", NULL), 0);
+    const char *cs = strstr(shm, "\"checksum\""), *cb = strstr(sock, "\"checksum\"");
+    assert_non_null(cs);
+    assert_non_null(cb);
+    assert_memory_equal(cs, cb, 40);
+    assert_int_equal(harness_ctl(h, bad, sizeof bad, "read", "records", "--handoff", "pipe", NULL), 2);
+    assert_non_null(strstr(bad, "--handoff needs shm or socket"));
     harness_stop_clean(h);
 }
 

@@ -809,7 +809,7 @@ class Client(_Closes):
              transfer: str = "ipc", device_normalize: Optional[Dict[str, Any]] = None,
              spec: Optional[Dict[str, Any]] = None, template: Optional[str] = None,
              transforms: Optional[Sequence[Any]] = None, share: Optional[str] = None,
-             share_join: str = "current") -> Stream:
+             share_join: str = "current", handoff: str = "shm") -> Stream:
         """Opens a stream of `dataset` (a configured dataset's name), or of a dataset this
         trainer declares: spec={"kind": "image_folder", "path": "/data/x/train", "transforms":
         [...], ...} (the keys of a dataset in the daemon's config), or a configured dataset
@@ -831,7 +831,10 @@ class Client(_Closes):
         share="NAME" (or "auto"): streams opened with the same name, dataset and settings
         read one ring, each batch prepared once (host batches only); a stream joining a
         running one starts at its next batch, or with share_join="epoch_start" in a stream
-        of its own at batch 0 of the epoch it is in (see the README's shared streams)."""
+        of its own at batch 0 of the epoch it is in (see the README's shared streams).
+        handoff="shm" (default): batches are announced and given back through queues in
+        shared memory, no socket message per batch; "socket": a next and a release message
+        per batch (LOADERD_HANDOFF=socket makes that the default)."""
         self._check()
         if batch_size is None:
             raise InvalidArgument(errors.EFIELD, "batch_size is required")
@@ -862,6 +865,9 @@ class Client(_Closes):
             if transfer not in ("ipc", "client"):
                 raise InvalidArgument(errors.EFIELD, "transfer must be 'ipc' or 'client', got %r" % (transfer,))
             o.transfer = 1 if transfer == "client" else 0
+        if handoff not in ("shm", "socket"):
+            raise InvalidArgument(errors.EFIELD, "handoff must be 'shm' or 'socket', got %r" % (handoff,))
+        o.handoff = 1 if handoff == "socket" else 0
         norm_json = None
         if device_normalize is not None:
             norm_json = json.dumps(device_normalize).encode()

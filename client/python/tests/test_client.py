@@ -292,6 +292,18 @@ def test_shared_stream(client, rec_index):
         client.open("rec", 64, share="py", share_join="later")
 
 
+def test_handoff_modes_deliver_the_same(client, rec_index):
+    # The queues in shared memory (the default) and a message per batch: the same batches.
+    def epoch(handoff):
+        with client.open("rec", 64, seed=5, epochs=1, handoff=handoff) as s:
+            return [(b.epoch, b.index, check_rec_batch(b, rec_index)) for b in s]
+    shm, sock = epoch("shm"), epoch("socket")
+    assert shm == sock and len(shm) == (REC["n"] + 63) // 64
+    assert sorted(i for _, _, rows in shm for i in rows) == list(range(REC["n"]))
+    with pytest.raises(loaderclient.InvalidArgument, match="handoff must be 'shm' or 'socket'"):
+        client.open("rec", 64, handoff="pipe")
+
+
 def test_ragged_field(client):
     n, size = VAR["n"], VAR["size"]
     index = {support.file_word0(i): i for i in range(n)}
