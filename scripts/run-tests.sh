@@ -102,7 +102,7 @@ for group in "$@"; do
       # The concurrent parts: the worker pool, datasets read from many threads, the
       # cache keeper's thread, the I/O threads of cold reads, and the whole daemon
       # (workers + loop thread) driven by the integration tests.
-      for t in "$build"/test/test_pool "$build"/test/test_hub "$build"/test/test_stream "$build"/test/test_dataset "$build"/test/test_cache \
+      for t in "$build"/test/test_pool "$build"/test/test_hub "$build"/test/test_stream "$build"/test/test_handoff "$build"/test/test_dataset "$build"/test/test_cache \
                "$build"/test/test_cache_keeper "$build"/test/test_sql "$build"/test/test_ioqueue "$build"/test/test_coldread \
                "$build"/test/itest_*; do
         [ -x "$t" ] && run_cmocka "$t"

@@ -1,0 +1,311 @@
+/* Unit tests for the hand-off's queues (daemon/handoff.c) on a real stream, loop, hub and
+ * pool, with the test playing the client on the shared memory itself: every batch of
+ * two epochs is published once, in order, with its slot's generation, then the end
+ * entry; releases written into the queue are taken and let the stream go on; a daemon
+ * with every slot leased says it is idle, and a release plus a poll ends that; release
+ * entries that name a slot out of range, one not leased, a stale generation, or a tail
+ * the queue cannot hold fail the hand-off once with a message naming the entry, and
+ * change nothing in the ring. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <fcntl.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+#include <uv.h>
+
+#include "dataset.h"
+#include "dataset_watch.h"
+#include "handoff.h"
+#include "hub.h"
+#include "pool.h"
+#include "ring.h"
+#include "stream.h"
+
+#define SAMPLES 24
+#define BATCH 4
+#define LOOP_MS 10000
+
+/* Each sample is its index, as one int64. */
+static int index_read(const dataset *d, uint64_t index, void *const dst[], char *errbuf)
+{
+    int64_t v = (int64_t)index;
+    memcpy(dst[0], &v, sizeof v);
+    return 0;
+}
+
+static void index_free(dataset *d)
+{
+    (void)d;
+}
+
+static const struct dataset_ops index_ops = {.kind = "index", .free = index_free, .read = index_read};
+
+struct env {
+    uv_loop_t loop;
+    hub *hub;
+    pool *workers;
+    stream_set *set;
+    dataset ds;
+    stream *s;
+    handoff *h;
+    struct ld_handoff_header *hdr;  /* the client's mapping */
+    size_t size;
+    uint64_t batches;               /* published, counted by the callback */
+    int fails;
+    char fail_msg[LD_ERRMSG_MAX];
+};
+
+static void on_batch(void *ctx, const struct stream_batch *b)
+{
+    struct env *e = ctx;
+    (void)b;
+    e->batches++;
+}
+
+static void on_fail(void *ctx, int code, const char *message)
+{
+    struct env *e = ctx;
+    assert_int_equal(code, LD_EPROTO);
+    e->fails++;
+    snprintf(e->fail_msg, sizeof e->fail_msg, "%s", message);
+}
+
+static int setup(void **state)
+{
+    struct env *e = calloc(1, sizeof *e);
+    assert_non_null(e);
+    assert_int_equal(uv_loop_init(&e->loop), 0);
+    assert_int_equal(hub_new(&e->loop, &e->hub), 0);
+    assert_int_equal(pool_new(2, &e->workers), 0);
+    assert_int_equal(stream_set_new(e->hub, e->workers, &e->set), 0);
+    e->ds.ops = &index_ops;
+    snprintf(e->ds.name, sizeof e->ds.name, "index");
+    e->ds.count = SAMPLES;
+    e->ds.n_fields = 1;
+    snprintf(e->ds.fields[0].name, sizeof e->ds.fields[0].name, "index");
+    e->ds.fields[0].dtype = LD_DTYPE_INT64;
+    e->ds.on_error = CONFIG_ON_ERROR_FAIL;
+    dataset_hold(&e->ds);
+    struct stream_params p = {.batch_size = BATCH, .world_size = 1, .prefetch = 2, .epochs = 2};
+    char err[LD_ERRMSG_MAX] = "";
+    if (stream_open(e->set, &e->ds, 1, &p, UINT64_MAX, &e->s, err) < 0)
+        fail_msg("stream_open: %s", err);
+    uint32_t slots = ring_slot_count(stream_ring(e->s));
+    if (handoff_open(e->s, 1, slots, on_batch, on_fail, e, &e->h, err) < 0)
+        fail_msg("handoff_open: %s", err);
+    /* The client's side: the name from the open reply, mapped read-write. */
+    cJSON *o = cJSON_CreateObject();
+    handoff_describe(e->h, o);
+    const cJSON *ho = cJSON_GetObjectItem(o, "handoff");
+    e->size = (size_t)cJSON_GetObjectItem(ho, "size")->valuedouble;
+    int fd = shm_open(cJSON_GetObjectItem(ho, "shm")->valuestring, O_RDWR, 0);
+    assert_true(fd >= 0);
+    e->hdr = mmap(NULL, e->size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    assert_true(e->hdr != MAP_FAILED);
+    close(fd);
+    assert_int_equal(cJSON_GetObjectItem(ho, "capacity")->valuedouble, e->hdr->capacity);
+    cJSON_Delete(o);
+    assert_int_equal(e->hdr->magic, LD_HANDOFF_MAGIC);
+    assert_true(e->hdr->capacity > slots && (e->hdr->capacity & (e->hdr->capacity - 1)) == 0);
+    *state = e;
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    struct env *e = *state;
+    munmap(e->hdr, e->size);
+    handoff_close(e->h);
+    stream_close(e->s);
+    uint64_t end = uv_hrtime() + (uint64_t)LOOP_MS * 1000000u;
+    while (stream_set_live(e->set) && uv_hrtime() < end)
+        uv_run(&e->loop, UV_RUN_NOWAIT);
+    assert_int_equal(stream_set_live(e->set), 0);
+    stream_set_free(e->set);
+    hub_close(e->hub);
+    pool_free(e->workers);
+    uv_run(&e->loop, UV_RUN_DEFAULT);
+    assert_int_equal(uv_loop_close(&e->loop), 0);
+    free(e);
+    return 0;
+}
+
+static const struct ld_handoff_ready *ready_at(struct env *e, uint64_t i)
+{
+    const uint8_t *base = (const uint8_t *)e->hdr;
+    return (const struct ld_handoff_ready *)(base + e->hdr->ready_offset) + (i & (e->hdr->capacity - 1));
+}
+
+static struct ld_handoff_release *release_at(struct env *e, uint64_t i)
+{
+    uint8_t *base = (uint8_t *)e->hdr;
+    return (struct ld_handoff_release *)(base + e->hdr->release_offset) + (i & (e->hdr->capacity - 1));
+}
+
+/* Turns the loop until the ready queue holds more than `head` entries, waking an idle
+ * daemon as a client does (its `handoff` request polls the hand-off). */
+static bool wait_entry(struct env *e, uint64_t head)
+{
+    uint64_t end = uv_hrtime() + (uint64_t)LOOP_MS * 1000000u;
+    while (__atomic_load_n(&e->hdr->ready_tail, __ATOMIC_ACQUIRE) <= head) {
+        if (uv_hrtime() > end)
+            return false;
+        if (__atomic_load_n(&e->hdr->daemon_idle, __ATOMIC_RELAXED))
+            handoff_poll(e->h);
+        uv_run(&e->loop, UV_RUN_NOWAIT);
+        uv_sleep(1);
+    }
+    return true;
+}
+
+static void client_release(struct env *e, uint32_t slot, uint64_t gen)
+{
+    uint64_t t = e->hdr->release_tail;
+    *release_at(e, t) = (struct ld_handoff_release){.slot = slot, .generation = gen};
+    __atomic_store_n(&e->hdr->release_tail, t + 1, __ATOMIC_RELEASE);
+}
+
+static void test_every_batch_once_in_order(void **state)
+{
+    struct env *e = *state;
+    handoff_kick(e->h);
+    const uint64_t per_epoch = SAMPLES / BATCH;
+    uint64_t head = 0;
+    for (uint64_t seq = 0; seq < 2 * per_epoch; seq++) {
+        assert_true(wait_entry(e, head));
+        struct ld_handoff_ready r = *ready_at(e, head);
+        e->hdr->ready_head = ++head;
+        assert_int_equal(r.epoch, seq / per_epoch);
+        assert_int_equal(r.batch, seq % per_epoch);
+        assert_int_equal(r.rows, BATCH);
+        assert_int_equal(ring_state(stream_ring(e->s), r.slot), RING_LEASED);
+        assert_int_equal(ring_generation(stream_ring(e->s), r.slot), r.generation);
+        const int64_t *rows = (const int64_t *)((const uint8_t *)ring_slot((ring *)stream_ring(e->s), r.slot) + 64);
+        for (uint32_t i = 0; i < r.rows; i++)
+            assert_int_equal(rows[i], (int64_t)(r.batch * BATCH + i));
+        client_release(e, r.slot, r.generation);
+    }
+    assert_true(wait_entry(e, head));
+    assert_int_equal(ready_at(e, head)->rows, 0); /* the end */
+    assert_int_equal(e->batches, 2 * per_epoch);
+    handoff_poll(e->h); /* an ended hand-off still takes the releases */
+    assert_int_equal(ring_count(stream_ring(e->s), RING_LEASED), 0);
+    assert_int_equal(e->hdr->release_head, e->hdr->release_tail);
+    assert_int_equal(e->fails, 0);
+}
+
+static bool idle_now(struct env *e)
+{
+    return __atomic_load_n(&e->hdr->daemon_idle, __ATOMIC_RELAXED) != 0;
+}
+
+static void test_idle_until_released(void **state)
+{
+    struct env *e = *state;
+    handoff_kick(e->h);
+    const ring *r = stream_ring(e->s);
+    uint32_t slots = ring_slot_count(r);
+    /* Nothing taken, nothing released: the prefetch fills, then the daemon is idle. */
+    uint64_t end = uv_hrtime() + (uint64_t)LOOP_MS * 1000000u;
+    while (!idle_now(e) && uv_hrtime() < end) {
+        uv_run(&e->loop, UV_RUN_NOWAIT);
+        uv_sleep(1);
+    }
+    assert_true(idle_now(e));
+    assert_true(e->hdr->wake_after >= 1);
+    uint64_t published = e->hdr->ready_tail;
+    assert_true(published >= 1 && published <= slots);
+    /* Take and release them all, then the wake-up (the `handoff` request's poll). */
+    for (uint64_t i = 0; i < published; i++) {
+        const struct ld_handoff_ready *x = ready_at(e, i);
+        client_release(e, x->slot, x->generation);
+    }
+    e->hdr->ready_head = published;
+    handoff_kick(e->h);
+    assert_false(idle_now(e));
+    assert_true(wait_entry(e, published));
+    assert_int_equal(ready_at(e, published)->batch, published);
+    assert_int_equal(e->fails, 0);
+}
+
+static void test_bad_release_entries(void **state)
+{
+    struct env *e = *state;
+    handoff_kick(e->h);
+    assert_true(wait_entry(e, 0));
+    struct ld_handoff_ready first = *ready_at(e, 0);
+    const ring *r = stream_ring(e->s);
+    uint32_t leased = ring_count(r, RING_LEASED);
+    /* Stale generation: refused, the hand-off fails once, the ring is as it was. */
+    client_release(e, first.slot, first.generation + 7);
+    handoff_poll(e->h);
+    assert_int_equal(e->fails, 1);
+    assert_non_null(strstr(e->fail_msg, "release queue entry 0"));
+    assert_non_null(strstr(e->fail_msg, "generation"));
+    assert_int_equal(ring_count(r, RING_LEASED), leased);
+    assert_int_equal(ring_state(r, first.slot), RING_LEASED);
+    /* A failed hand-off does nothing more, whatever is written. */
+    client_release(e, first.slot, first.generation);
+    handoff_poll(e->h);
+    assert_int_equal(e->fails, 1);
+    assert_int_equal(ring_state(r, first.slot), RING_LEASED);
+}
+
+/* One garbage release on a fresh hand-off: the message it fails with. */
+static void expect_refused(struct env *e, uint32_t slot, uint64_t gen, uint64_t tail, const char *says)
+{
+    uint64_t t = e->hdr->release_tail;
+    *release_at(e, t) = (struct ld_handoff_release){.slot = slot, .generation = gen};
+    __atomic_store_n(&e->hdr->release_tail, tail, __ATOMIC_RELEASE);
+    handoff_poll(e->h);
+    assert_int_equal(e->fails, 1);
+    if (!strstr(e->fail_msg, says))
+        fail_msg("expected '%s' in: %s", says, e->fail_msg);
+}
+
+static void test_slot_out_of_range(void **state)
+{
+    struct env *e = *state;
+    handoff_kick(e->h);
+    expect_refused(e, 1u << 20, 1, 1, "out of range");
+}
+
+static void test_slot_not_leased(void **state)
+{
+    struct env *e = *state;
+    handoff_kick(e->h);
+    const ring *r = stream_ring(e->s);
+    uint32_t s = 0;
+    while (s < ring_slot_count(r) && ring_state(r, s) == RING_LEASED)
+        s++;
+    assert_true(s < ring_slot_count(r));
+    expect_refused(e, s, ring_generation(r, s), 1, "is not leased");
+}
+
+static void test_tail_out_of_bounds(void **state)
+{
+    struct env *e = *state;
+    handoff_kick(e->h);
+    expect_refused(e, 0, 0, (uint64_t)e->hdr->capacity + 1, "release queue's tail");
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_every_batch_once_in_order, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_idle_until_released, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_bad_release_entries, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_slot_out_of_range, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_slot_not_leased, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_tail_out_of_bounds, setup, teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
