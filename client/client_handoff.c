@@ -190,7 +190,7 @@ int client_handoff_attach(lc_stream *s, const cJSON *reply, char *msg)
 static int client_handoff_wake(lc_stream *s, bool sleeping, bool event)
 {
     struct client_handoff *h = s->ho;
-    uint32_t idle = __atomic_load_n(&h->hdr->daemon_idle, __ATOMIC_RELAXED);
+    uint32_t idle = __atomic_load_n(&h->hdr->daemon_idle, __ATOMIC_SEQ_CST);
     if (!idle || idle == h->woke_idle)
         return 0;
     if (idle != h->idle_seen) {
@@ -216,9 +216,9 @@ int client_handoff_release(lc_stream *s, int slot, uint64_t generation)
     e->slot = (uint32_t)slot;
     e->generation = generation;
     h->release_tail++;
-    __atomic_store_n(&h->hdr->release_tail, h->release_tail, __ATOMIC_RELEASE);
-    /* Pairs with the daemon's fence between saying it is idle and looking at the queue. */
-    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    /* Sequentially consistent, as the daemon's saying it is idle and its last look at
+     * the queue are: either it sees this release, or we see it idle. */
+    __atomic_store_n(&h->hdr->release_tail, h->release_tail, __ATOMIC_SEQ_CST);
     return client_handoff_wake(s, false, true);
 }
 
@@ -252,10 +252,9 @@ int client_handoff_next(lc_stream *s, int64_t deadline, int timeout_ms, struct l
                 .batch = __atomic_load_n(&src->batch, __ATOMIC_RELAXED),
             };
             h->ready_head++;
-            __atomic_store_n(&h->hdr->ready_head, h->ready_head, __ATOMIC_RELAXED);
+            __atomic_store_n(&h->hdr->ready_head, h->ready_head, __ATOMIC_SEQ_CST); /* as a release */
             if (e.rows == 0)
                 return 1;
-            __atomic_thread_fence(__ATOMIC_SEQ_CST); /* as after a release */
             int w = client_handoff_wake(s, false, true);
             if (w < 0)
                 return w;
@@ -288,10 +287,10 @@ int client_handoff_next(lc_stream *s, int64_t deadline, int timeout_ms, struct l
             if (c->lost || c->broken)
                 return client_check_usable(c);
         }
-        __atomic_store_n(&h->hdr->client_waiting, 1, __ATOMIC_RELAXED);
-        /* Pairs with the daemon's fence between publishing and looking at client_waiting. */
-        __atomic_thread_fence(__ATOMIC_SEQ_CST);
-        look = __atomic_load_n(&h->hdr->ready_tail, __ATOMIC_RELAXED) == h->ready_head &&
+        /* Sequentially consistent, as the daemon's publishing and its look at
+         * client_waiting are: either we see the entry, or it sees us waiting. */
+        __atomic_store_n(&h->hdr->client_waiting, 1, __ATOMIC_SEQ_CST);
+        look = __atomic_load_n(&h->hdr->ready_tail, __ATOMIC_SEQ_CST) == h->ready_head &&
                client_handoff_futex_wait(&h->hdr->ready_seq, seq,
                                          left < CLIENT_HANDOFF_SLICE_MS ? left : CLIENT_HANDOFF_SLICE_MS);
         __atomic_store_n(&h->hdr->client_waiting, 0, __ATOMIC_RELAXED);

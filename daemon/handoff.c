@@ -197,11 +197,10 @@ static int handoff_take_releases(handoff *h)
 
 static void handoff_wake_client(handoff *h)
 {
-    __atomic_store_n(&h->hdr->ready_seq, ++h->seq, __ATOMIC_RELEASE);
-    /* Pairs with the client's fence between setting client_waiting and looking at the
-     * queue again: either it sees the entry, or we see it waiting. */
-    __atomic_thread_fence(__ATOMIC_SEQ_CST);
-    h->client_waited = __atomic_load_n(&h->hdr->client_waiting, __ATOMIC_RELAXED) != 0;
+    /* Sequentially consistent, as the client's setting of client_waiting and its second
+     * look at the queue are: either it sees the entry, or we see it waiting. */
+    __atomic_store_n(&h->hdr->ready_seq, ++h->seq, __ATOMIC_SEQ_CST);
+    h->client_waited = __atomic_load_n(&h->hdr->client_waiting, __ATOMIC_SEQ_CST) != 0;
     if (h->client_waited)
         syscall(SYS_futex, &h->hdr->ready_seq, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
 }
@@ -235,7 +234,7 @@ static void handoff_publish(handoff *h, const struct stream_answer *a)
         h->on_batch(h->ctx, &a->batch);
     }
     h->ready_tail++;
-    __atomic_store_n(&h->hdr->ready_tail, h->ready_tail, __ATOMIC_RELEASE);
+    __atomic_store_n(&h->hdr->ready_tail, h->ready_tail, __ATOMIC_SEQ_CST);
     handoff_wake_client(h);
     handoff_count_ahead(h);
 }
@@ -288,10 +287,9 @@ static void handoff_pump(handoff *h)
             h->idle_seq = 1;
         uint32_t target = stream_prefetch_target(h->s);
         __atomic_store_n(&h->hdr->wake_after, target / 2 ? target / 2 : 1, __ATOMIC_RELAXED);
-        __atomic_store_n(&h->hdr->daemon_idle, h->idle_seq, __ATOMIC_RELAXED);
-        __atomic_thread_fence(__ATOMIC_SEQ_CST);
-        if (__atomic_load_n(&h->hdr->release_tail, __ATOMIC_RELAXED) == h->release_head &&
-            __atomic_load_n(&h->hdr->ready_head, __ATOMIC_RELAXED) == seen_head)
+        __atomic_store_n(&h->hdr->daemon_idle, h->idle_seq, __ATOMIC_SEQ_CST);
+        if (__atomic_load_n(&h->hdr->release_tail, __ATOMIC_SEQ_CST) == h->release_head &&
+            __atomic_load_n(&h->hdr->ready_head, __ATOMIC_SEQ_CST) == seen_head)
             return;
     }
 }

@@ -349,7 +349,17 @@ static int server_ops_open_share(server *srv, const cJSON *req, dataset *d, stru
     return 0;
 }
 
-static void server_ops_count_batch(conn *c, const struct stream_batch *b);
+/* A batch leased to the connection, by a next reply or the hand-off. */
+static void server_ops_count_batch(conn *c, const struct stream_batch *b)
+{
+    server *srv = c->srv;
+    srv->batches_served++;
+    srv->samples_served += b->rows;
+    srv->bytes_served += b->bytes;
+    c->batches_served++;
+    c->samples_served += b->rows;
+    c->bytes_served += b->bytes;
+}
 
 static void server_ops_handoff_batch(void *ctx, const struct stream_batch *b)
 {
@@ -536,18 +546,6 @@ static void server_op_open(conn *c, const cJSON *req, int64_t id)
     if (cs->ho)
         handoff_describe(cs->ho, r);
     server_reply_send(c, r); /* stream_open told the dataset's cache keeper */
-}
-
-/* A batch leased to the connection, by a next reply or the hand-off. */
-static void server_ops_count_batch(conn *c, const struct stream_batch *b)
-{
-    server *srv = c->srv;
-    srv->batches_served++;
-    srv->samples_served += b->rows;
-    srv->bytes_served += b->bytes;
-    c->batches_served++;
-    c->samples_served += b->rows;
-    c->bytes_served += b->bytes;
 }
 
 /* Fills a next's outbox entry with the stream's answer. */
