@@ -451,8 +451,10 @@ static bool answer_now(stream *s, struct stream_answer *ret)
                 s->wait_ns += stream_now_ns() - s->wait_start_ns;
                 s->wait_start_ns = 0;
             }
-            if (s->eager)
+            if (s->eager) {
                 set_urgent(s, false); /* until the asker says its trainer waits again */
+                s->handed_ahead++;    /* handed over now; the asker counts them exactly */
+            }
             return true;
         }
         if (!atomic_load_explicit(&s->ds->stalled_reads, memory_order_relaxed)) {

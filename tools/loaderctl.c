@@ -78,6 +78,7 @@ static const char ctl_options_usage[] =
     "                         (a restart), then goes on at the batch it had reached\n"
     "                         (default 60; 0: never)\n"
     "  LOADERD_UID            the default of --daemon-uid\n"
+    "  LOADERD_HANDOFF        socket: the default of read's --handoff (else shm)\n"
     "  (the default socket is $XDG_RUNTIME_DIR/loaderd.sock when that is a private\n"
     "  directory, else /tmp/loaderd-UID/loaderd.sock)\n"
     "\nexit status: 0 on success, 1 when the daemon or a request failed, 2 for a bad command line\n";
