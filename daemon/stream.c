@@ -837,7 +837,7 @@ void stream_set_handed_ahead(stream *s, uint32_t n)
     uint32_t was = s->handed_ahead;
     s->handed_ahead = n;
     if (n < was)
-        schedule(s); /* the trainer took some: room to prepare more */
+        stream_schedule(s); /* the trainer took some: room to prepare more */
 }
 
 uint32_t stream_prefetch_target(const stream *s)
