@@ -758,7 +758,7 @@ def test_daemon_stopped_times_out_then_resumes(spare_daemon):
 
 def test_ctrl_c_interrupts_a_wait(spare_daemon):
     c = loaderclient.Client(spare_daemon.socket, timeout=30)
-    s = c.open("rec", 16, prefetch=1, auto_release=False)
+    s = c.open("rec", 16, prefetch=1, auto_release=False, handoff="socket")   # counts leases (above)
     # Hold every slot but the one the next request is for (the package refuses a next when
     # every slot is held). The library's two read-ahead answers went to the second and third
     # batches, and holding more than one it asks no more ahead: every leased slot is a batch
