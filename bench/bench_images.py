@@ -678,15 +678,7 @@ def console_table(rows, floor, summary):
 
 
 def machine_info(rows):
-    model = "unknown"
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    model = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
+    model = measure.cpu_model()
     child = next((r["child"] for r in rows if "child" in r), {})
     return {
         "nproc": len(os.sched_getaffinity(0)), "cpu_count": os.cpu_count(), "cpu_model": model,

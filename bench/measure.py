@@ -328,8 +328,8 @@ def host_label():
     return f"{len(os.sched_getaffinity(0))}c-{round(mem_total_kib() / 1024 / 1024)}g"
 
 
-def machine_info(rows=()):
-    """CPU, memory, kernel and the versions of everything the figures depend on."""
+def cpu_model():
+    """The CPU's model name from /proc/cpuinfo, or "unknown"."""
     model = "unknown"
     try:
         with open("/proc/cpuinfo") as f:
@@ -339,6 +339,12 @@ def machine_info(rows=()):
                     break
     except OSError:
         pass
+    return model
+
+
+def machine_info(rows=()):
+    """CPU, memory, kernel and the versions of everything the figures depend on."""
+    model = cpu_model()
     import importlib.metadata as md
     versions = {}
     for pkg in ("numpy", "torch", "torchvision", "Pillow"):
