@@ -1,8 +1,9 @@
 /* arena — the growing storage of the scanners that build a dataset's sample list (the
- * folder walk in source_files.c, the manifest reader in manifest.c): heap arrays that
- * double when full, and string arenas, one heap block of NUL-terminated strings that
- * are addressed by offset (so the block may move as it grows). Everything here is
- * static inline; nothing is thread-safe. */
+ * folder walk in source_files_scan.c, the manifest reader in manifest.c): heap arrays that
+ * double when full, string arenas, one heap block of NUL-terminated strings that are
+ * addressed by offset (so the block may move as it grows), and runs, a value per stretch
+ * of samples instead of one per sample. Everything here is static inline; nothing is
+ * thread-safe. */
 #ifndef LD_ARENA_H
 #define LD_ARENA_H
 
@@ -47,6 +48,25 @@ static inline int arena_push(char **data, size_t *len, size_t *cap, const char *
     *ret_off = *len;
     *len += n + 1;
     return 0;
+}
+
+/* Runs: an array of n >= 1 structs of `size` bytes whose first member is the uint64_t
+ * index at which each run starts, in increasing order, the first at 0 (the label runs of
+ * the folder walk, the line runs of the manifest reader). Returns the position of the run
+ * that holds index i: the last that starts at or before it. */
+static inline size_t arena_run_find(const void *runs, size_t n, size_t size, uint64_t i)
+{
+    size_t lo = 0, hi = n;
+    while (hi - lo > 1) {
+        size_t mid = lo + (hi - lo) / 2;
+        uint64_t first;
+        memcpy(&first, (const char *)runs + mid * size, sizeof first);
+        if (first <= i)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    return lo;
 }
 
 #endif

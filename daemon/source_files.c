@@ -1,8 +1,9 @@
 /* source_files — the `files` dataset kind: one sample per file of a directory tree.
  *
- * open() walks the configured directory once, keeps the regular files whose path
- * matches the dataset's glob, and sorts them bytewise by relative path, so a sample
- * index names the same file on every run and every machine. A sample has two fields:
+ * open() walks the configured directory once (source_files_scan.c, which builds the
+ * index: 16 bytes and the relative path per sample, labels as runs), keeps the regular
+ * files whose path matches the dataset's glob, and sorts them bytewise by relative path,
+ * so a sample index names the same file on every run and every machine. A sample has two fields:
  * "data", the file's bytes (a fixed uint8 row when every file has the same size, a
  * ragged field otherwise), and "label", an int64 scalar: the index of the file's
  * first-level sub-folder among the sorted first-level sub-folders that hold at least
@@ -45,10 +46,8 @@
  * stat size; the root's path is left out, so a moved tree keeps its cache. */
 #include "dataset.h"
 
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <fnmatch.h>
 #include <inttypes.h>
 #include <limits.h>
 #include <stdio.h>
@@ -59,274 +58,24 @@
 #include <unistd.h>
 #include <xxhash.h>
 
-#include "arena.h"
 #include "beneath.h"
 #include "log.h"
 #include "npy.h"
 #include "coldread.h"
+#include "source_files_internal.h"
 
 #define FIELD_DATA 0
 #define FIELD_LABEL 1
 /* One pread() is capped so a very large file cannot ask for more than ssize_t holds. */
 #define READ_CHUNK (1u << 30)
 
-/* 32 bytes a file; the path itself lives in the shared arena. */
-struct files_entry {
-    uint64_t path_off;              /* NUL-terminated relative path at arena + path_off */
-    uint64_t size;                  /* bytes, as the scan saw it */
-    int64_t label;
-    uint32_t link;                  /* the scan found a symbolic link (to a regular file) */
-};
-
 struct files_dataset {
     struct dataset base;            /* first: a files_dataset is a dataset */
     struct beneath root;            /* every open goes through it (beneath.h) */
-    char *arena;                    /* every relative path, back to back */
-    struct files_entry *entries;    /* base.count of them, in sample order */
-    uint64_t n_classes;
+    struct files_index ix;          /* the samples (source_files_internal.h) */
     bool npy;                       /* format: npy; then every sample's array is like npy_layout */
     struct npy_header npy_layout;
 };
-
-/* State of one scan; everything here is dropped or moved into the dataset at the end. */
-struct files_walk {
-    const struct config_dataset *cfg;
-    struct beneath root;
-    bool match_base;                /* the glob has no '/': also try the base name */
-    char *arena;
-    size_t arena_len, arena_cap;
-    struct files_entry *entries;
-    size_t n_entries, cap_entries;
-    uint64_t *dirs;                 /* arena offsets of directories still to read */
-    size_t n_dirs, cap_dirs;
-    char *errbuf;
-};
-
-static bool walk_matches(const struct files_walk *w, const char *rel, const char *name)
-{
-    if (fnmatch(w->cfg->pattern, rel, FNM_PATHNAME) == 0)
-        return true;
-    return w->match_base && fnmatch(w->cfg->pattern, name, FNM_PATHNAME) == 0;
-}
-
-static void walk_error(struct files_walk *w, const char *what, const char *rel, int err)
-{
-    char ebuf[128];
-    snprintf(w->errbuf, LD_ERRMSG_MAX, "dataset '%s': cannot %s '%s%s%s': %s", w->cfg->name,
-             what, w->cfg->path, *rel ? "/" : "", rel, strerror_r(err, ebuf, sizeof ebuf));
-}
-
-/* Reads one directory (rel "" is the root): sub-directories go on the stack, matching
- * regular files into the entries. Only this directory's descriptor is open meanwhile,
- * so the depth of the tree never costs descriptors. */
-static int walk_dir(struct files_walk *w, uint64_t dir_off)
-{
-    char rel[PATH_MAX];
-    DIR *dir = NULL;
-    int dfd, r = 0;
-
-    /* The arena may move while we append, so work on a copy of the directory's path. */
-    size_t dlen = strlen(w->arena + dir_off);
-    memcpy(rel, w->arena + dir_off, dlen + 1);
-
-    r = beneath_open_dir(&w->root, rel, &dfd);
-    if (r < 0) {
-        walk_error(w, "open directory", rel, -r);
-        goto out;
-    }
-    dir = fdopendir(dfd);
-    if (!dir) {
-        r = ld_from_errno(errno);
-        walk_error(w, "open directory", rel, errno);
-        close(dfd);
-        goto out;
-    }
-
-    for (;;) {
-        rel[dlen] = '\0';  /* so that a message names the directory */
-        errno = 0;
-        struct dirent *de = readdir(dir);
-        if (!de) {
-            if (errno) {
-                r = ld_from_errno(errno);
-                walk_error(w, "read directory", rel, errno);
-            }
-            break;
-        }
-        if (de->d_name[0] == '.')
-            continue;   /* ".", ".." and hidden entries: see the top of the file */
-
-        size_t nlen = strlen(de->d_name);
-        size_t plen = dlen ? dlen + 1 + nlen : nlen;
-        if (plen >= sizeof rel) {
-            r = LD_ENAMETOOLONG;
-            walk_error(w, "use", rel, ENAMETOOLONG);
-            break;
-        }
-        if (dlen)
-            rel[dlen] = '/';
-        memcpy(rel + (dlen ? dlen + 1 : 0), de->d_name, nlen + 1);
-
-        struct stat st;
-        unsigned char type = de->d_type;
-        if (type == DT_UNKNOWN) {   /* some file systems do not fill d_type */
-            if (fstatat(dfd, de->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0) {
-                if (errno == ENOENT)
-                    continue;      /* removed while we scan */
-                r = ld_from_errno(errno);
-                walk_error(w, "stat", rel, errno);
-                break;
-            }
-            type = S_ISDIR(st.st_mode) ? DT_DIR
-                 : S_ISREG(st.st_mode) ? DT_REG
-                 : S_ISLNK(st.st_mode) ? DT_LNK : DT_UNKNOWN;
-        }
-
-        if (type == DT_DIR) {
-            uint64_t off;
-            r = arena_grow((void **)&w->dirs, &w->cap_dirs, w->n_dirs + 1, sizeof *w->dirs);
-            if (r == 0)
-                r = arena_push(&w->arena, &w->arena_len, &w->arena_cap, rel, plen, &off);
-            if (r < 0) {
-                snprintf(w->errbuf, LD_ERRMSG_MAX, "dataset '%s': out of memory", w->cfg->name);
-                break;
-            }
-            w->dirs[w->n_dirs++] = off;
-        } else if (type == DT_REG || type == DT_LNK) {
-            if (!walk_matches(w, rel, de->d_name))
-                continue;
-            if (type == DT_REG) {
-                if (fstatat(dfd, de->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0) {
-                    if (errno == ENOENT)
-                        continue;  /* removed meanwhile */
-                    r = ld_from_errno(errno);
-                    walk_error(w, "stat", rel, errno);
-                    break;
-                }
-                if (!S_ISREG(st.st_mode))
-                    continue;      /* replaced meanwhile */
-            } else {
-                /* A link is followed to what it names, by the rules every read
-                 * follows too (beneath.h); only a regular file there counts. */
-                int lfd;
-                r = beneath_open(&w->root, rel, BENEATH_LINK | BENEATH_PATH, &lfd, &st);
-                if (r == 0) {
-                    close(lfd);
-                } else if (r == LD_ENOENT || r == -ELOOP || r == BENEATH_ENOTREG || r == -EISDIR || r == -ENOTDIR) {
-                    r = 0;
-                    continue;      /* dangling, a cycle, or not a file: not a sample */
-                } else if (r == -EXDEV) {
-                    char ebuf[128];
-                    ld_log(LD_LOG_WARN, "dataset '%s': '%s' is not a sample: %s", w->cfg->name, rel,
-                           beneath_strerror(r, ebuf, sizeof ebuf));
-                    r = 0;
-                    continue;
-                } else {
-                    walk_error(w, "follow the link", rel, -r);
-                    break;
-                }
-            }
-            r = arena_grow((void **)&w->entries, &w->cap_entries, w->n_entries + 1, sizeof *w->entries);
-            struct files_entry e = {.size = (uint64_t)st.st_size, .label = -1, .link = type == DT_LNK};
-            if (r == 0)
-                r = arena_push(&w->arena, &w->arena_len, &w->arena_cap, rel, plen, &e.path_off);
-            if (r < 0) {
-                snprintf(w->errbuf, LD_ERRMSG_MAX, "dataset '%s': out of memory", w->cfg->name);
-                break;
-            }
-            w->entries[w->n_entries++] = e;
-        }
-    }
-
-out:
-    if (dir)
-        closedir(dir);
-    return r;
-}
-
-static int entry_cmp(const void *a, const void *b, void *arena)
-{
-    const struct files_entry *x = a, *y = b;
-    return strcmp((const char *)arena + x->path_off, (const char *)arena + y->path_off);
-}
-
-/* A first-level sub-folder: its name is the first `len` bytes of a path in the arena. */
-struct files_class {
-    uint64_t off;
-    size_t len;
-};
-
-struct class_sort {
-    const struct files_class *classes;
-    const char *arena;
-};
-
-static int class_cmp(const void *a, const void *b, void *ctx)
-{
-    const struct class_sort *s = ctx;
-    const struct files_class *x = &s->classes[*(const uint64_t *)a];
-    const struct files_class *y = &s->classes[*(const uint64_t *)b];
-    size_t n = x->len < y->len ? x->len : y->len;
-    int c = memcmp(s->arena + x->off, s->arena + y->off, n);
-    if (c)
-        return c;
-    return (x->len > y->len) - (x->len < y->len);   /* a prefix sorts first, as strcmp */
-}
-
-/* Gives each entry its label. Entries are sorted by path, so the files of one
- * first-level folder are contiguous (they share the prefix "name/"); the folders are
- * then ranked by name, which is not the same order ("a-b/" sorts before "a/"). */
-static int assign_labels(const char *arena, struct files_entry *entries, size_t n,
-                         uint64_t *ret_n_classes)
-{
-    struct files_class *classes = NULL;
-    uint64_t *order = NULL, *rank = NULL;
-    size_t n_classes = 0, cap = 0;
-    int r = 0;
-
-    for (size_t i = 0; i < n; i++) {
-        const char *p = arena + entries[i].path_off;
-        const char *slash = strchr(p, '/');
-        if (!slash) {
-            entries[i].label = -1;
-            continue;
-        }
-        size_t len = (size_t)(slash - p);
-        if (n_classes == 0 || classes[n_classes - 1].len != len ||
-            memcmp(arena + classes[n_classes - 1].off, p, len) != 0) {
-            r = arena_grow((void **)&classes, &cap, n_classes + 1, sizeof *classes);
-            if (r < 0)
-                goto out;
-            classes[n_classes++] = (struct files_class){.off = entries[i].path_off, .len = len};
-        }
-        entries[i].label = (int64_t)(n_classes - 1);   /* group number, ranked below */
-    }
-
-    if (n_classes > 0) {
-        order = malloc(n_classes * sizeof *order);
-        rank = malloc(n_classes * sizeof *rank);
-        if (!order || !rank) {
-            r = LD_ENOMEM;
-            goto out;
-        }
-        for (size_t k = 0; k < n_classes; k++)
-            order[k] = k;
-        struct class_sort ctx = {.classes = classes, .arena = arena};
-        qsort_r(order, n_classes, sizeof *order, class_cmp, &ctx);
-        for (size_t k = 0; k < n_classes; k++)
-            rank[order[k]] = k;
-        for (size_t i = 0; i < n; i++)
-            if (entries[i].label >= 0)
-                entries[i].label = (int64_t)rank[entries[i].label];
-    }
-    *ret_n_classes = n_classes;
-
-out:
-    free(classes);
-    free(order);
-    free(rank);
-    return r;
-}
 
 static void files_free_now(void *arg)
 {
@@ -335,8 +84,7 @@ static void files_free_now(void *arg)
     for (size_t k = 0; fd->base.class_names && k < fd->base.n_classes; k++)
         free(fd->base.class_names[k]);
     free(fd->base.class_names);
-    free(fd->arena);
-    free(fd->entries);
+    source_files_index_free(&fd->ix);
     free(fd);
 }
 
@@ -350,21 +98,21 @@ static void files_free(dataset *d)
     coldread_release(fd->base.ahead, files_free_now, fd);
 }
 
-/* The class names by label: the first path component of any file of that class. */
+/* The class names by label: the first path component of the first file of each run. */
 static int files_class_names(struct files_dataset *fd)
 {
     dataset *d = &fd->base;
-    if (!fd->n_classes)
+    if (!fd->ix.n_classes)
         return 0;
-    d->class_names = calloc(fd->n_classes, sizeof *d->class_names);
+    d->class_names = calloc(fd->ix.n_classes, sizeof *d->class_names);
     if (!d->class_names)
         return LD_ENOMEM;
-    d->n_classes = fd->n_classes;
-    for (uint64_t i = 0; i < d->count; i++) {
-        int64_t label = fd->entries[i].label;
+    d->n_classes = fd->ix.n_classes;
+    for (size_t k = 0; k < fd->ix.n_runs; k++) {
+        int64_t label = fd->ix.runs[k].label;
         if (label < 0 || d->class_names[label])
             continue;
-        const char *p = fd->arena + fd->entries[i].path_off;
+        const char *p = files_entry_path(&fd->ix, &fd->ix.entries[fd->ix.runs[k].first]);
         d->class_names[label] = strndup(p, strcspn(p, "/"));
         if (!d->class_names[label])
             return LD_ENOMEM;
@@ -386,10 +134,10 @@ static int files_npy_layout(struct files_dataset *fd, char *errbuf)
     int first_rc = 0;
 
     for (uint64_t i = 0; i < d->count && i < NPY_PROBE_FILES; i++) {
-        const struct files_entry *e = &fd->entries[i];
-        const char *rel = fd->arena + e->path_off;
+        const struct files_entry *e = &fd->ix.entries[i];
+        const char *rel = files_entry_path(&fd->ix, e);
         struct npy_header h;
-        int f = -1, r = beneath_open(&fd->root, rel, e->link ? BENEATH_LINK : 0, &f, NULL);
+        int f = -1, r = beneath_open(&fd->root, rel, files_entry_link(e) ? BENEATH_LINK : 0, &f, NULL);
         if (r < 0) {
             snprintf(reason, sizeof reason, "%s", beneath_strerror(r, ebuf, sizeof ebuf));
         } else {
@@ -428,8 +176,9 @@ static int files_npy_layout(struct files_dataset *fd, char *errbuf)
 static int files_ahead_open(const void *ctx, uint64_t index, int *ret_fd, uint64_t *ret_bytes)
 {
     const struct files_dataset *fd = ctx;
-    const struct files_entry *e = &fd->entries[index];
-    int r = beneath_open(&fd->root, fd->arena + e->path_off, e->link ? BENEATH_LINK : 0, ret_fd, NULL);
+    const struct files_entry *e = &fd->ix.entries[index];
+    int r = beneath_open(&fd->root, files_entry_path(&fd->ix, e), files_entry_link(e) ? BENEATH_LINK : 0, ret_fd,
+                         NULL);
     if (r < 0)
         return r;
     *ret_bytes = e->size;
@@ -438,7 +187,6 @@ static int files_ahead_open(const void *ctx, uint64_t index, int *ret_fd, uint64
 
 static int files_open(const struct config_dataset *cfg, dataset **ret_dataset, char *errbuf)
 {
-    struct files_walk w = {.cfg = cfg, .root = {.rootfd = -1}, .errbuf = errbuf};
     struct files_dataset *fd = NULL;
     const char *pattern = cfg->pattern ? cfg->pattern : "*";
     struct config_dataset c = *cfg;
@@ -446,55 +194,39 @@ static int files_open(const struct config_dataset *cfg, dataset **ret_dataset, c
     int r;
 
     c.pattern = (char *)pattern;
-    w.cfg = &c;
-    w.match_base = strchr(pattern, '/') == NULL;
-
+    fd = calloc(1, sizeof *fd);
+    if (!fd) {
+        snprintf(errbuf, LD_ERRMSG_MAX, "dataset '%s': out of memory", cfg->name);
+        return LD_ENOMEM;
+    }
+    fd->root.rootfd = -1;
+    dataset *d = &fd->base;
+    d->ops = &source_files_ops;
     r = beneath_root_open(cfg->path, cfg->follow_links == CONFIG_FOLLOW_LINKS_OUTSIDE ? BENEATH_LINKS_OUTSIDE
                                                                                    : BENEATH_LINKS_INSIDE,
-                          getenv("LOADERD_NO_OPENAT2") ? BENEATH_ROOT_NO_OPENAT2 : 0, &w.root);
+                          getenv("LOADERD_NO_OPENAT2") ? BENEATH_ROOT_NO_OPENAT2 : 0, &fd->root);
     if (r < 0) {
         snprintf(errbuf, LD_ERRMSG_MAX, "dataset '%s': cannot open directory '%s': %s",
                  cfg->name, cfg->path, strerror_r(-r, ebuf, sizeof ebuf));
         goto fail;
     }
-
-    /* Depth-first from the root; the stack holds directories not yet read. */
-    uint64_t root_off;
-    r = arena_push(&w.arena, &w.arena_len, &w.arena_cap, "", 0, &root_off);
-    if (r == 0)
-        r = arena_grow((void **)&w.dirs, &w.cap_dirs, 1, sizeof *w.dirs);
-    if (r < 0) {
-        snprintf(errbuf, LD_ERRMSG_MAX, "dataset '%s': out of memory", cfg->name);
+    r = source_files_scan(&c, &fd->root, &fd->ix, errbuf);
+    if (r < 0)
         goto fail;
-    }
-    w.dirs[w.n_dirs++] = root_off;
-    while (w.n_dirs > 0) {
-        r = walk_dir(&w, w.dirs[--w.n_dirs]);
-        if (r < 0)
-            goto fail;
-    }
-
-    if (w.n_entries == 0) {
+    if (fd->ix.count == 0) {
         r = LD_EDATASET;
         snprintf(errbuf, LD_ERRMSG_MAX, "dataset '%s': no file under '%s' matches '%s'",
                  cfg->name, cfg->path, pattern);
         goto fail;
     }
 
-    qsort_r(w.entries, w.n_entries, sizeof *w.entries, entry_cmp, w.arena);
-
-    uint64_t n_classes = 0, max_size = 0;
+    uint64_t max_size = 0;
     bool same = true;
-    r = assign_labels(w.arena, w.entries, w.n_entries, &n_classes);
-    if (r < 0) {
-        snprintf(errbuf, LD_ERRMSG_MAX, "dataset '%s': out of memory", cfg->name);
-        goto fail;
-    }
-    for (size_t i = 0; i < w.n_entries; i++) {
-        if (w.entries[i].size != w.entries[0].size)
+    for (size_t i = 0; i < fd->ix.count; i++) {
+        if (fd->ix.entries[i].size != fd->ix.entries[0].size)
             same = false;
-        if (w.entries[i].size > max_size)
-            max_size = w.entries[i].size;
+        if (fd->ix.entries[i].size > max_size)
+            max_size = fd->ix.entries[i].size;
     }
     /* A sample of zero bytes everywhere is a layout with nothing in it: surely a
      * wrong directory or glob, better said at start than served. */
@@ -502,21 +234,13 @@ static int files_open(const struct config_dataset *cfg, dataset **ret_dataset, c
         r = LD_EDATASET;
         snprintf(errbuf, LD_ERRMSG_MAX,
                  "dataset '%s': all %zu files under '%s' matching '%s' are empty", cfg->name,
-                 w.n_entries, cfg->path, pattern);
+                 fd->ix.count, cfg->path, pattern);
         goto fail;
     }
 
-    fd = calloc(1, sizeof *fd);
-    if (!fd) {
-        r = LD_ENOMEM;
-        snprintf(errbuf, LD_ERRMSG_MAX, "dataset '%s': out of memory", cfg->name);
-        goto fail;
-    }
-    dataset *d = &fd->base;
-    d->ops = &source_files_ops;
     snprintf(d->name, sizeof d->name, "%s", cfg->name);
     snprintf(d->source, sizeof d->source, "%s", cfg->path);
-    d->count = w.n_entries;
+    d->count = fd->ix.count;
     /* openat + pread + close of a small cached file: about 3 us, the time of a 16 KiB memcpy. */
     d->sample_overhead = 16 * 1024;
     d->n_fields = 2;
@@ -537,39 +261,26 @@ static int files_open(const struct config_dataset *cfg, dataset **ret_dataset, c
     label->dtype = LD_DTYPE_INT64;
     label->ndim = 0;
 
-    /* Hand the scan's buffers over; the directory paths left in the arena are a few
-     * bytes per folder and not worth a compaction. */
-    fd->root = w.root;
-    fd->arena = w.arena;
-    fd->entries = w.entries;
-    fd->n_classes = n_classes;
-    free(w.dirs);
     if (files_class_names(fd) < 0) {
+        r = LD_ENOMEM;
         ld_errorf(errbuf, "dataset '%s': out of memory", cfg->name);
-        files_free(d);
-        return LD_ENOMEM;
+        goto fail;
     }
-    if (cfg->format == CONFIG_FORMAT_NPY && (r = files_npy_layout(fd, errbuf)) < 0) {
-        files_free(d);
-        return r;
-    }
-
+    if (cfg->format == CONFIG_FORMAT_NPY && (r = files_npy_layout(fd, errbuf)) < 0)
+        goto fail;
     if (cfg->read_ahead && coldread_new(cfg->read_ahead, files_ahead_open, fd, &d->ahead) < 0) {
+        r = LD_ENOMEM;
         ld_errorf(errbuf, "dataset '%s': out of memory", cfg->name);
-        files_free(d);
-        return LD_ENOMEM;
+        goto fail;
     }
 
     ld_log(LD_LOG_DEBUG, "dataset '%s': %" PRIu64 " files in %" PRIu64 " classes under '%s' (%s)",
-           d->name, d->count, n_classes, d->source, same ? "fixed size" : "ragged");
+           d->name, d->count, fd->ix.n_classes, d->source, same ? "fixed size" : "ragged");
     *ret_dataset = d;
     return 0;
 
 fail:
-    beneath_root_close(&w.root);
-    free(w.arena);
-    free(w.entries);
-    free(w.dirs);
+    files_free(d);
     return r;
 }
 
@@ -579,7 +290,7 @@ static uint64_t files_item_bytes(const dataset *d, uint64_t index, int field)
     if (index >= d->count)
         return 0;
     if (field == FIELD_DATA)
-        return fd->npy ? fd->npy_layout.data_bytes : fd->entries[index].size;
+        return fd->npy ? fd->npy_layout.data_bytes : fd->ix.entries[index].size;
     if (field == FIELD_LABEL)
         return sizeof(int64_t);
     return 0;
@@ -588,13 +299,14 @@ static uint64_t files_item_bytes(const dataset *d, uint64_t index, int field)
 /* One attempt at sample `index`: open it beneath the root, read its recorded size. */
 static int files_read_once(const struct files_dataset *fd, uint64_t index, void *const dst[], char *errbuf)
 {
-    const struct files_entry *e = &fd->entries[index];
-    const char *rel = fd->arena + e->path_off;
+    const struct files_entry *e = &fd->ix.entries[index];
+    const char *rel = files_entry_path(&fd->ix, e);
+    int64_t label = source_files_label(&fd->ix, index);
     uint8_t *out = dst[FIELD_DATA];
     char ebuf[128];
     int f = -1, r;
 
-    r = beneath_open(&fd->root, rel, e->link ? BENEATH_LINK : 0, &f, NULL);
+    r = beneath_open(&fd->root, rel, files_entry_link(e) ? BENEATH_LINK : 0, &f, NULL);
     if (r < 0) {
         snprintf(errbuf, LD_ERRMSG_MAX, "sample %" PRIu64 " (%s): %s", index, rel,
                  beneath_strerror(r, ebuf, sizeof ebuf));
@@ -607,7 +319,7 @@ static int files_read_once(const struct files_dataset *fd, uint64_t index, void 
             ld_errorf(errbuf, "sample %" PRIu64 " (%s): %s", index, rel, reason);
             goto out;
         }
-        memcpy(dst[FIELD_LABEL], &e->label, sizeof e->label);
+        memcpy(dst[FIELD_LABEL], &label, sizeof label);
         goto out;
     }
     uint64_t done = 0;
@@ -631,7 +343,7 @@ static int files_read_once(const struct files_dataset *fd, uint64_t index, void 
         done += (uint64_t)n;
     }
     /* The slot's rows are aligned, but memcpy says so without assuming it. */
-    memcpy(dst[FIELD_LABEL], &e->label, sizeof e->label);
+    memcpy(dst[FIELD_LABEL], &label, sizeof label);
     r = 0;
 
 out:
@@ -687,7 +399,7 @@ static int files_read_raw(const dataset *d, uint64_t index, void *buf, uint64_t 
     if (index < d->count && len > cap) {
         ld_errorf(errbuf, "sample %" PRIu64 " (%s): %" PRIu64
                  " bytes do not fit a buffer of %" PRIu64, index,
-                 fd->arena + fd->entries[index].path_off, len, cap);
+                 files_entry_path(&fd->ix, &fd->ix.entries[index]), len, cap);
         return LD_ERANGE;
     }
     int r = files_read(d, index, dst, errbuf);
@@ -714,7 +426,7 @@ _Static_assert(sizeof(struct files_fp_record) == 40, "no padding may reach the h
 static int files_hash_content(const struct files_dataset *fd, const struct files_entry *e, uint8_t *buf,
                               size_t cap, uint64_t *ret_hash, char *errbuf)
 {
-    const char *rel = fd->arena + e->path_off;
+    const char *rel = files_entry_path(&fd->ix, e);
     char ebuf[128];
     XXH3_state_t *st = XXH3_createState();
     int f = -1, r = 0;
@@ -725,7 +437,7 @@ static int files_hash_content(const struct files_dataset *fd, const struct files
         goto out;
     }
     XXH3_64bits_reset(st);
-    r = beneath_open(&fd->root, rel, e->link ? BENEATH_LINK : 0, &f, NULL);
+    r = beneath_open(&fd->root, rel, files_entry_link(e) ? BENEATH_LINK : 0, &f, NULL);
     if (r < 0)
         goto out;
     for (;;) {
@@ -787,15 +499,15 @@ static int files_fingerprint(const dataset *d, int mode, uint64_t *ret_fingerpri
         XXH3_64bits_update(st, tag_npy, sizeof tag_npy);
 
     for (uint64_t i = 0; i < d->count; i++) {
-        const struct files_entry *e = &fd->entries[i];
-        const char *rel = fd->arena + e->path_off;
+        const struct files_entry *e = &fd->ix.entries[i];
+        const char *rel = files_entry_path(&fd->ix, e);
         struct files_fp_record rec = {.scan_size = e->size};
         struct stat sb;
 
         /* Follow a link the scan found, as read() does: its target is the sample. A
          * plain file that became a link since is seen as the link (and read() refuses
          * it), so the fingerprint changes. */
-        if (fstatat(fd->root.rootfd, rel, &sb, e->link ? 0 : AT_SYMLINK_NOFOLLOW) < 0) {
+        if (fstatat(fd->root.rootfd, rel, &sb, files_entry_link(e) ? 0 : AT_SYMLINK_NOFOLLOW) < 0) {
             if (errno != ENOENT) {
                 r = ld_from_errno(errno);
                 ld_errorf(errbuf, "dataset '%s': cannot stat '%s/%s': %s",
@@ -828,7 +540,7 @@ out:
 static const char *files_sample_name(const dataset *d, uint64_t index)
 {
     const struct files_dataset *fd = (const struct files_dataset *)d;
-    return index < d->count ? fd->arena + fd->entries[index].path_off : NULL;
+    return index < d->count ? files_entry_path(&fd->ix, &fd->ix.entries[index]) : NULL;
 }
 
 const struct dataset_ops source_files_ops = {
