@@ -2,7 +2,7 @@
  *
  * The file is read whole into memory (it is small next to the data it lists) and
  * scanned once. Each kept cell is copied, unquoted, into one arena of NUL-terminated
- * strings; a row is n_columns offsets into it plus its line number. The scanners count
+ * strings; a row is n_columns offsets into it (its line number is kept as runs). The scanners count
  * lines as they go, including the line breaks inside quoted CSV fields, so that the
  * line a message names is the one an editor shows. Nothing here trusts the file: every
  * row is checked against the header (CSV) or for each declared key (JSONL), and the
@@ -32,7 +32,13 @@ struct manifest {
     size_t n_columns;
     size_t rows, cap_rows;
     uint64_t *cells;                /* rows * n_columns arena offsets */
-    uint64_t *lines;                /* rows */
+    /* Each row's line, as runs: row r of a run starting at (row, line) is on line
+     * line + (r - row). A plain CSV or JSONL file is one run; each blank line or quoted
+     * line break starts another. So a row costs only its cells (bench_scale.py). */
+    struct manifest_line_run {
+        uint64_t row, line;
+    } *runs;
+    size_t n_runs, cap_runs;
     char *arena;
     size_t arena_len, arena_cap;
     uint64_t hash;
@@ -54,16 +60,16 @@ static int manifest_push(manifest *m, const char *s, size_t len, uint64_t *ret_o
 /* Starts row `m->rows` at `line`; its cells are set by the caller. */
 static int manifest_add_row(manifest *m, uint64_t line)
 {
-    size_t cap_cells = m->cap_rows;
-    if (arena_grow((void **)&m->lines, &m->cap_rows, m->rows + 1, sizeof *m->lines) < 0)
+    size_t row_bytes = (m->n_columns ? m->n_columns : 1) * sizeof *m->cells;
+    if (arena_grow((void **)&m->cells, &m->cap_rows, m->rows + 1, row_bytes) < 0)
         return LD_ENOMEM;
-    if (m->cap_rows != cap_cells) {
-        uint64_t *c = realloc(m->cells, m->cap_rows * (m->n_columns ? m->n_columns : 1) * sizeof *c);
-        if (!c)
+    const struct manifest_line_run *last = m->n_runs ? &m->runs[m->n_runs - 1] : NULL;
+    if (!last || last->line + (m->rows - last->row) != line) {
+        if (arena_grow((void **)&m->runs, &m->cap_runs, m->n_runs + 1, sizeof *m->runs) < 0)
             return LD_ENOMEM;
-        m->cells = c;
+        m->runs[m->n_runs++] = (struct manifest_line_run){.row = m->rows, .line = line};
     }
-    m->lines[m->rows++] = line;
+    m->rows++;
     return 0;
 }
 
@@ -383,7 +389,7 @@ void manifest_free(manifest *m)
         return;
     free(m->path);
     free(m->cells);
-    free(m->lines);
+    free(m->runs);
     free(m->arena);
     free(m);
 }
@@ -400,7 +406,8 @@ const char *manifest_cell(const manifest *m, size_t row, size_t col)
 
 uint64_t manifest_line(const manifest *m, size_t row)
 {
-    return m->lines[row];
+    const struct manifest_line_run *r = &m->runs[arena_run_find(m->runs, m->n_runs, sizeof *m->runs, row)];
+    return r->line + (row - r->row);
 }
 
 const char *manifest_path(const manifest *m)

@@ -50,8 +50,16 @@ struct manifest_dataset {
     int n_files;                    /* file and npy columns: their sizes are kept */
     int file_slot[LD_MAX_FIELDS];   /* field -> index among the file columns, or -1 */
     uint64_t *sizes;                /* count * n_files: bytes at open, or MANIFEST_MISSING */
-    uint64_t *values;               /* count * n_fields: label and numbers, as served (8 bytes each) */
+    int n_values;                   /* label and number columns: their values are kept */
+    int value_slot[LD_MAX_FIELDS];  /* field -> index among the value columns, or -1 */
+    uint64_t *values;               /* count * n_values: label and numbers, as served (8 bytes each) */
 };
+
+/* Where sample i's value of a label or number field is kept. */
+static uint64_t *md_value(const struct manifest_dataset *md, uint64_t i, int field)
+{
+    return &md->values[i * (uint64_t)md->n_values + (uint64_t)md->value_slot[field]];
+}
 
 static void manifest_ds_free(dataset *d)
 {
@@ -108,7 +116,7 @@ static int manifest_labels(struct manifest_dataset *md, int field, char *errbuf)
     if (numeric) {
         for (uint64_t i = 0; i < d->count; i++) {
             parse_int64(manifest_cell(md->m, i, (size_t)field), &v);
-            md->values[i * (uint64_t)d->n_fields + (uint64_t)field] = (uint64_t)v;
+            *md_value(md, i, field) = (uint64_t)v;
         }
         return 0;
     }
@@ -136,7 +144,7 @@ static int manifest_labels(struct manifest_dataset *md, int field, char *errbuf)
     for (uint64_t i = 0; i < d->count; i++) {
         const char *key = manifest_cell(md->m, i, (size_t)field);
         const char **hit = bsearch(&key, names, n, sizeof *names, cmp_str);
-        md->values[i * (uint64_t)d->n_fields + (uint64_t)field] = (uint64_t)(hit - names);
+        *md_value(md, i, field) = (uint64_t)(hit - names);
     }
     free(names);
     return 0;
@@ -152,7 +160,7 @@ static int manifest_numbers(struct manifest_dataset *md, int field, const char *
     char at[LD_ERRMSG_MAX];
     for (uint64_t i = 0; i < d->count; i++) {
         const char *s = manifest_cell(md->m, i, (size_t)field);
-        uint64_t *out = &md->values[i * (uint64_t)d->n_fields + (uint64_t)field];
+        uint64_t *out = md_value(md, i, field);
         if (md->types[field] == CONFIG_COLUMN_INT64) {
             int64_t v;
             if (!parse_int64(s, &v)) {
@@ -192,7 +200,11 @@ static int manifest_files(struct manifest_dataset *md, const struct config_datas
         const char *rel = manifest_cell(md->m, i, (size_t)field);
         uint64_t *size = &md->sizes[i * (uint64_t)md->n_files + (uint64_t)slot];
         struct stat st;
-        int fd = -1, r = *rel ? beneath_open(&md->root, rel, BENEATH_LINK | BENEATH_PATH, &fd, &st) : LD_ENOENT;
+        /* Most rows name a plain file: one openat2 without links, then, only where a link
+         * is met, the walk that follows it (a /proc lookup more) by the same rules. */
+        int fd = -1, r = *rel ? beneath_open(&md->root, rel, BENEATH_PATH, &fd, &st) : LD_ENOENT;
+        if (r == -ELOOP)
+            r = beneath_open(&md->root, rel, BENEATH_LINK | BENEATH_PATH, &fd, &st);
         if (fd >= 0)
             close(fd);
         if (r < 0) {
@@ -293,6 +305,7 @@ static int manifest_ds_open(const struct config_dataset *cfg, dataset **ret_data
         md->types[f] = cfg->columns[f].type;
         bool file = md->types[f] == CONFIG_COLUMN_FILE || md->types[f] == CONFIG_COLUMN_NPY;
         md->file_slot[f] = file ? md->n_files++ : -1;
+        md->value_slot[f] = file ? -1 : md->n_values++;
         cacheable &= f == 0 ? file : md->types[f] == CONFIG_COLUMN_LABEL;
         struct dataset_field *fl = &d->fields[f];
         snprintf(fl->name, sizeof fl->name, "%s", md->types[f] == CONFIG_COLUMN_LABEL ? "label" : names[f]);
@@ -322,7 +335,7 @@ static int manifest_ds_open(const struct config_dataset *cfg, dataset **ret_data
     d->count = manifest_rows(md->m);
     d->sample_overhead = 16 * 1024 * (uint64_t)md->n_files;
     md->sizes = calloc(d->count * (uint64_t)md->n_files, sizeof *md->sizes);
-    md->values = calloc(d->count * (uint64_t)d->n_fields, sizeof *md->values);
+    md->values = calloc(d->count * (uint64_t)md->n_values + 1, sizeof *md->values);
     if (!md->sizes || !md->values) {
         ld_errorf(errbuf, "dataset '%s': out of memory", cfg->name);
         r = LD_ENOMEM;
@@ -424,7 +437,7 @@ static int manifest_ds_read(const dataset *d, uint64_t index, void *const dst[],
             if (r < 0)
                 return r;
         } else {
-            memcpy(dst[f], &md->values[index * (uint64_t)d->n_fields + (uint64_t)f],
+            memcpy(dst[f], md_value(md, index, f),
                    md->types[f] == CONFIG_COLUMN_FLOAT32 ? 4 : 8);
         }
     }
@@ -457,7 +470,7 @@ static int manifest_ds_read_raw(const dataset *d, uint64_t index, void *buf, uin
         return r;
     int lf = dataset_label_field(d);
     *ret_len = len;
-    *ret_label = lf > 0 ? (int64_t)md->values[index * (uint64_t)d->n_fields + (uint64_t)lf] : -1;
+    *ret_label = lf > 0 ? (int64_t)*md_value(md, index, lf) : -1;
     return 0;
 }
 
