@@ -43,13 +43,14 @@ static const struct {
     {"top", CTL_TOP_USAGE},
     {"read", "  read DATASET [--epochs N] [--batch-size B] [--no-shuffle] [--seed S] [--epoch E]\n"
              "       [--rank R] [--world-size W] [--drop-last] [--start-batch K] [--prefetch P]\n"
-             "       [--handoff shm|socket] [--touch] [--json] [--spec JSON]\n"
+             "       [--handoff shm|socket] [--touch] [--json] [--spec JSON] [--share NAME]\n"
              "                         attach as a trainer, consume N epochs (default 1, batch 64),\n"
              "                         print samples/s; --touch reads every byte of each batch;\n"
              "                         --spec: a dataset declared as the trainer would (no DATASET),\n"
              "                         or the keys that refine DATASET (access.declare allows it);\n"
              "                         --handoff socket: a next and a release message per batch\n"
-             "                         instead of the queues in shared memory (default shm)\n"},
+             "                         instead of the queues in shared memory (default shm);\n"
+             "                         --share: read the shared stream NAME (or auto)\n"},
     {"cache", "  cache build DATASET [--force]   build the dataset's cache file now (--force: even\n"
               "                         over a valid one) and wait for it, showing progress\n"
               "  cache verify DATASET   check every sample of the cache against its checksum\n"
@@ -527,6 +528,17 @@ static int ctl_streams(const cJSON *r)
                ctl_num(s, "device_memory", 0) / 1048576.0, ctl_num(s, "device_memory_used", 0) / 1048576.0,
                ctl_num(s, "device_memory_budget", 0) / 1048576.0, ctl_num(s, "device_copies", 0),
                ctl_num(s, "copy_ms_per_batch", 0), ctl_num(s, "h2d_gbps", 0), ctl_num(s, "copying", 0));
+    }
+    /* Consumers of a shared stream: the group, and how far behind its front each one is. */
+    cJSON_ArrayForEach(s, list) {
+        const cJSON *sh = cJSON_GetObjectItemCaseSensitive(s, "share");
+        if (!cJSON_IsObject(sh))
+            continue;
+        printf("stream %.0f reads shared stream '%s' (prepared by stream %.0f; %.0f consumers, %.0f attached): "
+               "%.0f batches behind its front (max %.0f)%s\n", ctl_num(s, "id", 0), ctl_str(sh, "name", "?"),
+               ctl_num(sh, "producer", 0), ctl_num(sh, "consumers", 0), ctl_num(sh, "attached", 0),
+               ctl_num(sh, "lag", 0), ctl_num(sh, "max_lag", 0),
+               cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(sh, "detached")) ? ", detached" : "");
     }
     return ret == 0 ? 0 : ctl_fail("streams", "out of memory");
 }

@@ -258,6 +258,10 @@ int ctl_cmd_read(lc_client **pc, struct ctl_opts *o, int argc, char **argv)
             i++;
         } else if (strcmp(a, "--json") == 0) {
             o->json = true;
+        } else if (strcmp(a, "--share") == 0) {
+            if (!val || !*val)
+                return ctl_usage_error("--share needs a name (or auto)");
+            so.share = argv[++i]; /* a shared stream (README "Shared streams") */
         } else if (strcmp(a, "--spec") == 0) {
             if (!val)
                 return ctl_usage_error("--spec needs a JSON object (a dataset's keys)");

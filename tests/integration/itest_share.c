@@ -157,6 +157,10 @@ static void test_identical_bytes(void **state)
     assert_non_null(strstr(reply, "\"name\":\"sweep\""));
     assert_non_null(strstr(reply, "\"consumers\":2"));
     lc_free(reply);
+    char out[8192];
+    assert_int_equal(harness_ctl(h, out, sizeof out, "streams", NULL), 0);
+    assert_non_null(strstr(out, "reads shared stream 'sweep' (prepared by stream"));
+    assert_non_null(strstr(out, "2 consumers, 2 attached"));
     /* A batch apart (with the read-ahead, within share_max_lag): always the reference
      * batches, in order. */
     for (uint64_t i = 0; i < TOTAL; i++) {
@@ -325,6 +329,11 @@ static void test_auto_and_mismatch(void **state)
     lc_stream_close(s2);
     lc_stream_close(s3);
     lc_stream_close(s4);
+    /* loaderctl read --share: a trainer of its own on a share. */
+    char out[8192];
+    assert_int_equal(harness_ctl(h, out, sizeof out, "read", "rec", "--batch-size", "8", "--share", "ctl", "--json",
+                                 NULL), 0);
+    assert_non_null(strstr(out, "\"samples\":\t200"));
     assert_clean(h);
     lc_client_close(a);
     harness_stop_clean(h);
