@@ -290,6 +290,17 @@ static void metrics_clients_sched(struct metrics_buf *b, const struct metrics_sn
 
 static void metrics_datasets(struct metrics_buf *b, const struct metrics_snapshot *s)
 {
+    metrics_family(b, "loaderd_dataset_available", "gauge",
+                   "1 for a configured dataset that is served, 0 for one that could not be opened (its path "
+                   "is missing or unreadable: `loaderctl datasets` says why; each reload tries it again).");
+    for (size_t i = 0; i < s->n_datasets; i++) {
+        const char *kv[] = {"dataset", s->dataset[i].name, NULL};
+        metrics_u64(b, "loaderd_dataset_available", kv, 1);
+    }
+    for (size_t i = 0; i < s->n_unavailable; i++) {
+        const char *kv[] = {"dataset", s->unavailable[i], NULL};
+        metrics_u64(b, "loaderd_dataset_available", kv, 0);
+    }
     metrics_family(b, "loaderd_bad_samples_total", "counter",
                    "Samples that could not be read or prepared (unreadable, corrupt).");
     for (size_t i = 0; i < s->n_datasets; i++) {

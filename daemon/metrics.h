@@ -68,6 +68,8 @@ struct metrics_snapshot {
     size_t n_clients;
     const struct metrics_dataset *dataset;
     size_t n_datasets;
+    const char *const *unavailable;           /* configured datasets that could not be opened */
+    size_t n_unavailable;
 };
 
 /* The exposition of s into a malloc'ed NUL-terminated text (*ret_len bytes without

@@ -27,9 +27,10 @@ int server_metrics_text(server *srv, char **ret_text, size_t *ret_len)
     struct metrics_stream *st = calloc(srv->n_streams ? srv->n_streams : 1, sizeof *st);
     struct metrics_client *cl = calloc(srv->n_conns ? srv->n_conns : 1, sizeof *cl);
     struct metrics_dataset *ds = calloc(srv->n_datasets ? srv->n_datasets : 1, sizeof *ds);
+    const char **unavailable = calloc(srv->n_unavailable ? srv->n_unavailable : 1, sizeof *unavailable);
     cJSON *held = cJSON_CreateArray(); /* keeps the describe() objects whose strings we point at */
     int rc = LD_ENOMEM;
-    if (!st || !cl || !ds || !held)
+    if (!st || !cl || !ds || !unavailable || !held)
         goto out;
     m.version = LD_VERSION;
     m.uptime_s = (double)(uv_hrtime() - srv->started_ns) / 1e9;
@@ -107,6 +108,10 @@ int server_metrics_text(server *srv, char **ret_text, size_t *ret_len)
         }
     }
     m.n_datasets = srv->n_datasets;
+    for (size_t i = 0; i < srv->n_unavailable; i++)
+        unavailable[i] = srv->unavailable[i].name;
+    m.unavailable = unavailable;
+    m.n_unavailable = srv->n_unavailable;
     m.stream = st;
     m.client = cl;
     m.dataset = ds;
@@ -116,6 +121,7 @@ out:
     free(st);
     free(cl);
     free(ds);
+    free(unavailable);
     return rc;
 }
 

@@ -596,6 +596,35 @@ static void test_listen_refused(void **state)
     free(log);
 }
 
+/* A configured dataset that cannot be opened is in the text as
+ * loaderd_dataset_available 0 (and agrees with status); once its folder exists, a
+ * reload makes it 1. */
+static void test_dataset_available(void **state)
+{
+    struct harness *h = *state;
+    harness_write_config(h, "  workers: 1\n",
+                         "  rec:\n    kind: files\n    path: rec\n"
+                         "  later:\n    kind: files\n    path: later\n");
+    harness_start(h);
+    char *m = metrics_text(h);
+    cJSON *st = request(h, "status");
+    assert_true(sample(m, "loaderd_dataset_available{dataset=\"rec\"}") == 1);
+    assert_true(sample(m, "loaderd_dataset_available{dataset=\"later\"}") == 0);
+    assert_true(num(st, "datasets_unavailable") == 1);
+    assert_non_null(strstr(m, "# TYPE loaderd_dataset_available gauge\n"));
+    promtool_check(h, m);
+    free(m);
+    cJSON_Delete(st);
+    harness_gen_files(h, "later", 10, 16, 0, false);
+    char out[4096];
+    assert_int_equal(harness_ctl(h, out, sizeof out, "reload", (char *)NULL), 0);
+    m = metrics_text(h);
+    assert_true(sample(m, "loaderd_dataset_available{dataset=\"later\"}") == 1);
+    assert_true(sample(m, "loaderd_dataset_available{dataset=\"rec\"}") == 1);
+    free(m);
+    harness_stop_clean(h);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -603,6 +632,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_http_unix, setup, teardown),
         cmocka_unit_test_setup_teardown(test_http_tcp, setup, teardown),
         cmocka_unit_test_setup_teardown(test_listen_refused, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_dataset_available, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

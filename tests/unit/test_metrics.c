@@ -36,6 +36,8 @@ static const struct metrics_dataset two_datasets[] = {
     {.name = "tokens", .bad_samples = 0, .replaced_samples = 0, .cache_state = NULL},
 };
 
+static const char *const one_unavailable[] = {"later"};
+
 static struct metrics_snapshot snapshot(void)
 {
     struct metrics_snapshot s = {
@@ -62,6 +64,8 @@ static struct metrics_snapshot snapshot(void)
         .n_clients = 2,
         .dataset = two_datasets,
         .n_datasets = 2,
+        .unavailable = one_unavailable,
+        .n_unavailable = 1,
     };
     return s;
 }
@@ -111,6 +115,9 @@ static void test_values(void **state)
     assert_line(t, "loaderd_bad_samples_total{dataset=\"imagenet\"} 5");
     assert_line(t, "loaderd_replaced_samples_total{dataset=\"imagenet\"} 4");
     assert_line(t, "loaderd_bad_samples_total{dataset=\"tokens\"} 0");
+    assert_line(t, "loaderd_dataset_available{dataset=\"imagenet\"} 1");
+    assert_line(t, "loaderd_dataset_available{dataset=\"tokens\"} 1");
+    assert_line(t, "loaderd_dataset_available{dataset=\"later\"} 0");
     assert_line(t, "loaderd_cache_state{dataset=\"imagenet\",state=\"ready\"} 1");
     assert_line(t, "loaderd_cache_samples_total{dataset=\"imagenet\"} 600");
     assert_line(t, "loaderd_cache_bytes_total{dataset=\"imagenet\"} 6000");
