@@ -158,8 +158,10 @@ static void server_tick(uv_timer_t *t)
 {
     server *srv = t->data;
     uint64_t now = uv_hrtime();
-    if (!srv->stopping)
+    if (!srv->stopping) {
         server_expire_idle(srv, now);
+        server_reap_old_keepers(srv);
+    }
     srv->rate_pos = (srv->rate_pos + 1) % SERVER_RATE_WINDOW;
     srv->rate_samples[srv->rate_pos] = srv->samples_served;
     srv->rate_ns[srv->rate_pos] = now;

@@ -111,7 +111,7 @@ struct server_unavailable {
 };
 
 /* The cache keeper of a dataset a reload changed or removed: its streams may still
- * read through it, so it runs (holding the dataset) until the server stops. */
+ * read through it, so it runs (holding the dataset) until they are gone. */
 struct server_old_keeper {
     cache_keeper *k;
     dataset *d;
@@ -213,6 +213,9 @@ int server_install_datasets(server *srv, dataset *const *opened, char *const *wh
 /* Frees what the reloads kept: old configs, the old keepers (after
  * server_close_old_keepers) and their datasets. */
 void server_reload_free(server *srv);
+/* From the tick: stops the old keepers whose dataset no stream or job holds any more
+ * (each close counts towards `done` until it is through). */
+void server_reap_old_keepers(server *srv);
 /* At stop: closes the old keepers (each counts towards `done`). */
 void server_close_old_keepers(server *srv);
 

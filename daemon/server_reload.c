@@ -13,9 +13,11 @@
  * that cannot be opened (its path is missing or unreadable), at start or at a reload,
  * is unavailable: listed with the reason, refused at open, tried again at each reload.
  *
- * A retired dataset's cache keeper keeps running, holding the dataset, until the daemon
- * stops (its streams may still read the cache), and the configs that reloads replaced
- * are kept until then too: the kept definitions point into them. Both are small. */
+ * A retired dataset's cache keeper keeps running, holding the dataset, while its streams
+ * may still read the cache; the server's tick stops it (and so frees the dataset) once
+ * the keeper's is the last hold (server_reap_old_keepers). The configs that reloads
+ * replaced are kept until the daemon stops: the kept definitions point into them. They
+ * are small. */
 #include "server_internal.h"
 
 #include <inttypes.h>
@@ -186,7 +188,7 @@ static int server_reload_retire(server *srv, size_t j)
     srv->watches[j] = NULL;
     if (srv->keepers[j]) { /* room was made before anything changed */
         srv->old_keepers[srv->n_old_keepers++] = (struct server_old_keeper){srv->keepers[j], d};
-        dataset_hold(d); /* the keeper's: released at server_free */
+        dataset_hold(d); /* the keeper's: released when it stops (server_reap_old_keepers) */
         srv->keepers[j] = NULL;
     }
     d->retired = true;
@@ -354,6 +356,43 @@ void server_ops_reload(conn *c, const cJSON *req, int64_t id)
     }
     cJSON_Delete(report);
     server_reply_send(c, r);
+}
+
+/* ---- the cache keepers of retired datasets ---------------------------------------- */
+
+struct server_reaped_keeper {
+    server *srv;
+    struct server_old_keeper ok;
+};
+
+static void server_reload_keeper_closed(void *ctx)
+{
+    struct server_reaped_keeper *rk = ctx;
+    server *srv = rk->srv;
+    cache_keeper_free(rk->ok.k);
+    dataset_release(rk->ok.d); /* retired: freed here, its last holder */
+    free(rk);
+    server_closed_one(srv);
+}
+
+void server_reap_old_keepers(server *srv)
+{
+    size_t kept = 0;
+    for (size_t i = 0; i < srv->n_old_keepers; i++) {
+        struct server_old_keeper ok = srv->old_keepers[i];
+        struct server_reaped_keeper *rk = ok.d->holders == 1 ? malloc(sizeof *rk) : NULL;
+        if (!rk) { /* a stream or a cache job still holds the dataset (or memory is short) */
+            srv->old_keepers[kept++] = ok;
+            continue;
+        }
+        /* Only the keeper's own hold is left: no stream reads through it any more. */
+        ld_log(LD_LOG_INFO, "reload: the last stream of the old definition of '%s' is gone; its cache keeper "
+               "stops", ok.d->name);
+        *rk = (struct server_reaped_keeper){srv, ok};
+        srv->pending_closes++; /* a stop waits for it */
+        cache_keeper_close(ok.k, server_reload_keeper_closed, rk);
+    }
+    srv->n_old_keepers = kept;
 }
 
 void server_close_old_keepers(server *srv)
