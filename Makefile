@@ -29,6 +29,9 @@ CUDA_HOME ?= /usr/local/cuda
 CC       ?= cc
 
 PKGS := libuv libcjson yaml-0.1 libsystemd libxxhash libturbojpeg libjpeg libpng sqlite3 libpq
+# The object store client (daemon/s3.c): libcurl for HTTP, libcrypto for SigV4's
+# SHA-256 and HMAC, libxml2 for the listings and error documents.
+PKGS += libcurl libcrypto libxml-2.0
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 CMOCKA_LIBS := $(shell pkg-config --libs cmocka 2>/dev/null)

@@ -29,6 +29,7 @@
 #include "manifest.h"
 #include "proto.h"
 #include "proto_socket.h"
+#include "s3.h"
 
 #define SOCKET_PATH_MAX (sizeof(((struct sockaddr_un *)0)->sun_path) - 1)
 
@@ -61,6 +62,7 @@ static int fingerprint_from_name(const char *name);
 static int follow_links_from_name(const char *name);
 static int format_from_name(const char *name);
 static int manifest_format_from_name(const char *name);
+static int s3_addressing_from_name(const char *name);
 
 /* datasets.NAME.cache (files only). Present means mode auto unless it says otherwise. */
 static const struct config_key cache_keys[] = {
@@ -77,6 +79,23 @@ static const struct config_key manifest_keys[] = {
     {.name = "format", .type = CONFIG_KEY_ENUM, .def = MANIFEST_AUTO, DATASET_AT(manifest_format),
      .from_name = manifest_format_from_name, .choices = "csv, jsonl"},
     {.name = "columns", .type = CONFIG_KEY_COLUMNS, .flags = CONFIG_KEY_REQUIRED},
+};
+
+/* datasets.NAME.s3 (files at an s3:// path): the object store and how to read it. Its
+ * defaults apply also when the mapping is absent (load_dataset). */
+static const struct config_key s3_keys[] = {
+    {.name = "endpoint", .type = CONFIG_KEY_STRING, DATASET_AT(s3_endpoint)},
+    {.name = "region", .type = CONFIG_KEY_STRING, DATASET_AT(s3_region)},
+    {.name = "addressing", .type = CONFIG_KEY_ENUM, .def = S3_ADDRESSING_AUTO, DATASET_AT(s3_addressing),
+     .from_name = s3_addressing_from_name, .choices = "auto, path, virtual"},
+    {.name = "profile", .type = CONFIG_KEY_STRING, DATASET_AT(s3_profile)},
+    {.name = "credentials_file", .type = CONFIG_KEY_PATH, DATASET_AT(s3_credentials_file)},
+    {.name = "part_size", .type = CONFIG_KEY_SIZE, .min = 64 * 1024, .max = 5 * (int64_t)GIB, .def = 8 * (int64_t)MIB,
+     DATASET_AT(s3_part_size)},
+    {.name = "parallel", .type = CONFIG_KEY_INT, .min = 1, .max = 256, .def = 16, DATASET_AT(s3_parallel)},
+    {.name = "retries", .type = CONFIG_KEY_INT, .min = 0, .max = 20, .def = 3, DATASET_AT(s3_retries)},
+    {.name = "timeout", .type = CONFIG_KEY_INT, .min = 1, .max = 3600, .def = 20, DATASET_AT(s3_timeout)},
+    {.name = "connect_timeout", .type = CONFIG_KEY_INT, .min = 1, .max = 600, .def = 5, DATASET_AT(s3_connect_timeout)},
 };
 
 /* server.metrics: the optional HTTP scrape endpoint. */
@@ -166,6 +185,8 @@ static const struct config_key dataset_keys[] = {
      .kinds = FILES | TOKENS | PACKED | IMAGES | SQL | TAR},
     {.name = "max_share", .type = CONFIG_KEY_FRACTION, .def_frac = 1.0, DATASET_AT(max_share),
      .kinds = FILES | TOKENS | PACKED | IMAGES | SQL | TAR},
+    {.name = "s3", .type = CONFIG_KEY_TABLE, .sub = s3_keys, .n_sub = sizeof s3_keys / sizeof s3_keys[0],
+     .kinds = FILES},
 };
 
 /* clients.UID_OR_NAME (scheduling per user). */
@@ -214,6 +235,17 @@ static int format_from_name(const char *name)
         return CONFIG_FORMAT_RAW;
     if (strcmp(name, "npy") == 0)
         return CONFIG_FORMAT_NPY;
+    return -1;
+}
+
+static int s3_addressing_from_name(const char *name)
+{
+    if (strcmp(name, "auto") == 0)
+        return S3_ADDRESSING_AUTO;
+    if (strcmp(name, "path") == 0)
+        return S3_ADDRESSING_PATH;
+    if (strcmp(name, "virtual") == 0)
+        return S3_ADDRESSING_VIRTUAL;
     return -1;
 }
 
@@ -301,6 +333,42 @@ static yaml_mark_t value_mark(const struct config_loader *l, const yaml_node_t *
     return v->start_mark;
 }
 
+/* An s3:// path is for the daemon's own `files` datasets: a dataset a trainer declares
+ * would read the store with the daemon's credentials. The s3 keys need such a path. */
+static int check_s3(const struct config_loader *l, const yaml_node_t *v, const char *where,
+                    const struct config_dataset *d)
+{
+    bool url = s3_is_url(d->path);
+    yaml_mark_t at = value_mark(l, v, "path");
+    if (url && d->kind != CONFIG_DATASET_FILES)
+        return config_yaml_fail(l, at, "%s.path: an s3:// location is read by the files kind only, not %s", where,
+                                kind_names[d->kind]);
+    if (url && strcmp(l->file, "spec") == 0)
+        return config_yaml_fail(l, at, "%s.path: an s3:// location may be used only by datasets of the daemon's "
+                                "config (a declared dataset would read the store with the daemon's credentials)",
+                                where);
+    if (url && d->manifest_path)
+        return config_yaml_fail(l, value_mark(l, v, "manifest"), "%s.manifest: does not apply to an s3:// location",
+                                where);
+    if (url && d->format != CONFIG_FORMAT_RAW)
+        return config_yaml_fail(l, value_mark(l, v, "format"), "%s.format: an s3:// location serves raw objects "
+                                "only (format: raw)", where);
+    if (url) {
+        char bucket[64], msg[LD_ERRMSG_MAX];
+        const char *prefix;
+        if (s3_url_split(d->path, bucket, sizeof bucket, &prefix, msg) < 0)
+            return config_yaml_fail(l, at, "%s.path: %s", where, msg);
+    }
+    if (!url && d->kind == CONFIG_DATASET_FILES) {
+        for (const yaml_node_pair_t *p = v->data.mapping.pairs.start; p < v->data.mapping.pairs.top; p++) {
+            const yaml_node_t *k = config_yaml_node(l, p->key);
+            if (k->type == YAML_SCALAR_NODE && !strcmp((const char *)k->data.scalar.value, "s3"))
+                return config_yaml_fail(l, k->start_mark, "%s.s3: applies to an s3://BUCKET/PREFIX path only", where);
+        }
+    }
+    return 0;
+}
+
 static int load_dataset(const struct config_loader *l, const yaml_node_t *key, const yaml_node_t *v,
                         struct config_dataset *d)
 {
@@ -335,6 +403,8 @@ static int load_dataset(const struct config_loader *l, const yaml_node_t *key, c
         return ret;
     if ((ret = config_table_defaults(l, dataset_keys, N_KEYS(dataset_keys), 1u << d->kind, d)) < 0)
         return ret;
+    if (d->kind == CONFIG_DATASET_FILES && (ret = config_table_defaults(l, s3_keys, N_KEYS(s3_keys), 0, d)) < 0)
+        return ret;
     if ((ret = config_table_load(l, v, dataset_keys, N_KEYS(dataset_keys), 1u << d->kind,
                                  kind_names[d->kind], where, key->start_mark, d)) < 0)
         return ret;
@@ -346,6 +416,8 @@ static int load_dataset(const struct config_loader *l, const yaml_node_t *key, c
                                 "(a PostgreSQL server) exclude each other", where);
     if (d->kind == CONFIG_DATASET_TOKEN_WINDOWS && d->stride == 0)
         d->stride = d->context;
+    if ((ret = check_s3(l, v, where, d)) < 0)
+        return ret;
     if (d->manifest_path && d->format != CONFIG_FORMAT_RAW)
         return config_yaml_fail(l, key->start_mark, "%s: 'format' does not apply with a manifest: give each "
                                 "column its type (file or npy) under manifest.columns", where);
@@ -706,6 +778,10 @@ void config_free(struct config *c)
         free(c->datasets[i].cache_path);
         free(c->datasets[i].manifest_path);
         free(c->datasets[i].sql_connection);
+        free(c->datasets[i].s3_endpoint);
+        free(c->datasets[i].s3_region);
+        free(c->datasets[i].s3_profile);
+        free(c->datasets[i].s3_credentials_file);
         free(c->datasets[i].sql_query);
         free(c->datasets[i].sql_key);
         free(c->datasets[i].sql_version_query);

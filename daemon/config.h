@@ -100,6 +100,17 @@ struct config_dataset {
     /* tar_shards: the file that keeps the shards' member index (NULL: <cache.path>.tarindex
      * when there is a cache, else none) */
     char *index_path;
+    /* files at an s3://BUCKET/PREFIX path: the object store (the `s3:` mapping; s3.h) */
+    char *s3_endpoint;              /* NULL: AWS's endpoint for the region */
+    char *s3_region;                /* NULL: $AWS_REGION, $AWS_DEFAULT_REGION, us-east-1 */
+    int s3_addressing;              /* enum s3_addressing */
+    char *s3_profile;               /* NULL: $AWS_PROFILE or "default" */
+    char *s3_credentials_file;      /* NULL: $AWS_SHARED_CREDENTIALS_FILE or ~/.aws/credentials */
+    uint64_t s3_part_size;          /* bytes per ranged GET */
+    uint32_t s3_parallel;           /* GETs in flight per read (the cache build's read-ahead) */
+    uint32_t s3_retries;            /* attempts after the first */
+    uint32_t s3_timeout;            /* seconds per attempt */
+    uint32_t s3_connect_timeout;    /* seconds */
     /* token_windows */
     int token_dtype;                /* LD_DTYPE_UINT16 or LD_DTYPE_UINT32 */
     uint32_t context;               /* N: a sample is N+1 tokens */

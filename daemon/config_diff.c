@@ -12,7 +12,7 @@
 
 /* sizeof(struct config_dataset) on x86-64 when config_dataset_same was last brought up
  * to date with it. */
-#define CONFIG_DIFF_DATASET_SIZE 488
+#define CONFIG_DIFF_DATASET_SIZE 552
 
 static bool config_diff_str_same(const char *a, const char *b)
 {
@@ -57,6 +57,12 @@ bool config_dataset_same(const struct config_dataset *a, const struct config_dat
         !config_diff_str_same(a->sql_key, b->sql_key) || !config_diff_str_same(a->sql_connection, b->sql_connection) ||
         !config_diff_str_same(a->sql_version_query, b->sql_version_query) ||
         !config_diff_str_same(a->index_path, b->index_path))
+        return false;
+    if (!config_diff_str_same(a->s3_endpoint, b->s3_endpoint) || !config_diff_str_same(a->s3_region, b->s3_region) ||
+        a->s3_addressing != b->s3_addressing || !config_diff_str_same(a->s3_profile, b->s3_profile) ||
+        !config_diff_str_same(a->s3_credentials_file, b->s3_credentials_file) || a->s3_part_size != b->s3_part_size ||
+        a->s3_parallel != b->s3_parallel || a->s3_retries != b->s3_retries || a->s3_timeout != b->s3_timeout ||
+        a->s3_connect_timeout != b->s3_connect_timeout)
         return false;
     for (size_t k = 0; k < a->n_columns; k++)
         if (!config_diff_str_same(a->columns[k].name, b->columns[k].name) || a->columns[k].type != b->columns[k].type)

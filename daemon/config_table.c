@@ -50,7 +50,8 @@ static void store_string(void *base, const struct config_key *k, char *s)
 static int store_path(const struct config_loader *l, void *base, const struct config_key *k, const char *v)
 {
     char *s = NULL;
-    if (v[0] == '/' || !l->dir) {
+    /* An object store's location (s3.h) is not a file name: it stays as written. */
+    if (v[0] == '/' || !l->dir || strncmp(v, "s3://", 5) == 0) {
         s = strdup(v);
     } else {
         size_t dl = strlen(l->dir);

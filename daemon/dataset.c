@@ -17,6 +17,7 @@
 #include "cache.h"
 #include "ld_mix.h"
 #include "log.h"
+#include "s3.h"
 
 static int over_bound(const dataset *d, uint64_t index);
 
@@ -55,7 +56,7 @@ int dataset_open(const struct config_dataset *cfg, dataset **ret_dataset, char *
 
     switch (cfg->kind) {
     case CONFIG_DATASET_FILES:
-        ops = cfg->manifest_path ? &source_manifest_ops : &source_files_ops;
+        ops = cfg->manifest_path ? &source_manifest_ops : s3_is_url(cfg->path) ? &source_s3_ops : &source_files_ops;
         break;
     case CONFIG_DATASET_TOKEN_WINDOWS:
         ops = &source_tokens_ops;

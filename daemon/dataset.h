@@ -245,5 +245,6 @@ extern const struct dataset_ops source_packed_ops;
 extern const struct dataset_ops source_images_ops;
 extern const struct dataset_ops source_sql_ops;
 extern const struct dataset_ops source_tar_ops;
+extern const struct dataset_ops source_s3_ops;      /* files at an s3:// location */
 
 #endif

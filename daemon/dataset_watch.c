@@ -18,6 +18,7 @@
 #include <uv.h>
 
 #include "log.h"
+#include "s3.h"
 
 struct watched {
     char *path;                     /* absolute */
@@ -135,9 +136,10 @@ int dataset_watch_new(const struct config_dataset *cfg, const dataset *d, datase
     }
     w->cfg = cfg;
     /* A tar_shards sample is named "SHARD/KEY", so its "folder" is the shard file itself:
-     * a shard rewritten (new size, time or inode) or one added to the root is seen. */
-    bool folder = cfg->kind == CONFIG_DATASET_FILES || cfg->kind == CONFIG_DATASET_IMAGE_FOLDER ||
-                  cfg->kind == CONFIG_DATASET_TAR_SHARDS;
+     * a shard rewritten (new size, time or inode) or one added to the root is seen. A
+     * bucket (an s3:// path) has no folder to stat. */
+    bool folder = (cfg->kind == CONFIG_DATASET_FILES || cfg->kind == CONFIG_DATASET_IMAGE_FOLDER ||
+                   cfg->kind == CONFIG_DATASET_TAR_SHARDS) && !s3_is_url(cfg->path);
     if (folder && d->ops->sample_name && snapshot(cfg, d, &w->dirs, &w->n_dirs) < 0) {
         free(w);
         ld_errorf(errbuf, "dataset '%s': out of memory", cfg->name);

@@ -23,9 +23,12 @@ if command -v pkg-config >/dev/null 2>&1; then
   need_pc libpng libpng-dev
   need_pc sqlite3 libsqlite3-dev
   need_pc libpq libpq-dev
+  need_pc libcurl libcurl4-openssl-dev
+  need_pc libcrypto libssl-dev
+  need_pc libxml-2.0 libxml2-dev
   if [ "$what" != build ]; then need_pc cmocka libcmocka-dev; fi
 else
-  pkgs+=(libuv1-dev libcjson-dev libyaml-dev libsystemd-dev libxxhash-dev libturbojpeg0-dev libjpeg62-turbo-dev libpng-dev libsqlite3-dev libpq-dev libcmocka-dev)
+  pkgs+=(libuv1-dev libcjson-dev libyaml-dev libsystemd-dev libxxhash-dev libturbojpeg0-dev libjpeg62-turbo-dev libpng-dev libsqlite3-dev libpq-dev libcurl4-openssl-dev libssl-dev libxml2-dev libcmocka-dev)
 fi
 # The fuzzers (make fuzz, and briefly in make test): clang with libFuzzer's runtime and
 # llvm-symbolizer for readable sanitizer reports.
@@ -77,6 +80,16 @@ fi
 # make bench-peers: a virtual environment under build/ gets tf.data and DALI from PyPI.
 if [ "$what" = peers ]; then
   /usr/bin/python3 -c 'import ensurepip, venv' 2>/dev/null || pkgs+=(python3-venv)
+fi
+
+# The object store tests' S3-compatible server (client/python/tests/s3server.py): moto's
+# server from PyPI in a virtual environment under build/, made here so that its download
+# is not counted in the tests' time. Best effort: without a network the tests say why they
+# are skipped.
+if [ "$what" = test ] && [ ${#pkgs[@]} -eq 0 ] && [ ! -x build/s3venv/bin/moto_server ]; then
+  echo "deps: installing moto[server] into build/s3venv (for the object store tests)" >&2
+  /usr/bin/python3 client/python/tests/s3server.py >/dev/null 2>&1 \
+    || echo "deps: could not install moto[server]; the object store tests will be skipped" >&2
 fi
 
 if [ ${#pkgs[@]} -eq 0 ]; then exit 0; fi

@@ -21,6 +21,7 @@
 #include "ld_error.h"
 #include "log.h"
 #include "proto.h"
+#include "s3.h"
 #include "transform_schema.h"
 
 /* A value that config_load must leave in *ret_config when it fails. */
@@ -444,7 +445,7 @@ static void test_unknown_keys(void **state)
                     "    kind: files\n"
                     "    path: x\n"
                     "    patern: \"*.bin\"\n",
-                    5, 5, "unknown key 'patern' in 'datasets.a' (expected one of: kind, path, pattern, format, manifest, on_error, on_error_warn_fraction, cache, follow_links, max_sample_bytes, read_timeout, read_ahead, weight, max_share)",
+                    5, 5, "unknown key 'patern' in 'datasets.a' (expected one of: kind, path, pattern, format, manifest, on_error, on_error_warn_fraction, cache, follow_links, max_sample_bytes, read_timeout, read_ahead, weight, max_share, s3)",
                     NULL);
     expect_error_at(ONE_DATASET "servers:\n  workers: 1\n", 3, 1,
                     "unknown top-level key 'servers' (expected one of: server, datasets, clients, access)", NULL);
@@ -736,7 +737,7 @@ static void test_kind_specific_keys(void **state)
                     "    path: x\n"
                     "    context: 8\n",
                     5, 5, "datasets.records: key 'context' is not valid for kind 'files'",
-                    "(expected one of: kind, path, pattern, format, manifest, on_error, on_error_warn_fraction, cache, follow_links, max_sample_bytes, read_timeout, read_ahead, weight, max_share)", NULL);
+                    "(expected one of: kind, path, pattern, format, manifest, on_error, on_error_warn_fraction, cache, follow_links, max_sample_bytes, read_timeout, read_ahead, weight, max_share, s3)", NULL);
     /* The kind is read first even when it comes last. */
     expect_error_at("datasets:\n"
                     "  t:\n"
@@ -1298,6 +1299,57 @@ static void test_spec(void **state)
         fail_msg("syntax error message: %s", err);
 }
 
+/* files at an s3:// location: the path kept as written, the s3 keys with their
+ * defaults (also without the mapping), and the combinations that cannot work. */
+static void test_s3_keys(void **state)
+{
+    (void)state;
+    char path[PATH_MAX];
+    struct config *c = load_ok("datasets:\n  a:\n    kind: files\n    path: s3://bkt/train/\n"
+                               "    s3: {endpoint: \"http://127.0.0.1:9000\", region: eu-west-3, addressing: path,\n"
+                               "         profile: work, credentials_file: creds, part_size: 1MiB, parallel: 4,\n"
+                               "         retries: 0, timeout: 7, connect_timeout: 2}\n"
+                               "  b: {kind: files, path: s3://bkt}\n", path, sizeof path);
+    const struct config_dataset *a = &c->datasets[0], *b = &c->datasets[1];
+    assert_string_equal(a->path, "s3://bkt/train/");
+    assert_string_equal(a->s3_endpoint, "http://127.0.0.1:9000");
+    assert_string_equal(a->s3_region, "eu-west-3");
+    assert_int_equal(a->s3_addressing, S3_ADDRESSING_PATH);
+    assert_string_equal(a->s3_profile, "work");
+    assert_true(a->s3_credentials_file[0] == '/');         /* relative to the config's folder */
+    assert_int_equal(a->s3_part_size, 1 << 20);
+    assert_int_equal(a->s3_parallel, 4);
+    assert_int_equal(a->s3_retries, 0);
+    assert_int_equal(a->s3_timeout, 7);
+    assert_int_equal(a->s3_connect_timeout, 2);
+    assert_string_equal(b->path, "s3://bkt");
+    assert_null(b->s3_endpoint);
+    assert_int_equal(b->s3_addressing, S3_ADDRESSING_AUTO);
+    assert_int_equal(b->s3_retries, 3);
+    assert_int_equal(b->s3_parallel, 16);
+    assert_int_equal(b->s3_part_size, 8 << 20);
+    config_free(c);
+
+    expect_error_at("datasets:\n  a: {kind: files, path: x, s3: {region: r}}\n", 2, 29, "datasets.a.s3: applies to "
+                    "an s3://BUCKET/PREFIX path only", NULL);
+    expect_error_at("datasets:\n  a: {kind: token_windows, path: s3://bkt/t.bin, context: 8}\n", 2, 34,
+                    "an s3:// location is read by the files kind only, not token_windows", NULL);
+    expect_error_at("datasets:\n  a: {kind: files, path: \"s3://b/x\"}\n", 2, 26, "datasets.a.path",
+                    "'s3://b/x'", "bucket name of 3 to 63", NULL);
+    expect_error_at("datasets:\n  a: {kind: files, path: s3://bkt/x, format: npy}\n", 2, 46, "datasets.a.format",
+                    "raw objects only", NULL);
+    expect_error_at("datasets:\n  a: {kind: files, path: s3://bkt/x, s3: {addressing: dns}}\n", 2, 55,
+                    "datasets.a.s3.addressing: expected one of auto, path, virtual, got 'dns'", NULL);
+
+    /* A dataset a trainer declares may not read the store with the daemon's keys. */
+    char errbuf[LD_ERRMSG_MAX];
+    const char *spec = "{\"kind\": \"files\", \"path\": \"s3://bkt/x\"}";
+    c = NULL;
+    assert_int_equal(config_load_spec(spec, strlen(spec), "/tmp", &c, errbuf), LD_ECONFIG);
+    assert_null(c);
+    assert_non_null(strstr(errbuf, "daemon's credentials"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1332,6 +1384,7 @@ int main(void)
         cmocka_unit_test(test_too_many_datasets),
         cmocka_unit_test(test_syntax_errors),
         cmocka_unit_test(test_empty_file),
+        cmocka_unit_test(test_s3_keys),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -113,8 +113,9 @@ class Daemon:
     """loaderd on a private socket, with a config written from `datasets` (YAML text,
     entries indented by two spaces; relative paths are taken from `directory`)."""
 
-    def __init__(self, directory, datasets, server_extra="  workers: 2\n  memory_budget: 128MiB\n"):
+    def __init__(self, directory, datasets, server_extra="  workers: 2\n  memory_budget: 128MiB\n", env=None):
         self.dir = directory
+        self.env = env              # added to the environment the daemon starts with
         self.socket = os.path.join(directory, "s.sock")
         self.config = os.path.join(directory, "loaderd.yaml")
         self.log = os.path.join(directory, "loaderd.log")
@@ -128,7 +129,7 @@ class Daemon:
             raise RuntimeError("loaderd not found at %s: build it (make) or set LOADERD_BIN" % self.bin)
         logf = open(self.log, "wb")
         self.proc = subprocess.Popen([self.bin, "--config", self.config], stdout=logf, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL)
+                                     stdin=subprocess.DEVNULL, env=dict(os.environ, **(self.env or {})))
         logf.close()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

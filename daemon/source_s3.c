@@ -1,0 +1,410 @@
+/* source_s3 — the `files` kind over an object store: one sample per object under an
+ * s3://BUCKET/PREFIX location.
+ *
+ * open() lists the prefix (s3_list: ListObjectsV2, page after page; the prefix is a
+ * folder: "s3://b/train" means the keys under "train/") and keeps what a folder would give: the key relative to the prefix is the sample's path, the glob and
+ * the rule that a component beginning with '.' is hidden apply to it, samples are in
+ * bytewise path order and labelled by their first-level "folder" (source_files.h), so
+ * the same tree gives the same samples, order and labels whether it lies on a disk or
+ * in a bucket. Keys ending in '/' (folder markers) and empty objects are not samples.
+ *
+ * read() is one ranged GET of the object's listed size straight into the batch slot
+ * (several in parallel when the object is larger than s3.part_size); workers read
+ * different samples at once, sharing the client's connections. read_raw(), which the
+ * cache build calls in sample order from one thread, reads ahead: a window of up to
+ * s3.parallel objects (64 MiB at most) is fetched together, so the first pass into the
+ * node-local cache is not one round trip per sample. After that the packed cache
+ * serves later epochs and later runs locally (cache.h), and the store is only listed
+ * again for the fingerprint: per object its key, size and ETag (and in stat mode its
+ * LastModified), so an object added, removed or rewritten makes the cache stale.
+ *
+ * A missing object (deleted since the listing), or one shorter than listed, is a bad
+ * sample (on_error); a store that refuses the credentials or cannot be reached after
+ * the retries fails the read with LD_EDATASET, which is never blamed on a sample. */
+#include "dataset.h"
+
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <xxhash.h>
+
+#include "arena.h"
+#include "log.h"
+#include "s3.h"
+#include "source_files.h"
+
+#define FIELD_DATA 0
+#define FIELD_LABEL 1
+/* The read-ahead window of read_raw: at most this many bytes at once. */
+#define S3_READAHEAD_BYTES (64u << 20)
+#define S3_FULL_KEY_MAX 1100
+
+struct s3_dataset {
+    struct dataset base;            /* first: an s3_dataset is a dataset */
+    s3_client *client;
+    char bucket[64];
+    char *prefix;
+    size_t prefix_len;
+    char *pattern;
+    char *arena;                    /* relative keys */
+    struct files_entry *entries;    /* base.count, in sample order */
+    uint32_t parallel;
+    /* read_raw's window: samples [ra_first, ra_first + ra_count) in ra_buf at ra_off[k],
+     * or their error. One reader at a time (the cache build). */
+    pthread_mutex_t ra_lock;
+    uint64_t ra_first, ra_count;
+    uint8_t *ra_buf;
+    uint64_t *ra_off;
+    struct s3_get *ra_gets;
+    char (*ra_err)[LD_ERRMSG_MAX];
+};
+
+/* What a listing collects: the matching objects, before they are sorted. */
+struct s3_scan {
+    const char *prefix;
+    size_t prefix_len;
+    const char *pattern;
+    char *arena;
+    size_t arena_len, arena_cap;
+    struct files_entry *entries;
+    size_t n, cap;
+    uint64_t skipped_empty;
+    XXH3_state_t *hash;             /* fingerprint listings: hash instead of keeping */
+    bool with_time;
+};
+
+/* The relative key of an object that is a sample, or NULL. */
+static const char *s3_scan_rel(const struct s3_scan *s, const char *key)
+{
+    const char *rel = key + s->prefix_len;
+    size_t len = strlen(rel);
+    if (len == 0 || rel[len - 1] == '/')
+        return NULL;                /* the prefix itself, or a folder marker */
+    if (rel[0] == '.' || strstr(rel, "/."))
+        return NULL;                /* hidden, as in a folder */
+    if (!source_files_match(s->pattern, rel))
+        return NULL;
+    return rel;
+}
+
+static int s3_scan_object(void *ctx, const char *key, uint64_t size, const char *etag, const char *mod)
+{
+    struct s3_scan *s = ctx;
+    if (strncmp(key, s->prefix, s->prefix_len) != 0)
+        return 0;                   /* not under the prefix: the store answered more than asked */
+    const char *rel = s3_scan_rel(s, key);
+    if (!rel)
+        return 0;
+    if (size == 0) {
+        s->skipped_empty++;
+        return 0;
+    }
+    if (s->hash) {
+        XXH3_64bits_update(s->hash, rel, strlen(rel) + 1);
+        XXH3_64bits_update(s->hash, &size, sizeof size);
+        XXH3_64bits_update(s->hash, etag, strlen(etag) + 1);
+        if (s->with_time)
+            XXH3_64bits_update(s->hash, mod, strlen(mod) + 1);
+        return 0;
+    }
+    struct files_entry e = {.size = size, .label = -1};
+    if (arena_grow((void **)&s->entries, &s->cap, s->n + 1, sizeof *s->entries) < 0 ||
+        arena_push(&s->arena, &s->arena_len, &s->arena_cap, rel, strlen(rel), &e.path_off) < 0)
+        return LD_ENOMEM;
+    s->entries[s->n++] = e;
+    return 0;
+}
+
+static void s3_free(dataset *d)
+{
+    struct s3_dataset *sd = (struct s3_dataset *)d;
+    if (!sd)
+        return;
+    s3_client_free(sd->client);
+    source_files_class_names_free(d);
+    pthread_mutex_destroy(&sd->ra_lock);
+    free(sd->ra_buf);
+    free(sd->ra_off);
+    free(sd->ra_gets);
+    free(sd->ra_err);
+    free(sd->prefix);
+    free(sd->pattern);
+    free(sd->arena);
+    free(sd->entries);
+    free(sd);
+}
+
+static int s3_open(const struct config_dataset *cfg, dataset **ret_dataset, char *errbuf)
+{
+    struct s3_scan scan = {.pattern = cfg->pattern ? cfg->pattern : "*"};
+    struct s3_dataset *sd = calloc(1, sizeof *sd);
+    char what[LD_NAME_MAX + 16];
+    const char *prefix;
+    int r;
+
+    if (!sd) {
+        ld_errorf(errbuf, "dataset '%s': out of memory", cfg->name);
+        return LD_ENOMEM;
+    }
+    pthread_mutex_init(&sd->ra_lock, NULL);
+    dataset *d = &sd->base;
+    d->ops = &source_s3_ops;
+    snprintf(d->name, sizeof d->name, "%s", cfg->name);
+    snprintf(d->source, sizeof d->source, "%s", cfg->path);
+    snprintf(what, sizeof what, "dataset '%s'", cfg->name);
+    if ((r = s3_url_split(cfg->path, sd->bucket, sizeof sd->bucket, &prefix, errbuf)) < 0)
+        goto fail;
+    /* The prefix names a folder: "s3://b/train" holds train/x, never trainee/x. */
+    size_t plen = strlen(prefix);
+    if (asprintf(&sd->prefix, "%s%s", prefix, plen && prefix[plen - 1] != '/' ? "/" : "") < 0)
+        sd->prefix = NULL;
+    if (!sd->prefix || !(sd->pattern = strdup(scan.pattern))) {
+        r = LD_ENOMEM;
+        ld_errorf(errbuf, "dataset '%s': out of memory", cfg->name);
+        goto fail;
+    }
+    sd->prefix_len = strlen(sd->prefix);
+    scan.prefix = sd->prefix;
+    scan.prefix_len = sd->prefix_len;
+    sd->parallel = cfg->s3_parallel ? cfg->s3_parallel : 16;
+    struct s3_options opt = {
+        .endpoint = cfg->s3_endpoint, .region = cfg->s3_region, .addressing = cfg->s3_addressing,
+        .profile = cfg->s3_profile, .credentials_file = cfg->s3_credentials_file, .part_size = cfg->s3_part_size,
+        .parallel = cfg->s3_parallel, .retries = cfg->s3_retries, .timeout_s = cfg->s3_timeout,
+        .connect_timeout_s = cfg->s3_connect_timeout,
+    };
+    if ((r = s3_client_new(what, sd->bucket, &opt, &sd->client, errbuf)) < 0)
+        goto fail;
+
+    char err[LD_ERRMSG_MAX];
+    r = s3_list(sd->client, sd->prefix, s3_scan_object, &scan, err);
+    if (r < 0) {
+        if (r == LD_ENOMEM)
+            ld_errorf(errbuf, "dataset '%s': out of memory", cfg->name);
+        else
+            ld_errorf(errbuf, "dataset '%s': %s", cfg->name, err);
+        r = r == LD_ENOMEM ? LD_ENOMEM : LD_EDATASET;
+        goto fail;
+    }
+    if (scan.n == 0) {
+        r = LD_EDATASET;
+        ld_errorf(errbuf, "dataset '%s': no object under %s matches '%s'%s", cfg->name, cfg->path, scan.pattern,
+                  scan.skipped_empty ? " (only empty ones)" : "");
+        goto fail;
+    }
+    source_files_sort(scan.arena, scan.entries, scan.n);
+    uint64_t n_classes = 0;
+    if ((r = source_files_labels(scan.arena, scan.entries, scan.n, &n_classes)) < 0) {
+        ld_errorf(errbuf, "dataset '%s': out of memory", cfg->name);
+        goto fail;
+    }
+    sd->arena = scan.arena;
+    sd->entries = scan.entries;
+    scan.arena = NULL;
+    scan.entries = NULL;
+    d->count = scan.n;
+    /* A GET is a round trip: about what a 1 MiB memcpy takes, at the least. */
+    d->sample_overhead = 1u << 20;
+    source_files_fields(d, sd->entries, d->count);
+    if ((r = source_files_class_names(d, sd->arena, sd->entries, n_classes)) < 0) {
+        ld_errorf(errbuf, "dataset '%s': out of memory", cfg->name);
+        goto fail;
+    }
+    ld_log(LD_LOG_INFO, "dataset '%s': %" PRIu64 " objects in %" PRIu64 " classes under %s at %s (%s)%s", d->name,
+           d->count, n_classes, cfg->path, s3_client_describe(sd->client),
+           d->fields[FIELD_DATA].ragged ? "ragged" : "fixed size",
+           cfg->cache_path ? "" : "; no cache: every epoch reads the store");
+    *ret_dataset = d;
+    return 0;
+
+fail:
+    free(scan.arena);
+    free(scan.entries);
+    s3_free(d);
+    return r;
+}
+
+static uint64_t s3_item_bytes(const dataset *d, uint64_t index, int field)
+{
+    const struct s3_dataset *sd = (const struct s3_dataset *)d;
+    if (index >= d->count)
+        return 0;
+    if (field == FIELD_DATA)
+        return sd->entries[index].size;
+    return field == FIELD_LABEL ? sizeof(int64_t) : 0;
+}
+
+static const char *s3_sample_name(const dataset *d, uint64_t index)
+{
+    const struct s3_dataset *sd = (const struct s3_dataset *)d;
+    return index < d->count ? sd->arena + sd->entries[index].path_off : NULL;
+}
+
+/* prefix + relative key: the object's key. */
+static void s3_full_key(const struct s3_dataset *sd, uint64_t index, char *key)
+{
+    snprintf(key, S3_FULL_KEY_MAX, "%s%s", sd->prefix, sd->arena + sd->entries[index].path_off);
+}
+
+/* "sample N (rel): <the client's message>" for a failed read. */
+static int s3_sample_error(const struct s3_dataset *sd, uint64_t index, int rc, const char *msg, char *errbuf)
+{
+    ld_errorf(errbuf, "sample %" PRIu64 " (%s): %s", index, s3_sample_name(&sd->base, index), msg);
+    return rc;
+}
+
+static int s3_read(const dataset *d, uint64_t index, void *const dst[], char *errbuf)
+{
+    const struct s3_dataset *sd = (const struct s3_dataset *)d;
+    char key[S3_FULL_KEY_MAX], msg[LD_ERRMSG_MAX] = "";
+    if (index >= d->count) {
+        ld_errorf(errbuf, "sample %" PRIu64 ": out of range (dataset '%s' has %" PRIu64 ")", index, d->name, d->count);
+        return LD_EINVAL;
+    }
+    s3_full_key(sd, index, key);
+    struct s3_get g = {.key = key, .len = sd->entries[index].size, .dst = dst[FIELD_DATA], .errmsg = msg};
+    int rc = s3_get_many(sd->client, &g, 1);
+    if (rc < 0)
+        return s3_sample_error(sd, index, rc, msg, errbuf);
+    memcpy(dst[FIELD_LABEL], &sd->entries[index].label, sizeof(int64_t));
+    return 0;
+}
+
+static uint64_t s3_raw_bytes(const dataset *d, uint64_t index)
+{
+    return s3_item_bytes(d, index, FIELD_DATA);
+}
+
+/* Fetches the window that starts at `first`: up to `parallel` samples, at most
+ * S3_READAHEAD_BYTES (always at least the first). Under ra_lock. */
+static int s3_readahead(struct s3_dataset *sd, uint64_t first)
+{
+    uint64_t n = 0, bytes = 0;
+    while (first + n < sd->base.count && n < sd->parallel &&
+           (n == 0 || bytes + sd->entries[first + n].size <= S3_READAHEAD_BYTES))
+        bytes += sd->entries[first + n++].size;
+    if (!sd->ra_gets) {
+        sd->ra_gets = calloc(sd->parallel, sizeof *sd->ra_gets);
+        sd->ra_off = calloc(sd->parallel, sizeof *sd->ra_off);
+        sd->ra_err = calloc(sd->parallel, sizeof *sd->ra_err);
+        if (!sd->ra_gets || !sd->ra_off || !sd->ra_err)
+            return LD_ENOMEM;
+    }
+    free(sd->ra_buf);
+    sd->ra_count = 0;
+    if (!(sd->ra_buf = malloc(bytes)))
+        return LD_ENOMEM;
+    char (*keys)[S3_FULL_KEY_MAX] = malloc(n * sizeof *keys);
+    if (!keys)
+        return LD_ENOMEM;
+    uint64_t off = 0;
+    for (uint64_t k = 0; k < n; k++) {
+        s3_full_key(sd, first + k, keys[k]);
+        sd->ra_off[k] = off;
+        sd->ra_err[k][0] = '\0';
+        sd->ra_gets[k] = (struct s3_get){.key = keys[k], .len = sd->entries[first + k].size,
+                                         .dst = sd->ra_buf + off, .errmsg = sd->ra_err[k]};
+        off += sd->entries[first + k].size;
+    }
+    s3_get_many(sd->client, sd->ra_gets, n);    /* each read's outcome is in its rc */
+    for (uint64_t k = 0; k < n; k++)
+        sd->ra_gets[k].key = NULL;
+    free(keys);
+    sd->ra_first = first;
+    sd->ra_count = n;
+    return 0;
+}
+
+static int s3_read_raw(const dataset *d, uint64_t index, void *buf, uint64_t cap, uint64_t *ret_len,
+                       int64_t *ret_label, char *errbuf)
+{
+    struct s3_dataset *sd = (struct s3_dataset *)d;
+    if (index >= d->count) {
+        ld_errorf(errbuf, "sample %" PRIu64 ": out of range (dataset '%s' has %" PRIu64 ")", index, d->name, d->count);
+        return LD_EINVAL;
+    }
+    uint64_t len = sd->entries[index].size;
+    if (len > cap) {
+        ld_errorf(errbuf, "sample %" PRIu64 " (%s): %" PRIu64 " bytes do not fit a buffer of %" PRIu64, index,
+                  s3_sample_name(d, index), len, cap);
+        return LD_ERANGE;
+    }
+    pthread_mutex_lock(&sd->ra_lock);
+    int rc = 0;
+    if (index < sd->ra_first || index >= sd->ra_first + sd->ra_count)
+        rc = s3_readahead(sd, index);
+    if (rc < 0) {
+        ld_errorf(errbuf, "dataset '%s': out of memory", d->name);
+    } else {
+        uint64_t k = index - sd->ra_first;
+        rc = sd->ra_gets[k].rc;
+        if (rc < 0)
+            s3_sample_error(sd, index, rc, sd->ra_err[k], errbuf);
+        else
+            memcpy(buf, sd->ra_buf + sd->ra_off[k], len);
+    }
+    /* The last sample of the dataset: the window is not needed any more. */
+    if (index + 1 == d->count) {
+        free(sd->ra_buf);
+        sd->ra_buf = NULL;
+        sd->ra_count = 0;
+    }
+    pthread_mutex_unlock(&sd->ra_lock);
+    if (rc < 0)
+        return rc;
+    *ret_len = len;
+    *ret_label = sd->entries[index].label;
+    return 0;
+}
+
+static int s3_fingerprint(const dataset *d, int mode, uint64_t *ret_fingerprint, char *errbuf)
+{
+    const struct s3_dataset *sd = (const struct s3_dataset *)d;
+    /* Bump "v1" when what is hashed changes. */
+    static const char tag[] = "loaderd s3 fingerprint v1";
+    struct s3_scan scan = {.prefix = sd->prefix, .prefix_len = sd->prefix_len, .pattern = sd->pattern,
+                           .with_time = mode == DATASET_FINGERPRINT_STAT};
+    char err[LD_ERRMSG_MAX];
+    int r;
+
+    if (mode != DATASET_FINGERPRINT_STAT && mode != DATASET_FINGERPRINT_CONTENT) {
+        ld_errorf(errbuf, "dataset '%s': unknown fingerprint mode %d", d->name, mode);
+        return LD_EINVAL;
+    }
+    if (!(scan.hash = XXH3_createState())) {
+        ld_errorf(errbuf, "dataset '%s': out of memory", d->name);
+        return LD_ENOMEM;
+    }
+    XXH3_64bits_reset(scan.hash);
+    XXH3_64bits_update(scan.hash, tag, sizeof tag);
+    /* The list the samples were laid out by: a listing that differs from it now (an
+     * object resized since open) must not match the cache built from the old one. */
+    for (uint64_t i = 0; i < d->count; i++) {
+        const char *rel = sd->arena + sd->entries[i].path_off;
+        XXH3_64bits_update(scan.hash, rel, strlen(rel) + 1);
+        XXH3_64bits_update(scan.hash, &sd->entries[i].size, sizeof sd->entries[i].size);
+    }
+    r = s3_list(sd->client, sd->prefix, s3_scan_object, &scan, err);
+    if (r < 0)
+        ld_errorf(errbuf, "dataset '%s': fingerprint: %s", d->name, err);
+    else {
+        uint64_t h = XXH3_64bits_digest(scan.hash);
+        *ret_fingerprint = h ? h : 1;
+    }
+    XXH3_freeState(scan.hash);
+    return r;
+}
+
+const struct dataset_ops source_s3_ops = {
+    .kind = "files",
+    .open = s3_open,
+    .free = s3_free,
+    .item_bytes = s3_item_bytes,
+    .read = s3_read,
+    .sample_name = s3_sample_name,
+    .fingerprint = s3_fingerprint,
+    .raw_bytes = s3_raw_bytes,
+    .read_raw = s3_read_raw,
+};
