@@ -4,7 +4,7 @@
  * open() lists the prefix (s3_list: ListObjectsV2, page after page; the prefix is a
  * folder: "s3://b/train" means the keys under "train/") and keeps what a folder would give: the key relative to the prefix is the sample's path, the glob and
  * the rule that a component beginning with '.' is hidden apply to it, samples are in
- * bytewise path order and labelled by their first-level "folder" (source_files.h), so
+ * bytewise path order and labelled by their first-level "folder" (as source_files.c), so
  * the same tree gives the same samples, order and labels whether it lies on a disk or
  * in a bucket. Keys ending in '/' (folder markers) and empty objects are not samples.
  *
@@ -23,6 +23,7 @@
  * the retries fails the read with LD_EDATASET, which is never blamed on a sample. */
 #include "dataset.h"
 
+#include <fnmatch.h>
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -33,13 +34,114 @@
 #include "arena.h"
 #include "log.h"
 #include "s3.h"
-#include "source_files.h"
 
 #define FIELD_DATA 0
 #define FIELD_LABEL 1
 /* The read-ahead window of read_raw: at most this many bytes at once. */
 #define S3_READAHEAD_BYTES (64u << 20)
 #define S3_FULL_KEY_MAX 1100
+
+/* One object: its relative key in the arena, its listed size, its label. */
+struct files_entry {
+    uint64_t path_off;
+    uint64_t size;
+    int64_t label;
+};
+
+/* The rules of the files kind (source_files.c) over relative keys: the glob on the whole
+ * path, and on the base name when it has no '/'; bytewise order; the label is the rank of
+ * the first-level folder among those that hold a sample, -1 at the top. */
+static bool s3_match(const char *pattern, const char *rel)
+{
+    if (fnmatch(pattern, rel, FNM_PATHNAME) == 0)
+        return true;
+    const char *name = strrchr(rel, '/');
+    return !strchr(pattern, '/') && name && fnmatch(pattern, name + 1, FNM_PATHNAME) == 0;
+}
+
+static int s3_entry_cmp(const void *a, const void *b, void *arena)
+{
+    const struct files_entry *x = a, *y = b;
+    return strcmp((const char *)arena + x->path_off, (const char *)arena + y->path_off);
+}
+
+static int s3_str_cmp(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* Labels and class names (d->class_names) of the sorted entries. */
+static int s3_labels(dataset *d, const char *arena, struct files_entry *entries, size_t n)
+{
+    char **names = NULL;
+    size_t n_names = 0;
+    for (size_t i = 0; i < n; i++) {
+        const char *p = arena + entries[i].path_off, *slash = strchr(p, '/');
+        if (!slash)
+            continue;
+        size_t len = (size_t)(slash - p);
+        if (n_names && strlen(names[n_names - 1]) == len && memcmp(names[n_names - 1], p, len) == 0)
+            continue;
+        char **g = realloc(names, (n_names + 1) * sizeof *names);
+        if (!g)
+            goto nomem;
+        names = g;
+        if (!(names[n_names] = strndup(p, len)))
+            goto nomem;
+        n_names++;
+    }
+    /* Entries are sorted by path, so a folder's entries are contiguous; its rank among the
+     * folder names is another order ("a-b/" sorts before "a/"). */
+    if (n_names)
+        qsort(names, n_names, sizeof *names, s3_str_cmp);
+    for (size_t i = 0; i < n; i++) {
+        const char *p = arena + entries[i].path_off, *slash = strchr(p, '/');
+        entries[i].label = -1;
+        if (!slash)
+            continue;
+        size_t lo = 0, hi = n_names, len = (size_t)(slash - p);
+        while (lo < hi) {
+            size_t mid = (lo + hi) / 2;
+            int c = strncmp(names[mid], p, len);
+            if (c == 0 && names[mid][len])
+                c = 1;
+            if (c < 0)
+                lo = mid + 1;
+            else
+                hi = mid;
+        }
+        entries[i].label = (int64_t)lo;
+    }
+    d->class_names = names;
+    d->n_classes = n_names;
+    return 0;
+nomem:
+    for (size_t k = 0; k < n_names; k++)
+        free(names[k]);
+    free(names);
+    return LD_ENOMEM;
+}
+
+static void s3_fields(dataset *d, const struct files_entry *entries, size_t n)
+{
+    uint64_t max_size = 0;
+    bool same = true;
+    for (size_t i = 0; i < n; i++) {
+        same &= entries[i].size == entries[0].size;
+        max_size = entries[i].size > max_size ? entries[i].size : max_size;
+    }
+    d->n_fields = 2;
+    struct dataset_field *data = &d->fields[FIELD_DATA];
+    snprintf(data->name, sizeof data->name, "data");
+    data->dtype = LD_DTYPE_UINT8;
+    data->max_item_bytes = max_size;
+    data->ragged = !same;
+    data->ndim = same ? 1 : 0;
+    data->shape[0] = same ? (int64_t)max_size : 0;
+    struct dataset_field *label = &d->fields[FIELD_LABEL];
+    snprintf(label->name, sizeof label->name, "label");
+    label->dtype = LD_DTYPE_INT64;
+}
 
 struct s3_dataset {
     struct dataset base;            /* first: an s3_dataset is a dataset */
@@ -84,7 +186,7 @@ static const char *s3_scan_rel(const struct s3_scan *s, const char *key)
         return NULL;                /* the prefix itself, or a folder marker */
     if (rel[0] == '.' || strstr(rel, "/."))
         return NULL;                /* hidden, as in a folder */
-    if (!source_files_match(s->pattern, rel))
+    if (!s3_match(s->pattern, rel))
         return NULL;
     return rel;
 }
@@ -123,7 +225,9 @@ static void s3_free(dataset *d)
     if (!sd)
         return;
     s3_client_free(sd->client);
-    source_files_class_names_free(d);
+    for (size_t k = 0; d->class_names && k < d->n_classes; k++)
+        free(d->class_names[k]);
+    free(d->class_names);
     pthread_mutex_destroy(&sd->ra_lock);
     free(sd->ra_buf);
     free(sd->ra_off);
@@ -194,12 +298,7 @@ static int s3_open(const struct config_dataset *cfg, dataset **ret_dataset, char
                   scan.skipped_empty ? " (only empty ones)" : "");
         goto fail;
     }
-    source_files_sort(scan.arena, scan.entries, scan.n);
-    uint64_t n_classes = 0;
-    if ((r = source_files_labels(scan.arena, scan.entries, scan.n, &n_classes)) < 0) {
-        ld_errorf(errbuf, "dataset '%s': out of memory", cfg->name);
-        goto fail;
-    }
+    qsort_r(scan.entries, scan.n, sizeof *scan.entries, s3_entry_cmp, scan.arena);
     sd->arena = scan.arena;
     sd->entries = scan.entries;
     scan.arena = NULL;
@@ -207,13 +306,13 @@ static int s3_open(const struct config_dataset *cfg, dataset **ret_dataset, char
     d->count = scan.n;
     /* A GET is a round trip: about what a 1 MiB memcpy takes, at the least. */
     d->sample_overhead = 1u << 20;
-    source_files_fields(d, sd->entries, d->count);
-    if ((r = source_files_class_names(d, sd->arena, sd->entries, n_classes)) < 0) {
+    s3_fields(d, sd->entries, d->count);
+    if ((r = s3_labels(d, sd->arena, sd->entries, d->count)) < 0) {
         ld_errorf(errbuf, "dataset '%s': out of memory", cfg->name);
         goto fail;
     }
     ld_log(LD_LOG_INFO, "dataset '%s': %" PRIu64 " objects in %" PRIu64 " classes under %s at %s (%s)%s", d->name,
-           d->count, n_classes, cfg->path, s3_client_describe(sd->client),
+           d->count, (uint64_t)d->n_classes, cfg->path, s3_client_describe(sd->client),
            d->fields[FIELD_DATA].ragged ? "ragged" : "fixed size",
            cfg->cache_path ? "" : "; no cache: every epoch reads the store");
     *ret_dataset = d;
