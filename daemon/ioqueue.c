@@ -23,11 +23,20 @@
 struct ioqueue {
     pthread_mutex_t lock;
     pthread_cond_t work;            /* an item was queued, or stopping */
-    pthread_cond_t finished;        /* a job left the list */
+    pthread_cond_t finished;        /* a job left the list, or its done returned */
     struct ioqueue_job *head, *tail;
+    struct ioqueue_finishing *finishing; /* jobs whose done runs on an I/O thread now */
     bool stopping;
     unsigned want, started;
     pthread_t *threads;
+};
+
+/* A job whose last item finished on an I/O thread, while that thread runs its done
+ * outside the lock: on the thread's stack, since the job is the callee's from then on.
+ * ioqueue_cancel waits for these too, so that its owner's done has run when it returns. */
+struct ioqueue_finishing {
+    const void *owner;
+    struct ioqueue_finishing *next;
 };
 
 static void ioqueue_unlink(ioqueue *q, struct ioqueue_job *j)
@@ -76,11 +85,17 @@ static void *ioqueue_thread(void *arg)
         j->ran++;
         if (ioqueue_job_over(j)) {
             size_t ran = j->ran;
+            struct ioqueue_finishing f = {.owner = j->owner, .next = q->finishing};
             ioqueue_unlink(q, j);
-            pthread_cond_broadcast(&q->finished);
+            q->finishing = &f;
             pthread_mutex_unlock(&q->lock);
             j->done(j, ran);
             pthread_mutex_lock(&q->lock);
+            struct ioqueue_finishing **link = &q->finishing;
+            while (*link != &f)
+                link = &(*link)->next;
+            *link = f.next;
+            pthread_cond_broadcast(&q->finished);
         }
     }
     pthread_mutex_unlock(&q->lock);
@@ -188,6 +203,9 @@ static bool ioqueue_has_owner(const ioqueue *q, const void *owner)
     for (const struct ioqueue_job *j = q->head; j; j = j->next)
         if (!owner || j->owner == owner)
             return true;
+    for (const struct ioqueue_finishing *f = q->finishing; f; f = f->next)
+        if (!owner || f->owner == owner)
+            return true;
     return false;
 }
 
@@ -214,6 +232,9 @@ size_t ioqueue_cancel_nowait(ioqueue *q, const void *owner)
     for (const struct ioqueue_job *j = q->head; j; j = j->next)
         if (!owner || j->owner == owner)
             running += j->taken - j->finished;
+    for (const struct ioqueue_finishing *f = q->finishing; f; f = f->next)
+        if (!owner || f->owner == owner)
+            running++; /* its last item is done, its done not yet */
     pthread_mutex_unlock(&q->lock);
     ioqueue_done_all(dropped);
     return running;

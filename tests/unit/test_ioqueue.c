@@ -114,7 +114,10 @@ static void test_cancel_one_owner(void **state)
     struct counting_job *a = counting_new(ITEMS, &owner_a, 2000), *b = counting_new(20, &owner_b, 100);
     assert_int_equal(ioqueue_submit(q, &a->job), 0);
     assert_int_equal(ioqueue_submit(q, &b->job), 0);
-    sleep_us(5000);
+    /* Until one of a's items has started (not a fixed time: a loaded machine may not
+     * have started the threads yet), then cancel with most of a still queued. */
+    for (int ms = 0; ms < 10000 && atomic_load(&a->max_running) == 0; ms++)
+        sleep_us(100);
     ioqueue_cancel(q, &owner_a);
     atomic_store(&a->after_cancel, true);
     /* a is back: its done ran, with fewer items than it had, and none runs any more. */
