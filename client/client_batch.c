@@ -180,5 +180,10 @@ LC_EXPORT int lc_batch_release(lc_batch *b)
         ret = client_check_usable(c);
     }
     client_batch_free(b);
+    /* The connection was found gone while telling the daemon (the hand-off's wake-up is
+     * sent at once): the lease went with it, as for a batch of a connection already
+     * gone above, and the reconnect reopens the stream where the trainer is. */
+    if (ret == LC_ECONNRESET && c->lost)
+        ret = 0;
     return ret < 0 ? ret : client_take_release_failure(c);
 }
