@@ -319,7 +319,12 @@ static void test_stall_metrics(void **state)
     assert_true(light_stall < 0.2);
     /* 32 samples per step (and the time next and release take): at most 32 / step. */
     assert_true(light_rate > 0.2 * 32 / step && light_rate < 1.07 * 32 / step);
-    assert_true(light_avg > 0 && light_avg < 1.07 * 32 / step);
+    /* The average counts what was handed over, which runs ahead of the trainer by up
+     * to the prefetch (the shared-memory hand-off publishes batches before they are
+     * taken): at most that much more over the time active. */
+    double ahead = stream_field(h, light.stream_id, "prefetch_depth") * 32 /
+                   stream_field(h, light.stream_id, "active_s");
+    assert_true(light_avg > 0 && light_avg < 1.07 * 32 / step + ahead);
     assert_true(stream_field(h, light.stream_id, "worker_cpu_s") > 0);
     assert_true(stream_field(h, big.stream_id, "worker_cpu_s") > stream_field(h, light.stream_id, "worker_cpu_s"));
     assert_true(stream_field(h, light.stream_id, "bytes_served") > 0);
