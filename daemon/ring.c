@@ -2,10 +2,15 @@
  * of each slot.
  *
  * Slots are allocated once per stream and reused for every batch, because a fresh
- * buffer per batch is what makes per-batch IPC slow. The pages are committed when the
- * ring opens (posix_fallocate), since on tmpfs ftruncate reserves nothing and a /dev/shm
- * too small for the ring would otherwise surface as a SIGBUS in the middle of an epoch;
- * here it is an error that names /dev/shm and the sizes. The name carries the daemon's
+ * buffer per batch is what makes per-batch IPC slow. The pages are committed
+ * (posix_fallocate), since on tmpfs ftruncate reserves nothing and a /dev/shm too small
+ * for the ring would otherwise surface as a SIGBUS in the middle of an epoch; a ring
+ * larger than /dev/shm's free space is refused at open with an error that names
+ * /dev/shm and the sizes. Committing tens of megabytes takes tens of milliseconds, so
+ * ring_open_partial commits only the header and the first slots, which is all the
+ * first batch needs, and ring_commit commits the others later, on a thread that may
+ * block; until then ring_acquire hands out committed slots only, so a worker never
+ * writes a page that has no backing. The name carries the daemon's
  * pid so that a daemon that starts can sweep what a crashed one left (ring_sweep), and
  * an unguessable part so that no other process can predict and pre-create it.
  *
@@ -22,6 +27,7 @@
 #include "sweep.h"
 
 #include <errno.h>
+#include <stdatomic.h>
 #include <fcntl.h>
 #include <inttypes.h>
 #include <limits.h>
@@ -57,6 +63,12 @@ struct ring {
     uint32_t counts[RING_STATES]; /* slots per state, so ring_count is O(1) */
     uint8_t *states;          /* enum ring_state per slot */
     uint64_t *generations;    /* the authoritative copy; the header mirrors it */
+    /* Slots [0, committed) have their pages; the committer (ring_commit, one thread at a
+     * time) publishes more with a release store, ring_acquire reads it. fd stays open
+     * until every slot is committed. */
+    _Atomic uint32_t committed;
+    int fd;
+    uint64_t stream_id;       /* for messages */
 };
 
 /* A prefix becomes part of a file name in /dev/shm and of the pattern ring_sweep
@@ -76,15 +88,47 @@ static uint64_t shm_free_bytes(void)
     return (uint64_t)sv.f_bavail * sv.f_frsize;
 }
 
-int ring_shm_create(const char *prefix, uint64_t stream_id, const char *tag, uint64_t total, unsigned mode,
-                    unsigned group_mode, char name[RING_NAME_MAX], void **ret_base, char *errbuf)
+/* Commits (posix_fallocate) and populates bytes [from, to) of a shared-memory object of
+ * `total` bytes mapped at base. */
+static int shm_commit(int fd, const char *name, uint8_t *base, uint64_t from, uint64_t to, uint64_t total,
+                      uint64_t stream_id, char *errbuf)
+{
+    int err = posix_fallocate(fd, (off_t)from, (off_t)(to - from));
+    if (err == ENOSPC || err == EFBIG) {
+        char want[LD_FORMAT_BYTES_MAX], avail[LD_FORMAT_BYTES_MAX];
+        ld_format_bytes(total, want, sizeof(want));
+        ld_format_bytes(shm_free_bytes(), avail, sizeof(avail));
+        ld_errorf(errbuf,
+                "cannot commit %s of shared memory for stream %" PRIu64 " in " RING_SHM_DIR
+                " (free: %s): " RING_SHM_DIR " is too small; in a container raise it "
+                "(docker run --shm-size=...)",
+                want, stream_id, avail);
+        return LD_ENOSPC;
+    } else if (err != 0) {
+        ld_errorf(errbuf, "posix_fallocate %s: %s", name, strerror(err));
+        return ld_from_errno(err);
+    }
+    /* The page tables are filled now rather than on the first write (MADV_POPULATE_WRITE,
+     * Linux 5.14; older kernels fault the pages in as they are used). */
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23
+#endif
+    (void)madvise(base + from, (size_t)(to - from), MADV_POPULATE_WRITE);
+    return 0;
+}
+
+/* ring_shm_create with only [0, commit) committed now; with ret_fd the descriptor stays
+ * open for later commits (shm_commit), else it is closed. */
+static int shm_create(const char *prefix, uint64_t stream_id, const char *tag, uint64_t total, uint64_t commit,
+                      unsigned mode, unsigned group_mode, char name[RING_NAME_MAX], void **ret_base, int *ret_fd,
+                      char *errbuf)
 {
     int fd = -1;
     bool created = false;
     void *base = MAP_FAILED;
     int ret;
     if (!prefix_ok(prefix) || (mode & ~0777u) != 0 || (group_mode & ~0070u) != 0 || total == 0 ||
-        total > SIZE_MAX) {
+        total > SIZE_MAX || commit > total) {
         ld_errorf(errbuf, "invalid shared-memory parameters (prefix, size or mode)");
         return LD_EINVAL;
     }
@@ -140,35 +184,26 @@ int ring_shm_create(const char *prefix, uint64_t stream_id, const char *tag, uin
         ld_errorf(errbuf, "ftruncate %s to %" PRIu64 " bytes: %s", name, total, strerror(errno));
         goto fail;
     }
-    int err = posix_fallocate(fd, 0, (off_t)total);
-    if (err == ENOSPC || err == EFBIG) {
-        char want[LD_FORMAT_BYTES_MAX], avail[LD_FORMAT_BYTES_MAX];
-        ld_format_bytes(total, want, sizeof(want));
-        ld_format_bytes(shm_free_bytes(), avail, sizeof(avail));
-        ld_errorf(errbuf,
-                "cannot commit %s of shared memory for stream %" PRIu64 " in " RING_SHM_DIR
-                " (free: %s): " RING_SHM_DIR " is too small; in a container raise it "
-                "(docker run --shm-size=...)",
-                want, stream_id, avail);
-        ret = LD_ENOSPC;
-        goto fail;
-    } else if (err != 0) {
-        ret = ld_from_errno(err);
-        ld_errorf(errbuf, "posix_fallocate %s: %s", name, strerror(err));
-        goto fail;
-    }
-    /* MAP_POPULATE: the page tables are filled now rather than on the first batch. */
-    base = mmap(NULL, (size_t)total, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+    /* Not MAP_POPULATE: that would fault in pages not committed yet, unreserved. */
+    base = mmap(NULL, (size_t)total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (base == MAP_FAILED) {
         ret = ld_from_errno(errno);
         ld_errorf(errbuf, "mmap %s (%" PRIu64 " bytes): %s", name, total, strerror(errno));
         goto fail;
     }
-    close(fd);
+    ret = shm_commit(fd, name, base, 0, commit, total, stream_id, errbuf);
+    if (ret < 0)
+        goto fail;
+    if (ret_fd)
+        *ret_fd = fd;
+    else
+        close(fd);
     *ret_base = base;
     return 0;
 
 fail:
+    if (base != MAP_FAILED)
+        munmap(base, (size_t)total);
     if (fd >= 0)
         close(fd);
     if (created)
@@ -177,14 +212,26 @@ fail:
     return ret;
 }
 
+int ring_shm_create(const char *prefix, uint64_t stream_id, const char *tag, uint64_t total, unsigned mode,
+                    unsigned group_mode, char name[RING_NAME_MAX], void **ret_base, char *errbuf)
+{
+    return shm_create(prefix, stream_id, tag, total, total, mode, group_mode, name, ret_base, NULL, errbuf);
+}
+
 int ring_open(const char *prefix, uint64_t stream_id, uint32_t slot_count, uint64_t slot_bytes,
               unsigned mode, ring **ret_ring, char *errbuf)
+{
+    return ring_open_partial(prefix, stream_id, slot_count, slot_bytes, mode, slot_count, ret_ring, errbuf);
+}
+
+int ring_open_partial(const char *prefix, uint64_t stream_id, uint32_t slot_count, uint64_t slot_bytes,
+                      unsigned mode, uint32_t commit_slots, ring **ret_ring, char *errbuf)
 {
     ring *r = NULL;
     int ret;
 
     if (!prefix_ok(prefix) || slot_count == 0 || slot_bytes == 0 || !ret_ring ||
-        (mode & ~0777u) != 0) {
+        (mode & ~0777u) != 0 || commit_slots == 0) {
         ld_errorf(errbuf, "invalid ring parameters (prefix, slot count, slot size or mode)");
         return LD_EINVAL;
     }
@@ -208,6 +255,10 @@ int ring_open(const char *prefix, uint64_t stream_id, uint32_t slot_count, uint6
         ld_errorf(errbuf, "out of memory for the ring");
         goto fail;
     }
+    r->fd = -1;
+    r->stream_id = stream_id;
+    if (commit_slots > slot_count)
+        commit_slots = slot_count;
     r->states = calloc(slot_count, sizeof(*r->states));
     r->generations = calloc(slot_count, sizeof(*r->generations));
     if (!r->states || !r->generations) {
@@ -220,12 +271,25 @@ int ring_open(const char *prefix, uint64_t stream_id, uint32_t slot_count, uint6
     r->total_size = total;
     r->counts[RING_FREE] = slot_count;
 
+    /* The header and the first commit_slots slots now. A ring that cannot fit at all is
+     * committed whole now instead, so that it is refused at open with the message (tmpfs
+     * refuses a size beyond its free space at once); a file system of unknown size
+     * (f_blocks 0) is left to the later commits. */
+    uint64_t eager = LD_RING_ALIGN + slot_size * commit_slots;
+    struct statvfs sv;
+    if (eager < total && statvfs(RING_SHM_DIR, &sv) == 0 && sv.f_blocks != 0 &&
+        total > (uint64_t)sv.f_bavail * sv.f_frsize) {
+        eager = total;
+        commit_slots = slot_count;
+    }
     /* Group read, never write: a client never writes into a slot. */
     void *base;
-    ret = ring_shm_create(prefix, stream_id, "", total, mode, 0040, r->name, &base, errbuf);
+    ret = shm_create(prefix, stream_id, "", total, eager, mode, 0040, r->name, &base,
+                     commit_slots < slot_count ? &r->fd : NULL, errbuf);
     if (ret < 0)
         goto fail;
     r->base = base;
+    atomic_store_explicit(&r->committed, commit_slots, memory_order_release);
 
     struct ld_ring_header *h = (struct ld_ring_header *)r->base;
     h->magic = LD_RING_MAGIC;
@@ -253,6 +317,8 @@ void ring_free(ring *r)
         return;
     if (r->base)
         munmap(r->base, (size_t)r->total_size);
+    if (r->fd >= 0)
+        close(r->fd);
     if (!r->unlinked && r->name[0])
         shm_unlink(r->name);
     free(r->states);
@@ -303,6 +369,30 @@ void *ring_slot(ring *r, uint32_t slot)
     return r->base + LD_RING_ALIGN + (uint64_t)slot * r->slot_size;
 }
 
+int ring_commit(ring *r, uint32_t upto, char *errbuf)
+{
+    uint32_t from = atomic_load_explicit(&r->committed, memory_order_relaxed); /* only we change it */
+    if (upto > r->slot_count)
+        upto = r->slot_count;
+    if (from >= upto)
+        return 0;
+    int ret = shm_commit(r->fd, r->name, r->base, LD_RING_ALIGN + (uint64_t)from * r->slot_size,
+                         LD_RING_ALIGN + (uint64_t)upto * r->slot_size, r->total_size, r->stream_id, errbuf);
+    if (ret < 0)
+        return ret;
+    atomic_store_explicit(&r->committed, upto, memory_order_release);
+    if (upto == r->slot_count) {
+        close(r->fd);
+        r->fd = -1;
+    }
+    return 0;
+}
+
+uint32_t ring_committed(const ring *r)
+{
+    return atomic_load_explicit(&((ring *)r)->committed, memory_order_acquire);
+}
+
 static void set_state(ring *r, uint32_t slot, enum ring_state to)
 {
     r->counts[r->states[slot]]--;
@@ -315,14 +405,20 @@ int ring_acquire(ring *r, uint32_t *ret_slot, uint64_t *ret_generation)
     if (r->counts[RING_FREE] == 0)
         return LD_EAGAIN;
     /* Round robin from the last slot handed out, so a slot just released is the last
-     * to be rewritten: a client holding a stale view of it keeps valid data longest. */
+     * to be rewritten: a client holding a stale view of it keeps valid data longest.
+     * Only committed slots are handed out (the others have no pages yet). */
+    uint32_t n = atomic_load_explicit(&r->committed, memory_order_acquire);
     uint32_t i, s = 0;
-    for (i = 0; i < r->slot_count; i++) {
-        s = (r->cursor + i) % r->slot_count;
+    for (i = 0; i < n; i++) {
+        s = (r->cursor + i) % n;
         if (r->states[s] == RING_FREE)
             break;
     }
-    ld_require(i < r->slot_count); /* else counts[RING_FREE] > 0 lied: the bookkeeping is corrupt */
+    if (i == n) {
+        /* else counts[RING_FREE] > 0 lied: the bookkeeping is corrupt */
+        ld_require(n < r->slot_count);
+        return LD_EAGAIN;
+    }
     uint64_t gen = r->generations[s] + 1;
     r->generations[s] = gen;
     struct ld_slot_header *sh = ring_slot(r, s);

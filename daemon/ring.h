@@ -37,6 +37,19 @@ typedef struct ring ring;
  * naming /dev/shm and the size when the pages cannot be committed. */
 int ring_open(const char *prefix, uint64_t stream_id, uint32_t slot_count, uint64_t slot_bytes,
               unsigned mode, ring **ret_ring, char *errbuf);
+/* The same with only the header and the first `commit_slots` (>= 1) slots committed
+ * now: ring_acquire hands out committed slots only, and ring_commit commits the rest.
+ * A ring larger than /dev/shm's free space is still refused here. */
+int ring_open_partial(const char *prefix, uint64_t stream_id, uint32_t slot_count, uint64_t slot_bytes,
+                      unsigned mode, uint32_t commit_slots, ring **ret_ring, char *errbuf);
+/* Commits slots up to `upto` (excluded; at most the slot count). Blocks (tens of ms for
+ * tens of MiB): call it from a thread that may block, one at a time per ring, never
+ * concurrently with ring_free; any other ring call may run meanwhile on the loop thread.
+ * LD_ENOSPC with the same message as ring_open when /dev/shm has no room left; the
+ * slots committed before stay usable. */
+int ring_commit(ring *r, uint32_t upto, char *errbuf);
+/* Slots [0, this) are committed. Any thread. */
+uint32_t ring_committed(const ring *r);
 /* The object under a ring, for other per-stream shared memory too (handoff.c): creates
  * `/<prefix>.<pid>.<stream_id>.<tag><16 random hex>` of `total` bytes, mode `mode` (plus
  * `group_mode`, and the group, when ring_share_with_group set one), commits its pages

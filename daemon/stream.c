@@ -210,6 +210,7 @@ static void stream_free(stream *s)
         free(s->slots);
     }
     device_close(s->dev); /* before the ring: it unpins the mapping */
+    stream_commit_stop(s);
     ring_free(s->ring);
     pool_flow_close(s->workers, s->flow); /* freed when its last running chunk returns */
     if (s->set) {
@@ -575,6 +576,7 @@ static void slot_filled(stream *s, uint32_t slot)
         start_copy(s, slot);
     }
     stream_deliver(s);
+    stream_commit_start(s); /* the first batch is done: now the other slots */
     stream_schedule(s);
 }
 
@@ -701,7 +703,10 @@ int stream_open(stream_set *set, dataset *d, uint64_t id, const struct stream_pa
         rc = LD_EBUDGET;
         goto fail;
     }
-    rc = ring_open("loaderd", id, s->n_slots, slot_bytes, 0600, &s->ring, errbuf);
+    /* The first slot now, the others in the background once the first batch is done
+     * (stream_commit.c); a device stage registers the whole mapping at once. */
+    rc = ring_open_partial("loaderd", id, s->n_slots, slot_bytes, 0600,
+                           p->device.kind == DEVICE_HOST ? 1 : s->n_slots, &s->ring, errbuf);
     if (rc < 0)
         goto fail;
     s->slot_used = off;

@@ -5,6 +5,7 @@
 #ifndef LD_STREAM_INTERNAL_H
 #define LD_STREAM_INTERNAL_H
 
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -104,6 +105,15 @@ struct stream {
     uint64_t wait_start_ns;
     uint64_t batches_served, samples_served, bytes_served, wait_ns;
     uint64_t first_next_ns;         /* 0 until the trainer first asks */
+    /* The ring's slots beyond the first, committed in the background (stream_commit.c):
+     * the thread writes commit_err, then commit_rc (< 0: it stopped there), and posts
+     * commit_done after each slot. The rest is the loop thread's. */
+    pthread_t committer;
+    bool commit_started, commit_joinable, commit_warned;
+    atomic_bool commit_stop;
+    atomic_int commit_rc;
+    char commit_err[LD_ERRMSG_MAX];
+    struct hub_completion commit_done;
     struct stats_mark {
         uint64_t ns, samples, wait_ns;
     } mark, last;                   /* the window being measured, and the one before */
@@ -117,6 +127,12 @@ void stream_schedule(stream *s);
 int stream_consumer_new(stream *src, uint64_t id, uint64_t seq, stream **ret_consumer);
 /* Tells the scheduler whether a trainer of this stream is waiting (on changes only). */
 void stream_set_urgent(stream *s, bool urgent);
+/* stream_commit.c. Loop thread. start: after the first batch is filled, starts the
+ * thread that commits the ring's other slots (once; nothing when all are committed),
+ * which has the loop fill each as it comes. stop: stops and joins it, and cancels a
+ * commit_done still queued; before ring_free. */
+void stream_commit_start(stream *s);
+void stream_commit_stop(stream *s);
 
 static inline uint64_t stream_now_ns(void)
 {

@@ -565,6 +565,84 @@ static void test_bad_params(void **state)
     assert_int_equal(count_ours(), 0);
 }
 
+/* Bytes of the ring's object that have pages (st_blocks). */
+static uint64_t committed_bytes(ring *r)
+{
+    char path[512];
+    struct stat st;
+    snprintf(path, sizeof(path), "/dev/shm%s", ring_name(r));
+    assert_int_equal(stat(path, &st), 0);
+    return (uint64_t)st.st_blocks * 512;
+}
+
+/* ring_open_partial commits the header and the first slots only; acquire hands out
+ * those alone; ring_commit adds the others, and then every slot is handed out. */
+static void test_partial_commit(void **state)
+{
+    (void)state;
+    const uint64_t slot = UINT64_C(1) << 20;
+    ring *r = NULL;
+    char err[LD_ERRMSG_MAX] = "";
+    int fds = count_fds();
+    assert_int_equal(ring_open_partial(prefix, 4, 6, slot, 0600, 2, &r, err), 0);
+    assert_int_equal(ring_committed(r), 2);
+    assert_int_equal(committed_bytes(r), LD_RING_ALIGN + 2 * slot);
+    assert_int_equal(count_fds(), fds + 1); /* kept for the later commits */
+    uint32_t s;
+    uint64_t gen;
+    assert_int_equal(ring_acquire(r, &s, &gen), 0);
+    assert_int_equal(s, 0);
+    assert_int_equal(ring_acquire(r, &s, &gen), 0);
+    assert_int_equal(s, 1);
+    assert_int_equal(ring_acquire(r, &s, &gen), LD_EAGAIN); /* free, but not committed */
+    assert_int_equal(ring_count(r, RING_FREE), 4);
+
+    assert_int_equal(ring_commit(r, 4, err), 0);
+    assert_int_equal(ring_committed(r), 4);
+    assert_int_equal(committed_bytes(r), LD_RING_ALIGN + 4 * slot);
+    assert_int_equal(ring_acquire(r, &s, &gen), 0);
+    assert_int_equal(s, 2);
+    assert_int_equal(ring_commit(r, 99, err), 0); /* clamped to the slot count */
+    assert_int_equal(ring_committed(r), 6);
+    assert_int_equal(committed_bytes(r), ring_total_size(r));
+    assert_int_equal(count_fds(), fds); /* every slot committed: the descriptor is closed */
+    assert_int_equal(ring_acquire(r, &s, &gen), 0);
+    assert_int_equal(s, 3);
+    assert_int_equal(ring_commit(r, 6, err), 0); /* nothing left: a no-op */
+    /* The written pages are the object's: write a slot handed out late. */
+    memset(ring_slot(r, 5), 0xab, (size_t)slot);
+    ring_free(r);
+    assert_int_equal(count_ours(), 0);
+    assert_int_equal(count_fds(), fds);
+
+    /* No slot at all is refused; more than the count means all. */
+    assert_int_equal(ring_open_partial(prefix, 4, 2, 4096, 0600, 0, &r, err), LD_EINVAL);
+    assert_int_equal(ring_open_partial(prefix, 4, 2, 4096, 0600, 7, &r, err), 0);
+    assert_int_equal(ring_committed(r), 2);
+    ring_free(r);
+    assert_int_equal(count_ours(), 0);
+}
+
+/* A partial ring that could never fit is refused at open all the same. */
+static void test_partial_too_large(void **state)
+{
+    (void)state;
+    struct statvfs sv;
+    assert_int_equal(statvfs("/dev/shm", &sv), 0);
+    if (sv.f_blocks == 0)
+        skip();
+    uint64_t fs_size = (uint64_t)sv.f_blocks * sv.f_frsize;
+    ring *r = (ring *)0x1;
+    char err[LD_ERRMSG_MAX] = "";
+    /* 4 slots of a quarter of the file system each, plus a GiB: one fits, four do not. */
+    uint64_t slot = fs_size / 4 + (UINT64_C(1) << 30);
+    assert_int_equal(ring_open_partial(prefix, 5, 4, slot, 0600, 1, &r, err), LD_ENOSPC);
+    assert_ptr_equal(r, (ring *)0x1);
+    assert_non_null(strstr(err, "/dev/shm"));
+    assert_non_null(strstr(err, "stream 5"));
+    assert_int_equal(count_ours(), 0);
+}
+
 /* Creates /dev/shm/<name> (name without the leading slash). */
 static void make_obj(const char *name)
 {
@@ -626,6 +704,8 @@ int main(void)
         cmocka_unit_test(test_state_names),
         cmocka_unit_test_teardown(test_unlink, teardown),
         cmocka_unit_test_teardown(test_shm_too_small, teardown),
+        cmocka_unit_test_teardown(test_partial_commit, teardown),
+        cmocka_unit_test_teardown(test_partial_too_large, teardown),
         cmocka_unit_test_teardown(test_bad_params, teardown),
         cmocka_unit_test_teardown(test_sweep, teardown),
     };

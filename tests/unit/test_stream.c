@@ -380,6 +380,74 @@ static void test_prefetch_depth(void **state)
     assert_true(env_run_until(e, set_empty, &l));
 }
 
+struct committed {
+    stream *s;
+};
+
+static bool all_committed(void *ctx)
+{
+    const ring *r = stream_ring(((struct committed *)ctx)->s);
+    return ring_committed(r) == ring_slot_count(r);
+}
+
+static bool first_reads_waiting(void *ctx)
+{
+    return fake_at_gate(ctx) > 0;
+}
+
+/* The first batch is filled in the one slot committed at open, the ring is not fully
+ * committed meanwhile, and no other batch starts; once it is filled the other slots are
+ * committed in the background and the stream goes to its full prefetch depth. */
+static void test_first_slot_first(void **state)
+{
+    struct env *e = *state;
+    fake_gate(&e->ds, true);
+    stream *s = env_open(e, 6, 4, 4, 1);
+    assert_true(env_run_until(e, first_reads_waiting, &e->ds));
+    for (int turn = 0; turn < 20; turn++)
+        uv_run(&e->loop, UV_RUN_NOWAIT);
+    const ring *r = stream_ring(s);
+    assert_int_equal(ring_committed(r), 1);
+    assert_true(ring_slot_count(r) > 1);
+    assert_int_equal(ring_count(r, RING_FILLING), 1);
+    fake_gate(&e->ds, false);
+    struct prepared p = {s, 4};
+    assert_true(env_run_until(e, prepared_done, &p));
+    struct committed c = {s};
+    assert_true(env_run_until(e, all_committed, &c));
+    struct ask a;
+    ask_next(e, s, &a);
+    assert_int_equal(a.rc, 0);
+    assert_int_equal(a.b.batch, 0);
+    assert_int_equal(row_value(s, a.b.slot, field_offset(s), 0), 0);
+    assert_int_equal(stream_release(s, a.b.slot, a.b.generation), 0);
+    stream_close(s);
+    struct live l = {e->set};
+    assert_true(env_run_until(e, set_empty, &l));
+}
+
+/* A stream closed while its first batch fills (the committer not started) and one
+ * closed at once after it (the committer possibly running) both go cleanly. */
+static void test_close_while_committing(void **state)
+{
+    struct env *e = *state;
+    fake_gate(&e->ds, true);
+    stream *s = env_open(e, 7, 4, 8, 1);
+    assert_true(env_run_until(e, first_reads_waiting, &e->ds));
+    stream_close(s);
+    fake_gate(&e->ds, false);
+    struct live l = {e->set};
+    assert_true(env_run_until(e, set_empty, &l));
+
+    s = env_open(e, 8, 4, 8, 1);
+    struct ask a;
+    ask_next(e, s, &a);
+    assert_int_equal(a.rc, 0);
+    assert_int_equal(stream_release(s, a.b.slot, a.b.generation), 0);
+    stream_close(s);
+    assert_true(env_run_until(e, set_empty, &l));
+}
+
 /* Sample 13 cannot be read: batches 0..2 (samples 0..11) are served, batch 3 fails with
  * the sample's message, and so does every next after it. */
 static void test_failure_at_batch(void **state)
@@ -493,6 +561,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_batches_in_order, env_setup, env_teardown),
         cmocka_unit_test_setup_teardown(test_waiting_nexts_in_order, env_setup, env_teardown),
         cmocka_unit_test_setup_teardown(test_prefetch_depth, env_setup, env_teardown),
+        cmocka_unit_test_setup_teardown(test_first_slot_first, env_setup, env_teardown),
+        cmocka_unit_test_setup_teardown(test_close_while_committing, env_setup, env_teardown),
         cmocka_unit_test_setup_teardown(test_failure_at_batch, env_setup, env_teardown),
         cmocka_unit_test_setup_teardown(test_close_with_work_in_flight, env_setup, env_teardown),
         cmocka_unit_test_setup_teardown(test_answer_now_or_later, env_setup, env_teardown),
