@@ -12,9 +12,11 @@ DataLoader and fio), bench/bench_device.py (the device stage against
 DataLoader(pin_memory=True); it says so and skips without a GPU), bench/bench_tar.py (tar
 shards vs webdataset + DataLoader), bench/bench_share.py (four trainers on one shared
 stream, four streams and four DataLoaders; a jittery trainer under fixed and adaptive
-prefetch), and the GPU section (gpu_section: "no GPU: skipped" where there is none). Each
-writes its own files under bench/results/ (latest.*, cache.*, images.*, python.*, fair.*,
-sql.*, cold.*, device.*, tar.*, share.*, raw outputs; none of them committed). Then this
+prefetch), bench/bench_scale.py (open time, index memory and first batch from 100,000 to
+5 M samples; first batches of an image and a token stream), and the GPU section
+(gpu_section: "no GPU: skipped" where there is none). Each writes its own files under
+bench/results/ (latest.*, cache.*, images.*, python.*, fair.*, sql.*, cold.*, device.*,
+tar.*, share.*, scale.*, raw outputs; none of them committed). Then this
 script gathers them into
 
     bench/results/<date>-<host>.json   machine (CPU model, cores, RAM, kernel, versions of
@@ -31,8 +33,8 @@ ones committed with a README update: the README's table names the file it comes 
 
 Options for the benchmarks come from the environment as before (BENCH_ARGS,
 BENCH_CACHE_ARGS, BENCH_IMAGES_ARGS, BENCH_PYTHON_ARGS, BENCH_FAIR_ARGS, BENCH_SQL_ARGS,
-BENCH_COLD_ARGS, BENCH_DEVICE_ARGS, BENCH_TAR_ARGS, BENCH_SHARE_ARGS); `--quick` in BENCH_ARGS
-makes all ten small. Exits non-zero when any benchmark failed (the result files are written
+BENCH_COLD_ARGS, BENCH_DEVICE_ARGS, BENCH_TAR_ARGS, BENCH_SHARE_ARGS, BENCH_SCALE_ARGS); `--quick`
+in BENCH_ARGS makes all eleven small. Exits non-zero when any benchmark failed (the result files are written
 anyway, with the failures in them).
 """
 import datetime
@@ -67,6 +69,7 @@ def steps():
         ("device", ["bench/bench_device.py"], "BENCH_DEVICE_ARGS", ("device.json", "device.md")),
         ("tar", ["bench/bench_tar.py"], "BENCH_TAR_ARGS", ("tar.json", "tar.md")),
         ("share", ["bench/bench_share.py"], "BENCH_SHARE_ARGS", ("share.json", "share.md")),
+        ("scale", ["bench/bench_scale.py"], "BENCH_SCALE_ARGS", ("scale.json", "scale.md")),
     ]
 
 
