@@ -6,6 +6,8 @@
  *   server_conn.c     a connection's I/O: reading frames, the outbox that keeps replies
  *                     in request order, write batching, and closing.
  *   server_ops.c      the requests: the ops[] table and one op_* per request.
+ *   server_open.c     the `open` request: configured and declared datasets, shared
+ *                     streams, the hand-off.
  *   server_metrics.c  the Prometheus text of the daemon's counters.
  *   server_reload.c   a reload: the config read again, datasets added, changed and
  *                     removed, and the datasets that could not be opened.
@@ -201,6 +203,17 @@ struct access_peer server_conn_peer(const conn *c);
 void server_ops_handle(conn *c, const char *payload, size_t len);
 /* Closes one of the connection's streams (its waiting nexts are answered `closed`). */
 void server_ops_close_stream(conn *c, struct conn_stream *cs);
+/* The configured dataset named name, or NULL. */
+dataset *server_ops_find_dataset(server *srv, const char *name);
+/* Whether the connection passes rule r; when not, replies permission_denied naming what
+ * was denied (`what`), for whom, and who the rule (`rule_name`) allows. */
+bool server_ops_allowed(conn *c, int64_t id, const struct access_rule *r, const char *rule_name, const char *what);
+/* Counts a batch leased to the connection, by a next reply or the hand-off. */
+void server_ops_count_batch(conn *c, const struct stream_batch *b);
+
+/* ---- server_open.c ---- */
+/* The `open` request. */
+void server_open_stream(conn *c, const cJSON *req, int64_t id);
 
 /* ---- server_reload.c ---- */
 /* The `reload` request (an operator op). */
