@@ -132,6 +132,8 @@ struct server {
     struct server_old_keeper *old_keepers;
     size_t n_old_keepers;
     uint64_t reloads;               /* successful ones */
+    struct server_reload_job *reload_job; /* the reload whose datasets are being opened, or NULL */
+    bool reload_again;              /* a SIGHUP came during it: reload once more after it */
     cache_keeper **keepers;         /* per dataset; NULL where the dataset has no cache */
     dataset_watch **watches;        /* per dataset: rescans a folder that changed */
     pool *workers;

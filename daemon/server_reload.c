@@ -6,8 +6,9 @@
  * the running config stays. Otherwise each dataset of the new file is compared with
  * the running one of its name (config_diff.h): one defined the same keeps its open
  * dataset, its cache keeper and its folder watch, so its streams never notice; an
- * added or changed one is opened (on the loop thread: a big folder's scan delays the
- * other clients' requests that long); a changed or removed one is retired: streams
+ * added or changed one is opened on a thread of the reload's own (a big folder's scan
+ * does not hold up the other clients), and the new config is applied on the loop once
+ * they are open (a hub completion); a changed or removed one is retired: streams
  * already open on it keep reading the old definition to their end (the dataset is
  * freed by its last holder, dataset_watch.h), and new opens get the new one. A dataset
  * that cannot be opened (its path is missing or unreadable), at start or at a reload,
@@ -21,6 +22,8 @@
 #include "server_internal.h"
 
 #include <inttypes.h>
+#include <pthread.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -211,10 +214,34 @@ static void server_reload_note(cJSON *list, const char *name, int streams, const
         ld_log(LD_LOG_INFO, "reload: dataset '%s' %s", name, what);
 }
 
-/* Applies ncfg (loaded, valid). Takes ncfg; fills rp. 0, or LD_ENOMEM before anything
- * changed. */
-static int server_reload_apply(server *srv, struct config *ncfg, struct server_reload_report *rp, char *errbuf)
+/* A reload in flight: the new config, loaded and valid, and what the scan thread opened
+ * for it. The thread owns opened, why and open_ns until it posts `done`; the loop owns
+ * everything else. */
+struct server_reload_job {
+    struct hub_completion done;     /* posted by the scan thread when it has finished */
+    server *srv;
+    struct config *ncfg;            /* until applied */
+    size_t n;                       /* its datasets */
+    bool *scan;                     /* per ncfg dataset: added or changed, so opened here */
+    dataset **opened;               /* per ncfg dataset: what the scan opened, or NULL */
+    char **why;                     /* per ncfg dataset: why it could not be opened */
+    uint64_t *open_ns;              /* per ncfg dataset: how long it took */
+    pthread_t thread;
+    bool thread_live;
+    uint64_t t0;
+    uint64_t conn_id;               /* the connection that asked (0: SIGHUP) */
+    struct reply *reply;            /* its outbox entry, filled once applied (if it is still there) */
+    int64_t req_id;
+};
+
+/* Applies job->ncfg (loaded, valid; its added and changed datasets already opened by
+ * the scan). Takes ncfg and the opened datasets; fills rp. 0, or LD_ENOMEM before
+ * anything changed. */
+static int server_reload_apply(server *srv, struct server_reload_job *job, struct server_reload_report *rp,
+                               char *errbuf)
 {
+    struct config *ncfg = job->ncfg;
+    job->ncfg = NULL;
     struct server_gen g;
     struct config **olds = realloc(srv->old_cfgs, (srv->n_old_cfgs + 1) * sizeof *srv->old_cfgs);
     if (olds)
@@ -243,6 +270,8 @@ static int server_reload_apply(server *srv, struct config *ncfg, struct server_r
         while (k < srv->n_datasets && strcmp(srv->datasets[k]->name, nd->name) != 0)
             k++;
         if (k < srv->n_datasets && config_dataset_same(srv->defs[k], nd)) {
+            dataset_free(job->opened[i]); /* NULL: one reload at a time, so the scan skipped it */
+            job->opened[i] = NULL;
             size_t n = g.n++;
             g.datasets[n] = srv->datasets[k];
             g.defs[n] = srv->defs[k]; /* in an older config, which is kept */
@@ -252,11 +281,10 @@ static int server_reload_apply(server *srv, struct config *ncfg, struct server_r
             cJSON_AddItemToArray(same, cJSON_CreateString(nd->name));
             continue;
         }
-        char err[LD_ERRMSG_MAX];
-        dataset *d = NULL;
-        uint64_t t0 = uv_hrtime();
-        if (dataset_open(nd, &d, err) < 0) {
-            server_gen_add_unavailable(&g, ncfg, nd, err);
+        dataset *d = job->opened[i];
+        job->opened[i] = NULL;
+        if (!d) {
+            server_gen_add_unavailable(&g, ncfg, nd, job->why[i] ? job->why[i] : "cannot be opened");
             struct server_unavailable *u = &g.unavailable[g.n_unavailable - 1];
             ld_log(LD_LOG_WARN, "reload: dataset '%s' is unavailable: %s", nd->name, u->reason);
             cJSON *o = cJSON_CreateObject();
@@ -266,7 +294,7 @@ static int server_reload_apply(server *srv, struct config *ncfg, struct server_r
             continue;
         }
         ld_log(LD_LOG_INFO, "reload: dataset '%s' (%s): %" PRIu64 " samples from %s, opened in %.1f ms", d->name,
-               dataset_kind(d), d->count, d->source, (double)(uv_hrtime() - t0) / 1e6);
+               dataset_kind(d), d->count, d->source, (double)job->open_ns[i] / 1e6);
         server_gen_add_opened(srv, &g, d, nd);
         if (k == srv->n_datasets)
             cJSON_AddItemToArray(added, cJSON_CreateString(nd->name));
@@ -290,72 +318,208 @@ static int server_reload_apply(server *srv, struct config *ncfg, struct server_r
     return 0;
 }
 
-/* Loads the file again and applies it; on success *ret_report is what changed. */
-static int server_reload_run(server *srv, cJSON **ret_report, char *errbuf)
+static void server_reload_job_free(struct server_reload_job *job)
 {
-    char mono[64];
+    if (!job)
+        return;
+    for (size_t i = 0; job->opened && job->why && i < job->n; i++) {
+        dataset_free(job->opened[i]);
+        free(job->why[i]);
+    }
+    config_free(job->ncfg);
+    free(job->scan);
+    free(job->opened);
+    free(job->why);
+    free(job->open_ns);
+    free(job);
+}
+
+/* The scan: opens (walks, indexes) the added and changed datasets off the loop, so that
+ * a big folder does not hold up the other clients' requests. dataset_open touches only
+ * the definition it is given and what it builds. */
+static void *server_reload_scan_main(void *arg)
+{
+    struct server_reload_job *job = arg;
+    for (size_t i = 0; i < job->n; i++) {
+        if (!job->scan[i])
+            continue;
+        char err[LD_ERRMSG_MAX] = "";
+        uint64_t t0 = uv_hrtime();
+        if (dataset_open(&job->ncfg->datasets[i], &job->opened[i], err) < 0) {
+            job->opened[i] = NULL;
+            job->why[i] = strdup(err[0] ? err : "cannot be opened");
+        }
+        job->open_ns[i] = uv_hrtime() - t0;
+    }
+    hub_post(job->srv->hub, &job->done);
+    return NULL;
+}
+
+/* The connection that asked for the reload, if it is still there. */
+static conn *server_reload_asker(server *srv, uint64_t conn_id)
+{
+    for (conn *c = srv->conns; c && conn_id; c = c->next)
+        if (c->id == conn_id && c->state != CONN_CLOSED)
+            return c;
+    return NULL;
+}
+
+/* Ends a reload: the reply to the connection that asked (msg, consumed), systemd told. */
+static void server_reload_finish(server *srv, struct server_reload_job *job, cJSON *msg)
+{
+    conn *c = server_reload_asker(srv, job->conn_id);
+    if (c && job->reply)
+        server_reply_fill(c, job->reply, msg);
+    else
+        cJSON_Delete(msg);
+    notify_send("READY=1");
+}
+
+static void server_reload_start(server *srv, uint64_t conn_id, struct reply *reply, int64_t req_id);
+
+/* The scan is done (on the loop): applies the new config, or drops it when the daemon
+ * is stopping. */
+static void server_reload_scanned(struct hub_completion *hc)
+{
+    struct server_reload_job *job = (struct server_reload_job *)((char *)hc - offsetof(struct server_reload_job, done));
+    server *srv = job->srv;
+    char errbuf[LD_ERRMSG_MAX];
+    if (job->thread_live)
+        pthread_join(job->thread, NULL);
+    srv->reload_job = NULL;
+    if (srv->stopping) {
+        ld_log(LD_LOG_INFO, "reload dropped: the daemon is stopping");
+        server_reload_finish(srv, job, proto_reply_error(job->req_id, LD_ECLOSED, "the daemon is stopping"));
+        server_reload_job_free(job);
+        server_closed_one(srv);
+        return;
+    }
+    struct server_reload_report rp = {0};
+    int rc = 0;
+    if (!(rp.json = cJSON_CreateObject()) || !(rp.restart = cJSON_AddArrayToObject(rp.json, "restart_needed"))) {
+        snprintf(errbuf, LD_ERRMSG_MAX, "reload: out of memory; the running config stays");
+        rc = LD_ENOMEM;
+    }
+    if (rc == 0)
+        rc = server_reload_apply(srv, job, &rp, errbuf);
+    cJSON *msg;
+    if (rc == 0) {
+        srv->reloads++;
+        cJSON_AddNumberToObject(rp.json, "datasets", (double)srv->n_datasets);
+        ld_log(LD_LOG_INFO, "reloaded %s in %.1f ms: %zu datasets served, %zu unavailable", srv->cfg->file,
+               (double)(uv_hrtime() - job->t0) / 1e6, srv->n_datasets, srv->n_unavailable);
+        msg = proto_reply_ok(job->req_id);
+        for (cJSON *it = rp.json->child; it;) { /* the report's members move into the reply */
+            cJSON *next = it->next;
+            cJSON_AddItemToObject(msg, it->string, cJSON_DetachItemViaPointer(rp.json, it));
+            it = next;
+        }
+    } else {
+        ld_log(LD_LOG_ERROR, "reload refused, the running config stays: %s", errbuf);
+        msg = proto_reply_error(job->req_id, rc, errbuf);
+    }
+    cJSON_Delete(rp.json);
+    server_reload_finish(srv, job, msg);
+    server_reload_job_free(job);
+    server_closed_one(srv);
+    if (srv->reload_again) { /* a SIGHUP came while this one ran: the file may have changed since */
+        srv->reload_again = false;
+        server_reload_start(srv, 0, NULL, -1);
+    }
+}
+
+/* Loads the file again (on the loop: it is small, and an error is answered at once) and
+ * starts the scan of what it adds and changes; the config is applied once the scan is
+ * done (server_reload_scanned). reply: the asking connection's outbox entry, or NULL. */
+static void server_reload_start(server *srv, uint64_t conn_id, struct reply *reply, int64_t req_id)
+{
+    char mono[64], errbuf[LD_ERRMSG_MAX];
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     snprintf(mono, sizeof mono, "RELOADING=1\nMONOTONIC_USEC=%" PRIu64,
              (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u);
     notify_send(mono);
-    uint64_t t0 = uv_hrtime();
-    struct config *ncfg = NULL;
-    struct server_reload_report rp = {0};
-    int rc = config_load(srv->cfg->file, &ncfg, errbuf);
-    if (rc == 0 && (!(rp.json = cJSON_CreateObject()) ||
-                    !(rp.restart = cJSON_AddArrayToObject(rp.json, "restart_needed")))) {
-        config_free(ncfg);
+    struct server_reload_job *job = calloc(1, sizeof *job);
+    int rc = job ? config_load(srv->cfg->file, &job->ncfg, errbuf) : LD_ENOMEM;
+    if (!job)
         snprintf(errbuf, LD_ERRMSG_MAX, "reload: out of memory; the running config stays");
-        rc = LD_ENOMEM;
-    }
-    if (rc == 0)
-        rc = server_reload_apply(srv, ncfg, &rp, errbuf);
     if (rc == 0) {
-        srv->reloads++;
-        cJSON_AddNumberToObject(rp.json, "datasets", (double)srv->n_datasets);
-        ld_log(LD_LOG_INFO, "reloaded %s in %.1f ms: %zu datasets served, %zu unavailable", srv->cfg->file,
-               (double)(uv_hrtime() - t0) / 1e6, srv->n_datasets, srv->n_unavailable);
-        *ret_report = rp.json;
-    } else {
-        cJSON_Delete(rp.json);
-        ld_log(LD_LOG_ERROR, "reload refused, the running config stays: %s", errbuf);
+        job->n = job->ncfg->n_datasets;
+        size_t n = job->n ? job->n : 1;
+        job->scan = calloc(n, sizeof *job->scan);
+        job->opened = calloc(n, sizeof *job->opened);
+        job->why = calloc(n, sizeof *job->why);
+        job->open_ns = calloc(n, sizeof *job->open_ns);
+        if (!job->scan || !job->opened || !job->why || !job->open_ns) {
+            snprintf(errbuf, LD_ERRMSG_MAX, "reload: out of memory; the running config stays");
+            rc = LD_ENOMEM;
+        }
     }
-    notify_send("READY=1");
-    return rc;
+    if (rc < 0) {
+        ld_log(LD_LOG_ERROR, "reload refused, the running config stays: %s", errbuf);
+        struct server_reload_job fail = {.conn_id = conn_id, .reply = reply, .req_id = req_id};
+        server_reload_finish(srv, &fail, proto_reply_error(req_id, rc, errbuf));
+        server_reload_job_free(job);
+        return;
+    }
+    job->srv = srv;
+    job->conn_id = conn_id;
+    job->reply = reply;
+    job->req_id = req_id;
+    job->t0 = uv_hrtime();
+    job->done.done = server_reload_scanned;
+    size_t to_scan = 0;
+    for (size_t i = 0; i < job->ncfg->n_datasets; i++) {
+        const struct config_dataset *nd = &job->ncfg->datasets[i];
+        bool same = false;
+        for (size_t k = 0; k < srv->n_datasets && !same; k++)
+            same = strcmp(srv->datasets[k]->name, nd->name) == 0 && config_dataset_same(srv->defs[k], nd);
+        job->scan[i] = !same;
+        to_scan += !same;
+    }
+    srv->reload_job = job;
+    srv->pending_closes++; /* a stop waits for the scan */
+    if (to_scan) {
+        ld_log(LD_LOG_INFO, "reload: opening %zu added or changed dataset(s) on a thread of their own", to_scan);
+        job->thread_live = pthread_create(&job->thread, NULL, server_reload_scan_main, job) == 0;
+        if (job->thread_live)
+            return;
+        ld_log(LD_LOG_WARN, "reload: cannot start a thread; opening the datasets on the loop");
+    }
+    server_reload_scan_main(job); /* nothing to open, or no thread: posts at once */
 }
 
 void server_reload_signal(server *srv)
 {
-    char err[LD_ERRMSG_MAX];
-    cJSON *report = NULL;
     if (srv->stopping)
         return;
     ld_log(LD_LOG_INFO, "received SIGHUP: reloading %s", srv->cfg->file);
-    if (server_reload_run(srv, &report, err) == 0)
-        cJSON_Delete(report);
+    if (srv->reload_job) {
+        ld_log(LD_LOG_INFO, "a reload is running; the file is read again once it is done");
+        srv->reload_again = true;
+        return;
+    }
+    server_reload_start(srv, 0, NULL, -1);
 }
 
 void server_ops_reload(conn *c, const cJSON *req, int64_t id)
 {
     (void)req;
-    char err[LD_ERRMSG_MAX];
-    cJSON *report = NULL;
-    ld_log(LD_LOG_INFO, "client %" PRIu64 " (%s) asks for a reload of %s", c->id, c->name, c->srv->cfg->file);
-    int rc = server_reload_run(c->srv, &report, err);
-    if (rc < 0) {
-        server_reply_error(c, id, rc, err);
+    server *srv = c->srv;
+    ld_log(LD_LOG_INFO, "client %" PRIu64 " (%s) asks for a reload of %s", c->id, c->name, srv->cfg->file);
+    if (srv->reload_job) {
+        char err[LD_ERRMSG_MAX];
+        snprintf(err, sizeof err, "a reload is already running (started %.0f ms ago, opening the datasets it "
+                 "adds or changes); ask again when it is done", (double)(uv_hrtime() - srv->reload_job->t0) / 1e6);
+        server_reply_error(c, id, LD_EBUSY, err);
         return;
     }
-    cJSON *r = proto_reply_ok(id);
-    cJSON *it = report->child;
-    while (it) { /* the report's members move into the reply */
-        cJSON *next = it->next;
-        cJSON_AddItemToObject(r, it->string, cJSON_DetachItemViaPointer(report, it));
-        it = next;
+    struct reply *r = server_outbox_add(c, id); /* answered once the config is applied */
+    if (!r) {
+        server_conn_abort(c);
+        return;
     }
-    cJSON_Delete(report);
-    server_reply_send(c, r);
+    server_reload_start(srv, c->id, r, id);
 }
 
 /* ---- the cache keepers of retired datasets ---------------------------------------- */

@@ -16,6 +16,7 @@
 
 #include <cJSON.h>
 #include <dirent.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <inttypes.h>
 #include <poll.h>
@@ -25,6 +26,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -192,6 +194,20 @@ static void assert_log_has(struct harness *h, const char *needle)
         fail_msg("the log lacks '%s'", needle);
     }
     free(log);
+}
+
+/* Waits (up to 10 s) for the daemon to log needle: what it logs in answer to a signal. */
+static void wait_log(struct harness *h, const char *needle)
+{
+    for (int k = 0; k < 400; k++) {
+        char *log = harness_log(h);
+        bool found = strstr(log, needle) != NULL;
+        free(log);
+        if (found)
+            return;
+        sleep_ms(25);
+    }
+    assert_log_has(h, needle);
 }
 
 static void test_reload_while_streams_read(void **state)
@@ -478,6 +494,69 @@ static void test_reload_notifies_systemd(void **state)
 #endif
 }
 
+/* A reload opens what it adds on a thread of its own. Here the added dataset's token
+ * file is a FIFO, whose open blocks until a writer comes: the reload is stuck in its scan
+ * for as long as the test wants, and meanwhile a stream reads to its end and `status`
+ * answers (on a daemon that scanned on its loop, the next would time out). Then a writer
+ * comes and goes, the open ends (not a regular file), and the reload's reply comes with
+ * the dataset unavailable. */
+static void test_reload_scans_off_the_loop(void **state)
+{
+    struct harness *h = *state;
+    harness_write_config(h, "  workers: 2\n", "  keep:\n    kind: files\n    path: keep\n");
+    harness_start(h);
+    lc_client *c = harness_connect(h, 10000, "itest_reload");
+    lc_stream *keep = open_ds(c, "keep", 4);
+    uint64_t pk = 0;
+    int ek = 0;
+    read_exact(keep, &pk, SIZE_OLD, 1, &ek);
+    char fifo[PATH_MAX];
+    snprintf(fifo, sizeof fifo, "%s/slow.bin", h->dir);
+    assert_int_equal(mkfifo(fifo, 0600), 0);
+    harness_write_config(h, "  workers: 2\n", "  keep:\n    kind: files\n    path: keep\n"
+                                              "  slow:\n    kind: token_windows\n    path: slow.bin\n"
+                                              "    dtype: uint16\n    context: 8\n");
+    int fd = harness_raw_connect(h);
+    harness_raw_send(fd, "{\"op\":\"hello\",\"id\":1,\"version\":1}");
+    free(harness_raw_reply(fd, 10000));
+    harness_raw_send(fd, "{\"op\":\"reload\",\"id\":2}");
+    /* While the scan waits for a writer: the stream reads on to its end, status answers. */
+    read_exact(keep, &pk, SIZE_OLD, 0, &ek);
+    assert_true(ek);
+    assert_int_equal(pk, N_KEEP);
+    assert_true(harness_status_num(h, "reloads", NULL) == 0);
+    assert_log_has(h, "reload: opening 1 added or changed dataset(s) on a thread of their own");
+    /* One reload at a time: another request gets busy; a SIGHUP is remembered, and the
+     * file (by then without "slow") is read once more after this reload. */
+    int fd2 = harness_raw_connect(h);
+    harness_raw_send(fd2, "{\"op\":\"hello\",\"id\":1,\"version\":1}");
+    free(harness_raw_reply(fd2, 10000));
+    harness_raw_send(fd2, "{\"op\":\"reload\",\"id\":2}");
+    char *busy = harness_raw_reply(fd2, 10000);
+    if (!busy || !strstr(busy, "\"code\":\"busy\"") || !strstr(busy, "a reload is already running"))
+        fail_msg("a reload during another: %s", busy ? busy : "(none)");
+    free(busy);
+    close(fd2);
+    harness_write_config(h, "  workers: 2\n", "  keep:\n    kind: files\n    path: keep\n");
+    assert_int_equal(kill(h->pid, SIGHUP), 0);
+    wait_log(h, "a reload is running; the file is read again once it is done");
+    int w = open(fifo, O_WRONLY); /* meets the scan's open */
+    assert_true(w >= 0);
+    close(w);
+    char *reply = harness_raw_reply(fd, 20000);
+    if (!reply || !strstr(reply, "\"ok\":true") || !strstr(reply, "\"unavailable\":[{\"name\":\"slow\""))
+        fail_msg("the reload's reply: %s", reply ? reply : "(none)");
+    free(reply);
+    close(fd);
+    for (int k = 0; k < 400 && harness_status_num(h, "reloads", NULL) < 2; k++)
+        sleep_ms(25);
+    assert_true(harness_status_num(h, "reloads", NULL) == 2);
+    assert_true(harness_status_num(h, "datasets_unavailable", NULL) == 0);
+    lc_stream_close(keep);
+    lc_client_close(c);
+    harness_stop_clean(h);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -485,6 +564,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_reload_server_keys, setup, teardown),
         cmocka_unit_test_setup_teardown(test_missing_path_at_start, setup, teardown),
         cmocka_unit_test_setup_teardown(test_reload_notifies_systemd, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_reload_scans_off_the_loop, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
