@@ -4,11 +4,12 @@
  * reads only the rows and columns the other one needs; when the vertical pass comes
  * first it works one output row at a time into a single scratch row, which the
  * horizontal pass turns into the output row at once. Both passes have an SSE2 path
- * (pmaddwd on 16-bit weights) and a plain C path for other machines; the horizontal
- * pass, which costs the most per pixel, also an SSSE3 one and the vertical pass an
- * AVX2 one, chosen at run time; the horizontal pass runs four output pixels at a
- * time with the same number of taps for all. Integer
- * sums are exact, so every kernel gives the same bytes (test_transform compares them).
+ * (pmaddwd on 16-bit weights) and a plain C path for other machines, and both an AVX2
+ * one, chosen at run time; the horizontal pass, which costs the most per pixel, also
+ * an SSSE3 one. It runs four output pixels at a time with the same number of taps for
+ * all (in AVX2 two pixels a register, one per 128-bit lane, with their weights laid
+ * out side by side in output order). Integer sums are exact, so every kernel gives
+ * the same bytes (test_transform compares them).
  * A horizontal flip of the output is the horizontal pass walking its positions
  * backwards: mirroring the rows costs nothing.
  *
@@ -34,6 +35,11 @@ struct axis {
                              * {c0, c1, c0, c1, c0, c1, 0, 0}, the last c1 0 when odd */
     int npair;              /* pairs stored per position */
     int npu;                /* pairs the vector kernels run: the most any window needs */
+    int16_t *pairs2;        /* horizontal axis, AVX2: per two outputs (in output order,
+                             * the flip applied), npu groups of {pair of the first,
+                             * pair of the second} */
+    int *off2;              /* AVX2: off by output instead of position */
+    int v0, v1;             /* AVX2: the outputs it runs four at a time, both even */
     int safe_end;           /* positions below this may read their padded windows */
     int *off;               /* per position: the window's first byte in the pass's row */
     bool identity;          /* output i is source offset + i */
@@ -52,6 +58,10 @@ static int axis_ksize(double in_w, int out_full)
     double support = scale > 1.0 ? scale : 1.0;
     return (int)ceil(support) * 2 + 1;
 }
+
+/* Weights axis_weights keeps between its two loops over a window (longer windows, a
+ * shrink by more than 15, compute the rest twice). */
+#define AXIS_WEIGHTS_KEPT 32
 
 /* Weights of positions [o0, o0 + n) of an output out_full long that covers source
  * [in0, in0 + in_w), windows clipped to [lo, hi). */
@@ -73,9 +83,15 @@ static void axis_weights(struct axis *a, double in0, double in_w, int lo, int hi
         int cnt = xmax - xmin;
         if (cnt > a->ksize)
             cnt = a->ksize;
+        /* Each weight once (most windows are short), the same sums either way. */
+        double wk[AXIS_WEIGHTS_KEPT];
         double sum = 0.0;
-        for (int k = 0; k < cnt; k++)
-            sum += triangle((xmin + k - center + 0.5) * inv);
+        for (int k = 0; k < cnt; k++) {
+            double t = triangle((xmin + k - center + 0.5) * inv);
+            if (k < AXIS_WEIGHTS_KEPT)
+                wk[k] = t;
+            sum += t;
+        }
         int32_t *c = a->coef + (size_t)i * a->ksize;
         if (cnt <= 0 || sum <= 0.0) {
             /* The window fell outside the clamp (a box beyond the image): the nearest
@@ -86,8 +102,8 @@ static void axis_weights(struct axis *a, double in0, double in_w, int lo, int hi
             c[0] = 1 << RESAMPLE_PRECISION_BITS;
         } else {
             for (int k = 0; k < cnt; k++) {
-                double wk = triangle((xmin + k - center + 0.5) * inv);
-                c[k] = (int32_t)floor(wk / sum * (double)(1 << RESAMPLE_PRECISION_BITS) + 0.5);
+                double t = k < AXIS_WEIGHTS_KEPT ? wk[k] : triangle((xmin + k - center + 0.5) * inv);
+                c[k] = (int32_t)floor(t / sum * (double)(1 << RESAMPLE_PRECISION_BITS) + 0.5);
             }
         }
         a->bounds[2 * i] = xmin;
@@ -121,6 +137,34 @@ static void axis_pairs(struct axis *a)
             int16_t g[8] = {c0, c1, c0, c1, c0, c1, 0, 0};
             memcpy(p, g, sizeof g);
         }
+    }
+}
+
+/* The AVX2 layout of the weights and offsets: outputs 2g and 2g + 1 share a register,
+ * one per 128-bit lane, so each step loads the pair of both as one 32-byte row; the
+ * vector loop runs over whole groups of four outputs whose windows are safe to read
+ * padded (positions below safe_end: the first outputs, or with a flip the last). */
+static void axis_pairs2(struct axis *a, bool flip)
+{
+    for (int g = 0; g < a->n / 2; g++) {
+        int16_t *d = a->pairs2 + (size_t)g * a->npu * 16;
+        for (int h = 0; h < 2; h++) {
+            int o = 2 * g + h, p = flip ? a->n - 1 - o : o;
+            const int16_t *src = a->pairs + (size_t)p * a->npair * 8;
+            for (int k = 0; k < a->npu; k++)
+                memcpy(d + (size_t)k * 16 + h * 8, src + (size_t)k * 8, 8 * sizeof(int16_t));
+        }
+    }
+    for (int i = 0; i < a->n; i++)
+        a->off2[i] = a->off[flip ? a->n - 1 - i : i];
+    if (flip) {
+        a->v0 = a->n - a->safe_end + (a->n - a->safe_end) % 2;
+        if (a->v0 > a->n)
+            a->v0 = a->n;
+        a->v1 = a->v0 + (a->n - a->v0) / 4 * 4;
+    } else {
+        a->v0 = 0;
+        a->v1 = a->safe_end / 4 * 4;
     }
 }
 
@@ -308,6 +352,87 @@ __attribute__((target("ssse3"))) static void hpass_row_ssse3(const uint8_t *rest
 {
     HPASS_ROW_VEC(hpass_acc_ssse3, hpass_store4_ssse3);
 }
+
+#define HAVE_AVX2_HPASS 1
+#include <immintrin.h>
+
+/* AVX2: two output pixels at a time, one in each 128-bit lane, each lane doing what
+ * hpass_acc_ssse3 does; their weights are one 32-byte load (a->pairs2). */
+__attribute__((target("avx2"))) static inline __m256i hpass_acc2_avx2(const uint8_t *s0,
+                                                                      const uint8_t *s1,
+                                                                      const int16_t *cp, int np)
+{
+    const __m256i shuf = _mm256_setr_epi8(0, -1, 3, -1, 1, -1, 4, -1, 2, -1, 5, -1, -1, -1, -1, -1,
+                                          0, -1, 3, -1, 1, -1, 4, -1, 2, -1, 5, -1, -1, -1, -1, -1);
+    __m256i acc = _mm256_set1_epi32(1 << (RESAMPLE_PRECISION_BITS - 1));
+    for (int k = 0; k < np; k++, s0 += 6, s1 += 6, cp += 16) {
+        __m128i lo = _mm_loadl_epi64((const __m128i *)(const void *)s0);
+        __m128i hi = _mm_loadl_epi64((const __m128i *)(const void *)s1);
+        __m256i px = _mm256_shuffle_epi8(_mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1), shuf);
+        acc = _mm256_add_epi32(acc, _mm256_madd_epi16(px, _mm256_loadu_si256((const __m256i *)(const void *)cp)));
+    }
+    return _mm256_srai_epi32(acc, RESAMPLE_PRECISION_BITS);
+}
+
+/* Outputs i, i + 1 (a01) and i + 2, i + 3 (a23) to twelve bytes. */
+__attribute__((target("avx2"))) static inline void hpass_store4_avx2(uint8_t *out, __m256i a01,
+                                                                     __m256i a23)
+{
+    const __m128i pack = _mm_setr_epi8(0, 1, 2, 4, 5, 6, 8, 9, 10, 12, 13, 14, -1, -1, -1, -1);
+    __m256i w = _mm256_packs_epi32(a01, a23);       /* lane 0: i, i + 2; lane 1: i + 1, i + 3 */
+    __m256i b = _mm256_packus_epi16(w, w);
+    __m128i v = _mm_unpacklo_epi32(_mm256_castsi256_si128(b), _mm256_extracti128_si256(b, 1));
+    v = _mm_shuffle_epi8(v, pack);
+    _mm_storel_epi64((__m128i *)(void *)out, v);
+    int32_t hi = _mm_cvtsi128_si32(_mm_srli_si128(v, 8));
+    memcpy(out + 8, &hi, 4);
+}
+
+/* Outputs [a->v0, a->v1) four at a time (their windows are safe to read padded), the
+ * others one by one the SSSE3 or C way. */
+#define HPASS2_ROW_NP(NP)                                                               \
+    do {                                                                                \
+        const int *off2 = a->off2;                                                      \
+        const int16_t *cp = a->pairs2 + (size_t)(a->v0 / 2) * (NP) * 16;                \
+        for (int i = a->v0; i < a->v1; i += 4, cp += (size_t)(NP) * 32) {               \
+            __m256i a01 = hpass_acc2_avx2(row + off2[i], row + off2[i + 1], cp, NP);    \
+            __m256i a23 = hpass_acc2_avx2(row + off2[i + 2], row + off2[i + 3],         \
+                                          cp + (size_t)(NP) * 16, NP);                  \
+            hpass_store4_avx2(out + 3 * (size_t)i, a01, a23);                           \
+        }                                                                               \
+    } while (0)
+
+__attribute__((target("avx2"))) static void hpass_row_avx2(const uint8_t *restrict row, int row_px,
+                                                           int base, const struct axis *a,
+                                                           bool flip, uint8_t *restrict out)
+{
+    for (int i = 0; i < a->n; i++) {
+        if (i == a->v0)
+            i = a->v1;
+        if (i >= a->n)
+            break;
+        int p = flip ? a->n - 1 - i : i;
+        uint8_t *o = out + 3 * (size_t)i;
+        if (hpass_px_safe(a, p, base, row_px))
+            hpass_store1(o, hpass_acc_ssse3(row + a->off[p], a, p, a->npu));
+        else
+            hpass_px_c(row, base, a, p, o);
+    }
+    switch (a->npu) {
+    case 1:
+        HPASS2_ROW_NP(1);
+        break;
+    case 2:
+        HPASS2_ROW_NP(2);
+        break;
+    case 3:
+        HPASS2_ROW_NP(3);
+        break;
+    default:
+        HPASS2_ROW_NP(a->npu);
+        break;
+    }
+}
 #endif
 #endif
 
@@ -317,6 +442,12 @@ __attribute__((target("ssse3"))) static void hpass_row_ssse3(const uint8_t *rest
 static void hpass_row(const uint8_t *restrict row, int row_px, int base, const struct axis *a,
                       bool flip, enum resample_simd level, uint8_t *restrict out)
 {
+#if defined(HAVE_AVX2_HPASS)
+    if (level >= RESAMPLE_SIMD_AVX2 && a->pairs2) {
+        hpass_row_avx2(row, row_px, base, a, flip, out);
+        return;
+    }
+#endif
 #if defined(HAVE_SSSE3_KERNEL)
     if (level >= RESAMPLE_SIMD_SSSE3) {
         hpass_row_ssse3(row, row_px, base, a, flip, out);
@@ -366,7 +497,14 @@ __attribute__((target("avx2"))) static size_t vpass_avx2(const uint8_t *restrict
     const __m256i zero = _mm256_setzero_si256();
     const __m256i rnd = _mm256_set1_epi32(1 << (RESAMPLE_PRECISION_BITS - 1));
     size_t x = 0;
-    for (; x + 32 <= len; x += 32) {
+    for (;; x += 32) {
+        /* The last, partial step is a full one ending at len: it rewrites a few bytes
+         * with the values they already have instead of leaving them to the scalar loop. */
+        if (x + 32 > len) {
+            if (x == len || len < 32)
+                break;
+            x = len - 32;
+        }
         __m256i a0 = rnd, a1 = rnd, a2 = rnd, a3 = rnd;
         int k = 0;
         for (; k + 2 <= cnt; k += 2) {
@@ -495,18 +633,25 @@ int resample_run(const struct resample_job *j, struct image_buf *scratch, uint8_
     size_t nx = (size_t)ax.n, ny = (size_t)ay.n;
     ax.npair = (ax.ksize + 1) / 2;
     size_t pair_bytes = nx * (size_t)ax.npair * 8 * sizeof(int16_t);   /* first: 16-aligned */
+    enum resample_simd level = resample_simd_level();
+    bool use_pairs2 = level >= RESAMPLE_SIMD_AVX2 && !ax.identity;
+    size_t pair2_bytes = use_pairs2 ? nx / 2 * (size_t)ax.npair * 16 * sizeof(int16_t) : 0;
+    size_t off2_bytes = use_pairs2 ? nx * sizeof(int) : 0;
+    pair_bytes += pair2_bytes;
     size_t coef_bytes = pair_bytes + (nx * ax.ksize + ny * ay.ksize) * sizeof(int32_t) +
-                        (nx + ny) * 2 * sizeof(int) + nx * sizeof(int);
+                        (nx + ny) * 2 * sizeof(int) + nx * sizeof(int) + off2_bytes;
     uint8_t *mem;
     int r = image_buf_reserve(scratch, IMAGE_AUX_COEF, coef_bytes, &mem);
     if (r < 0)
         return r;
     ax.pairs = (int16_t *)(void *)mem;
+    ax.pairs2 = use_pairs2 ? (int16_t *)(void *)(mem + pair_bytes - pair2_bytes) : NULL;
     ax.coef = (int32_t *)(void *)(mem + pair_bytes);
     ay.coef = ax.coef + nx * ax.ksize;
     ax.bounds = (int *)(ay.coef + ny * ay.ksize);
     ay.bounds = ax.bounds + 2 * nx;
     ax.off = ay.bounds + 2 * ny;
+    ax.off2 = use_pairs2 ? ax.off + nx : NULL;
     if (ax.identity) {
         ax.offset = (int)j->box_x0 + j->rect_x0;
     } else {
@@ -547,8 +692,9 @@ int resample_run(const struct resample_job *j, struct image_buf *scratch, uint8_
             ax.safe_end++;
         for (int i = 0; i < ax.n; i++)
             ax.off[i] = (ax.bounds[2 * i] - x_lo) * 3;
+        if (ax.pairs2)
+            axis_pairs2(&ax, j->flip);
     }
-    enum resample_simd level = resample_simd_level();
     bool flip = j->flip;
 
     /* Which pass first: per tap and byte the horizontal pass costs several times the

@@ -18,9 +18,9 @@
  * image decoded at 1/2 or 1/4 scale). It can also mirror its output rows (a horizontal
  * flip costs nothing when it rides on the horizontal pass).
  *
- * Each pass picks the widest kernel the CPU runs (the horizontal one SSSE3, the
- * vertical one AVX2, else SSE2, else plain C) at each call; all give the same bytes,
- * which resample_simd_limit lets a test check. */
+ * Each pass picks the widest kernel the CPU runs (AVX2, else the horizontal one SSSE3,
+ * else SSE2, else plain C) at each call; all give the same bytes, which
+ * resample_simd_limit lets a test check. */
 #ifndef LD_RESAMPLE_H
 #define LD_RESAMPLE_H
 

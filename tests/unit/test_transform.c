@@ -893,6 +893,8 @@ static void test_resample_kernels(void **state)
         {0, 4, 61, 20, 31, 20, 0, 0, 31, 20},        /* y the identity, x shrunk */
         {0, 0, 61, 37, 1, 1, 0, 0, 1, 1},            /* one pixel */
         {0, 0, 61, 37, 7, 3, 0, 0, 7, 3},            /* fewer than four pixels a row, almost */
+        {0, 0, 61, 37, 101, 9, 0, 0, 101, 9},        /* enlarging, an odd width: AVX2 pairs */
+        {1.5, 0, 59, 37, 19, 12, 2, 0, 15, 12},      /* shrinking 3x, an odd rectangle */
     };
     enum resample_simd top = resample_simd_level();
     for (size_t t = 0; t < sizeof jobs / sizeof jobs[0]; t++) {
