@@ -27,6 +27,9 @@
 #include "ld_error.h"
 
 #define JPEG_SCALES_MAX 4
+/* Rows asked of jpeg_read_scanlines at a time in a region: one iMCU row of the most
+ * subsampled image. */
+#define JPEG_REGION_ROWS 16
 
 /* TurboJPEG takes lengths as unsigned long. */
 _Static_assert(sizeof(size_t) <= sizeof(unsigned long), "size_t fits unsigned long");
@@ -398,9 +401,16 @@ static int region_run(struct region_job *j)
         return -1;
     }
     size_t stride = (size_t)cw * (cmyk ? 4 : 3);
+    /* Several rows a call: libjpeg then upsamples and converts straight into them
+     * (with one row at a time, a 4:2:0 image's rows go through a spare row first). */
     while ((int)ci->output_scanline < j->y1) {
-        JSAMPROW row = out + (size_t)((int)ci->output_scanline - j->y0) * stride;
-        if (jpeg_read_scanlines(ci, &row, 1) != 1) {
+        JSAMPROW rowp[JPEG_REGION_ROWS];
+        int first = (int)ci->output_scanline - j->y0;
+        int want = j->y1 - (int)ci->output_scanline;
+        want = want < JPEG_REGION_ROWS ? want : JPEG_REGION_ROWS;
+        for (int r = 0; r < want; r++)
+            rowp[r] = out + (size_t)(first + r) * stride;
+        if (jpeg_read_scanlines(ci, rowp, (JDIMENSION)want) == 0) {
             ld_errorf(j->errbuf, "corrupt JPEG: no data for row %u", (unsigned)ci->output_scanline);
             j->result = LD_ESAMPLE;
             return -1;
