@@ -949,14 +949,15 @@ static void test_resample_kernels(void **state)
 }
 
 /* uint8 CHW is HWC split into planes, pixel for pixel, flipped or not, whatever the
- * row width (the split runs sixteen pixels at a time, the rest one by one). */
+ * row width (the split runs thirty-two or sixteen pixels at a time, the rest one by
+ * one). */
 static void test_chw_planes(void **state)
 {
     (void)state;
     int w = 50, h = 31;
     uint8_t *px = noisy_rgb(w, h, 23);
     struct blob b = png_encode_rgb(px, w, h);
-    const int widths[] = {37, 16, 5, 48};
+    const int widths[] = {37, 16, 5, 48, 32, 83};
     for (size_t k = 0; k < sizeof widths / sizeof widths[0]; k++) {
         for (int flipped = 0; flipped < 2; flipped++) {
             int ow = widths[k], oh = 13;
