@@ -13,6 +13,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* jpeglib.h needs FILE and size_t first. */
+#include <jpeglib.h>
+
 #include "image.h"
 #include "image_backend.h"
 #include "image_fixtures.h"
@@ -602,9 +605,48 @@ static bool region_matches(const struct blob *b, struct image_decode_opts o, int
     return cropped;
 }
 
+/* libjpeg's own encoder, for what TurboJPEG 2.1 cannot ask for: restart markers every
+ * `restart_rows` MCU rows, or every `restart_mcus` MCUs (either 0). */
+static struct blob jpeg_encode_restart(const uint8_t *px, int w, int h, int restart_rows,
+                                       int restart_mcus)
+{
+    struct jpeg_compress_struct ci;
+    struct jpeg_error_mgr err;
+    ci.err = jpeg_std_error(&err);
+    jpeg_create_compress(&ci);
+    unsigned char *out = NULL;
+    unsigned long len = 0;
+    jpeg_mem_dest(&ci, &out, &len);
+    ci.image_width = (JDIMENSION)w;
+    ci.image_height = (JDIMENSION)h;
+    ci.input_components = 3;
+    ci.in_color_space = JCS_RGB;
+    jpeg_set_defaults(&ci);
+    jpeg_set_quality(&ci, 90, TRUE);
+    ci.restart_in_rows = restart_rows;
+    ci.restart_interval = (unsigned)restart_mcus;
+    jpeg_start_compress(&ci, TRUE);
+    while (ci.next_scanline < ci.image_height) {
+        JSAMPROW row = (JSAMPROW)(px + (size_t)ci.next_scanline * w * 3);
+        jpeg_write_scanlines(&ci, &row, 1);
+    }
+    jpeg_finish_compress(&ci);
+    jpeg_destroy_compress(&ci);
+    struct blob b = {malloc(len), len};
+    assert_non_null(b.data);
+    memcpy(b.data, out, len);
+    free(out);
+    /* A DRI marker (FF DD) is in the header. */
+    bool dri = false;
+    for (size_t i = 0; i + 1 < b.len && !dri; i++)
+        dri = b.data[i] == 0xff && b.data[i + 1] == 0xdd;
+    assert_true(dri);
+    return b;
+}
+
 /* The cropped decode (rows skipped, columns cropped to iMCUs, stopped after the last
  * row) gives the full decode's pixels in the region: every subsampling, gray and CMYK,
- * both DCT modes, reduced scales, regions on the image's edges. Progressive files and
+ * both DCT modes, reduced scales, regions on the image's edges, restart markers. Progressive files and
  * strict decodes take the full decode; truncation is still reported. */
 static void test_jpeg_region(void **state)
 {
@@ -641,6 +683,22 @@ static void test_jpeg_region(void **state)
                 }
             }
         blob_free(&b);
+    }
+
+    /* Restart markers (every MCU row, every 5 MCUs: mid-row), which the skipped rows
+     * must count through. */
+    for (int k = 0; k < 2; k++) {
+        struct blob rb = jpeg_encode_restart(px, w, h, k ? 0 : 1, k ? 5 : 0);
+        for (int sc = 0; sc < 2; sc++) {
+            struct image_decode_opts o = {.min_width = sc ? w / 2 : 0, .min_height = sc ? h / 2 : 0};
+            for (size_t r = 0; r < sizeof regions / sizeof regions[0]; r++) {
+                bool cropped = region_matches(&rb, o, regions[r][0], regions[r][1], regions[r][2],
+                                              regions[r][3], 0);
+                if (r == 0 || r == 2 || r == 4)
+                    assert_true(cropped);
+            }
+        }
+        blob_free(&rb);
     }
 
     /* Progressive: decoded whole, the region is in it. Strict: the same. */
