@@ -59,6 +59,10 @@ static int axis_ksize(double in_w, int out_full)
     return (int)ceil(support) * 2 + 1;
 }
 
+/* Zeroed bytes after the vertical pass's scratch row, which the horizontal kernels may
+ * read past a window's end. */
+#define RESAMPLE_ROW_PAD 64
+
 /* Weights axis_weights keeps between its two loops over a window (longer windows, a
  * shrink by more than 15, compute the rest twice). */
 #define AXIS_WEIGHTS_KEPT 32
@@ -686,15 +690,6 @@ int resample_run(const struct resample_job *j, struct image_buf *scratch, uint8_
             x_hi = ax.bounds[2 * i] + ax.bounds[2 * i + 1];
     }
     size_t row_len = nx * 3, src_cols = (size_t)(x_hi - x_lo);
-    if (!ax.identity) {
-        ax.safe_end = 0;
-        while (ax.safe_end < ax.n && ax.bounds[2 * ax.safe_end] - x_lo + 2 * ax.npu < (int)src_cols)
-            ax.safe_end++;
-        for (int i = 0; i < ax.n; i++)
-            ax.off[i] = (ax.bounds[2 * i] - x_lo) * 3;
-        if (ax.pairs2)
-            axis_pairs2(&ax, j->flip);
-    }
     bool flip = j->flip;
 
     /* Which pass first: per tap and byte the horizontal pass costs several times the
@@ -706,13 +701,30 @@ int resample_run(const struct resample_job *j, struct image_buf *scratch, uint8_
     double cost_v_first = (double)ny * (double)src_cols * taps_y + 4.0 * (double)ny * nx * taps_x;
     bool v_first = cost_v_first < cost_h_first;
 
+    /* The pixels the horizontal pass may read from a window's row start: the vector
+     * kernels read a little past a window (with zero weights). A source row goes on to
+     * the image's right edge; the vertical pass's scratch row is followed by
+     * RESAMPLE_ROW_PAD zeroed bytes. */
+    int row_px = v_first ? (int)src_cols + RESAMPLE_ROW_PAD / 3 : j->src_w - x_lo;
+    if (!ax.identity) {
+        ax.safe_end = 0;
+        while (ax.safe_end < ax.n && ax.bounds[2 * ax.safe_end] - x_lo + 2 * ax.npu < row_px)
+            ax.safe_end++;
+        for (int i = 0; i < ax.n; i++)
+            ax.off[i] = (ax.bounds[2 * i] - x_lo) * 3;
+        if (ax.pairs2)
+            axis_pairs2(&ax, j->flip);
+    }
+
     uint8_t *rowbuf;
     size_t row_room = (row_len + 63) & ~(size_t)63;
     size_t mid_len = v_first ? src_cols * 3 : 0;
-    r = image_buf_reserve(scratch, IMAGE_AUX_ROW, row_room + mid_len + 64, &rowbuf);
+    r = image_buf_reserve(scratch, IMAGE_AUX_ROW, row_room + mid_len + RESAMPLE_ROW_PAD, &rowbuf);
     if (r < 0)
         return r;
     uint8_t *mid = rowbuf + row_room;
+    if (v_first)
+        memset(mid + mid_len, 0, RESAMPLE_ROW_PAD);
 
     if (v_first) {
         /* Per output row: the vertical pass over the columns the horizontal windows
@@ -736,7 +748,7 @@ int resample_run(const struct resample_job *j, struct image_buf *scratch, uint8_
                 }
                 memcpy(out, vrow, row_len);
             } else {
-                hpass_row(vrow, (int)src_cols, x_lo, &ax, flip, level, out);
+                hpass_row(vrow, row_px, x_lo, &ax, flip, level, out);
             }
             if (emit)
                 emit(ctx, i, out);
@@ -757,8 +769,8 @@ int resample_run(const struct resample_job *j, struct image_buf *scratch, uint8_
         if (r < 0)
             return r;
         for (int y = y_lo; y < y_hi; y++)
-            hpass_row(j->src + (size_t)y * j->src_stride + (size_t)x_lo * 3, (int)src_cols,
-                      x_lo, &ax, flip, level, t + (size_t)(y - y_lo) * row_len);
+            hpass_row(j->src + (size_t)y * j->src_stride + (size_t)x_lo * 3, row_px, x_lo, &ax,
+                      flip, level, t + (size_t)(y - y_lo) * row_len);
         tmp = t;
         tmp_stride = row_len;
     }
