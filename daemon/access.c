@@ -125,6 +125,7 @@ void access_config_clear(struct access_config *a)
         for (size_t k = 0; k < a->declare[i].n_roots; k++)
             free(a->declare[i].roots[k]);
         free(a->declare[i].roots);
+        free(a->declare[i].cache_dir);
     }
     free(a->declare);
     *a = (struct access_config){0};

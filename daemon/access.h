@@ -35,12 +35,17 @@ struct access_dataset_rule {
 /* One entry of access.declare: who (rule) may open streams on datasets they declare
  * themselves (a spec sent with `open`) beneath which directories (roots: absolute,
  * without a trailing slash), and whether such a spec may have a cache (which the daemon
- * writes) or a transform plug-in (which runs inside the daemon). */
+ * writes) or a transform plug-in (which runs inside the daemon). A grant with caches
+ * names the directory the daemon writes them in (cache_dir: each user's caches in a
+ * subdirectory of their uid, declare_cache.h) and how many bytes of caches each user
+ * may have there (cache_quota). */
 struct access_declare {
     struct access_rule rule;
     char **roots;
     size_t n_roots;
     bool caches, plugins;
+    char *cache_dir;                /* absolute, without a trailing slash; set when caches */
+    uint64_t cache_quota;           /* bytes per user in cache_dir; set when caches */
     int line, column;               /* of the entry, for messages */
 };
 

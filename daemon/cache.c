@@ -198,17 +198,22 @@ struct open_checks {
 
 static int open_checks(void *arg);
 
-int cache_open(const char *path, uint64_t expected_fingerprint, cache **ret_cache, char *errbuf)
+/* cache_open and cache_open_at once the file is open (fd, or -1 with errno e): the
+ * checks, the mapping. Takes fd. */
+static int cache_open_fd(int fd, int open_errno, const char *path, uint64_t expected_fingerprint, cache **ret_cache,
+                         char *errbuf)
 {
     struct cache *c = NULL;
     char ebuf[128];
-    int fd = -1, r;
+    int r;
 
-    fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
     if (fd < 0) {
-        int e = errno;
-        r = cache_fail(errbuf, ld_from_errno(e), path, "cannot open: %s",
-                       cache_errno_text(e, ebuf, sizeof ebuf));
+        if (open_errno == ELOOP)
+            r = cache_fail(errbuf, LD_ECACHE, path, "is a symbolic link, which a cache written beneath its "
+                           "directory never is: not followed");
+        else
+            r = cache_fail(errbuf, ld_from_errno(open_errno), path, "cannot open: %s",
+                           cache_errno_text(open_errno, ebuf, sizeof ebuf));
         goto fail;
     }
     struct stat st;
@@ -278,6 +283,21 @@ fail:
         close(fd);
     cache_free(c);
     return r;
+}
+
+int cache_open(const char *path, uint64_t expected_fingerprint, cache **ret_cache, char *errbuf)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
+    return cache_open_fd(fd, fd < 0 ? errno : 0, path, expected_fingerprint, ret_cache, errbuf);
+}
+
+int cache_open_at(int dirfd, const char *name, const char *shown, uint64_t expected_fingerprint,
+                  cache **ret_cache, char *errbuf)
+{
+    /* O_NONBLOCK: a FIFO in its place must not hang the opener (it is refused as not a
+     * regular file); it changes nothing for the mapping of a regular file. */
+    int fd = openat(dirfd, name, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NOFOLLOW | O_NONBLOCK);
+    return cache_open_fd(fd, fd < 0 ? errno : 0, shown, expected_fingerprint, ret_cache, errbuf);
 }
 
 static int open_checks(void *arg)

@@ -179,6 +179,11 @@ typedef void (*cache_progress_fn)(void *ctx, enum cache_stage stage, uint64_t do
 int cache_build(const dataset *d, const char *path, uint64_t fingerprint,
                 cache_progress_fn cb, void *ctx, const atomic_int *cancel, char *errbuf);
 
+/* The bytes cache_build would write for d (the whole file), from its samples' sizes:
+ * what a quota is checked against before a build starts. Blocking (raw_bytes of every
+ * sample). 0, LD_ENOTSUP (a kind that cannot be cached) or LD_EFBIG. */
+int cache_plan_bytes(const dataset *d, uint64_t *ret_bytes, char *errbuf);
+
 /* Removes, in directory `dir`, the temporary files (*.tmp.<pid>.<hex>) of builders
  * whose process no longer exists on this machine; those of live processes (this one
  * included) are kept. Returns how many were removed, or a negative code (dir
@@ -220,6 +225,11 @@ struct cache_meta {
  * read-only and shared, so a cache larger than memory works. Blocking (reads the
  * index). LD_ENOENT, LD_ECACHE, LD_ECACHEVERSION, LD_ECACHESTALE as above. */
 int cache_open(const char *path, uint64_t expected_fingerprint, cache **ret_cache, char *errbuf);
+/* The same for the file `name` of directory dirfd, never through a symbolic link
+ * (O_NOFOLLOW: a link there is LD_ECACHE, to set aside), for a cache the daemon writes
+ * beneath a directory it opened once (declare_cache.h); `shown` names it in messages. */
+int cache_open_at(int dirfd, const char *name, const char *shown, uint64_t expected_fingerprint,
+                  cache **ret_cache, char *errbuf);
 /* Unmaps and frees. Accepts NULL. */
 void cache_free(cache *c);
 

@@ -226,6 +226,21 @@ static int build_plan(const dataset *d, const char *path, uint64_t fingerprint,
     return 0;
 }
 
+int cache_plan_bytes(const dataset *d, uint64_t *ret_bytes, char *errbuf)
+{
+    if (!d->ops->raw_bytes || !d->ops->read_raw)
+        return cache_fail(errbuf, LD_ENOTSUP, d->name, "dataset '%s' of kind '%s' cannot be cached", d->name,
+                          dataset_kind(d));
+    struct cache_header *h = aligned_alloc(CACHE_HEADER_SIZE, sizeof *h);
+    if (!h)
+        return cache_fail(errbuf, LD_ENOMEM, d->name, "out of memory");
+    int r = build_plan(d, d->name, 0, h, errbuf);
+    if (r == 0)
+        *ret_bytes = h->file_size;
+    free(h);
+    return r;
+}
+
 static void build_report(cache_progress_fn cb, void *ctx, enum cache_stage stage, uint64_t n)
 {
     if (cb)
@@ -490,7 +505,11 @@ int cache_set_aside(const char *path, const char *reason, char *errbuf)
                           cache_errno_text(e, ebuf, sizeof ebuf));
     }
     /* The reason beside it is for whoever inspects the file; losing it loses nothing. */
-    FILE *f = fopen(why, "we");
+    /* Never through a link planted under that name. */
+    int wfd = open(why, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC | O_NOCTTY, 0644);
+    FILE *f = wfd >= 0 ? fdopen(wfd, "w") : NULL;
+    if (!f && wfd >= 0)
+        close(wfd);
     if (f) {
         struct timespec now;
         struct tm tm;

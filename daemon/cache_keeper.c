@@ -27,7 +27,13 @@
  * thread), so every cache has an exact count of the batches reading it; a job that
  * uses a cache holds a reference too. A cache that is no longer attached (replaced,
  * stale, corrupt) is unmapped as soon as that count is 0: the number of caches a run
- * may attach is unbounded, and superseded files are not kept on disk by our mappings. */
+ * may attach is unbounded, and superseded files are not kept on disk by our mappings.
+ *
+ * A trainer's declared cache (cache_keeper_new_at) lives in a directory the daemon
+ * opened once: every file of it is reached through that descriptor (/proc/self/fd/N/NAME
+ * for the build, openat with O_NOFOLLOW for the open), so no rename or link in the path
+ * above it changes which file is read or written; its user's caches there are kept
+ * within a quota, the oldest others removed to make room for a build. */
 #include "cache_keeper.h"
 
 #include <inttypes.h>
@@ -40,6 +46,7 @@
 #include <unistd.h>
 
 #include "cache.h"
+#include "cache_quota.h"
 #include "dataset_watch.h"
 #include "ld_format.h"
 #include "log.h"
@@ -65,7 +72,11 @@ struct held {
 struct cache_keeper {
     uv_async_t done;
     dataset *d;
-    char *path;
+    char *path;                     /* the cache file, as shown */
+    char *io_path;                  /* as opened: path, or /proc/self/fd/N/NAME beneath dirfd */
+    int dirfd;                      /* the directory of a declared cache (owned), or -1 */
+    char *name;                     /* its file name in dirfd */
+    uint64_t quota;                 /* bytes all files in dirfd may take (0: none) */
     int mode, fp_mode;
     enum keeper_state state;
     bool rebuilt_once;              /* mode rebuild: the forced build of this run is done */
@@ -114,6 +125,13 @@ static void progress_cb(void *ctx, enum cache_stage stage, uint64_t done, uint64
 
 /* ---- the keeper's thread ---------------------------------------------------------- */
 
+static int keeper_open(cache_keeper *k, uint64_t fp, cache **ret, char *errbuf)
+{
+    if (k->dirfd >= 0)
+        return cache_open_at(k->dirfd, k->name, k->io_path, fp, ret, errbuf);
+    return cache_open(k->path, fp, ret, errbuf);
+}
+
 static void job_check(cache_keeper *k)
 {
     uint64_t fp;
@@ -128,12 +146,12 @@ static void job_check(cache_keeper *k)
         k->job.rc = 0; /* unchanged: keep what is attached */
         return;
     }
-    rc = cache_open(k->path, fp, &k->job.opened, err);
+    rc = keeper_open(k, fp, &k->job.opened, err);
     k->job.rc = rc;
     if (rc == LD_ECACHE) {
         k->job.set_aside = true;
         char aside[LD_ERRMSG_MAX];
-        if (cache_set_aside(k->path, err, aside) < 0)
+        if (cache_set_aside(k->io_path, err, aside) < 0)
             ld_log(LD_LOG_WARN, "dataset '%s': %s", d->name, aside);
     } else if (rc == LD_ECACHESTALE || rc == LD_ECACHEVERSION) {
         k->job.stale = true;
@@ -148,10 +166,13 @@ static void job_build(cache_keeper *k)
      * makes the new cache stale at the next check, never silently wrong. */
     const dataset *d = k->job.d;
     int rc = d->ops->fingerprint(d, k->fp_mode, &fp, k->job.msg);
+    uint64_t need = 0;
+    if (rc == 0 && k->dirfd >= 0 && (rc = cache_plan_bytes(d, &need, k->job.msg)) == 0)
+        rc = cache_quota_make_room(k->dirfd, k->name, k->path, k->quota, need, k->job.msg);
     if (rc == 0)
-        rc = cache_build(d, k->path, fp, progress_cb, k, &k->cancel, k->job.msg);
+        rc = cache_build(d, k->io_path, fp, progress_cb, k, &k->cancel, k->job.msg);
     if (rc == 0)
-        rc = cache_open(k->path, fp, &k->job.opened, k->job.msg);
+        rc = keeper_open(k, fp, &k->job.opened, k->job.msg);
     k->job.rc = rc;
 }
 
@@ -328,6 +349,27 @@ static void drop_bad(cache_keeper *k, int why, uint64_t index)
     maybe_pending(k);
 }
 
+/* A declared cache's messages name the file as shown, not as opened (/proc/self/fd/N). */
+static void keeper_shown(const cache_keeper *k, char *msg)
+{
+    size_t olen = strlen(k->io_path);
+    if (k->io_path == k->path || !olen)
+        return;
+    char out[LD_ERRMSG_MAX];
+    size_t n = 0;
+    for (const char *p = msg; *p && n + 1 < sizeof out;) {
+        if (strncmp(p, k->io_path, olen) == 0) {
+            int w = snprintf(out + n, sizeof out - n, "%s", k->path);
+            n = w < 0 || (size_t)w >= sizeof out - n ? sizeof out - 1 : n + (size_t)w;
+            p += olen;
+        } else {
+            out[n++] = *p++;
+        }
+    }
+    out[n] = '\0';
+    snprintf(msg, LD_ERRMSG_MAX, "%s", out);
+}
+
 static void on_done(uv_async_t *a)
 {
     cache_keeper *k = a->data;
@@ -335,6 +377,7 @@ static void on_done(uv_async_t *a)
         return;
     pthread_join(k->thread, NULL);
     k->thread_live = false;
+    keeper_shown(k, k->job.msg);
     struct held *used = k->job.uses;
     dataset *job_d = k->job.d;
     k->job.uses = NULL;
@@ -431,15 +474,42 @@ static void on_done(uv_async_t *a)
     maybe_pending(k);
 }
 
-int cache_keeper_new(uv_loop_t *loop, dataset *d, const struct config_dataset *cfg, cache_keeper **ret_keeper,
-                     char *errbuf)
+static void keeper_free_names(cache_keeper *k)
+{
+    if (k->io_path != k->path)
+        free(k->io_path);
+    free(k->path);
+    free(k->name);
+    if (k->dirfd >= 0)
+        close(k->dirfd);
+}
+
+static int keeper_new(uv_loop_t *loop, dataset *d, const struct config_dataset *cfg, int dirfd, const char *name,
+                      uint64_t quota, cache_keeper **ret_keeper, char *errbuf)
 {
     if (!d->ops->fingerprint || !d->ops->read_raw) {
         ld_errorf(errbuf, "dataset '%s': kind '%s' cannot be cached", d->name, dataset_kind(d));
+        if (dirfd >= 0)
+            close(dirfd);
         return LD_ENOTSUP;
     }
     cache_keeper *k = calloc(1, sizeof *k);
-    if (!k || !(k->path = strdup(cfg->cache_path))) {
+    if (k) {
+        k->dirfd = dirfd;
+        k->quota = quota;
+        k->path = strdup(cfg->cache_path);
+        k->io_path = k->path;
+        if (dirfd >= 0) {
+            k->name = strdup(name);
+            if (asprintf(&k->io_path, "/proc/self/fd/%d/%s", dirfd, name) < 0)
+                k->io_path = NULL;
+        }
+    } else if (dirfd >= 0) {
+        close(dirfd);
+    }
+    if (!k || !k->path || !k->io_path || (dirfd >= 0 && !k->name)) {
+        if (k)
+            keeper_free_names(k);
         free(k);
         ld_errorf(errbuf, "out of memory");
         return LD_ENOMEM;
@@ -450,7 +520,7 @@ int cache_keeper_new(uv_loop_t *loop, dataset *d, const struct config_dataset *c
     int rc = uv_async_init(loop, &k->done, on_done);
     if (rc < 0) {
         ld_errorf(errbuf, "dataset '%s': %s", d->name, uv_strerror(rc));
-        free(k->path);
+        keeper_free_names(k);
         free(k);
         return rc;
     }
@@ -463,7 +533,7 @@ int cache_keeper_new(uv_loop_t *loop, dataset *d, const struct config_dataset *c
         return 0;
     }
     /* Temporary files of builders that died (a crash, a kill -9) are never a cache. */
-    char *dup = strdup(k->path), err[LD_ERRMSG_MAX];
+    char *dup = strdup(k->io_path), err[LD_ERRMSG_MAX];
     if (dup) {
         int n = cache_sweep_temps(dirname(dup), err);
         if (n > 0)
@@ -473,6 +543,23 @@ int cache_keeper_new(uv_loop_t *loop, dataset *d, const struct config_dataset *c
     start_job(k, JOB_CHECK, false);
     *ret_keeper = k;
     return 0;
+}
+
+int cache_keeper_new(uv_loop_t *loop, dataset *d, const struct config_dataset *cfg, cache_keeper **ret_keeper,
+                     char *errbuf)
+{
+    return keeper_new(loop, d, cfg, -1, NULL, 0, ret_keeper, errbuf);
+}
+
+int cache_keeper_new_at(uv_loop_t *loop, dataset *d, const struct config_dataset *cfg, int dirfd, const char *name,
+                        uint64_t quota, cache_keeper **ret_keeper, char *errbuf)
+{
+    return keeper_new(loop, d, cfg, dirfd, name, quota, ret_keeper, errbuf);
+}
+
+bool cache_keeper_busy(const cache_keeper *k)
+{
+    return k->thread_live;
 }
 
 static void keeper_closed(uv_handle_t *h)
@@ -521,7 +608,7 @@ void cache_keeper_free(cache_keeper *k)
         cache_free(h->c);
         free(h);
     }
-    free(k->path);
+    keeper_free_names(k);
     free(k);
 }
 

@@ -24,6 +24,16 @@ typedef struct cache_keeper cache_keeper;
  * nothing but answer requests with what the config says. Sets d->keeper. */
 int cache_keeper_new(uv_loop_t *loop, dataset *d, const struct config_dataset *cfg, cache_keeper **ret_keeper,
                      char *errbuf);
+/* The same for a cache the daemon writes for a trainer's declared dataset
+ * (declare_cache.h): the file `name` of directory dirfd (taken: closed by the keeper),
+ * cfg->cache_path the path shown for it. Every open, build and rename goes through
+ * dirfd, never through a symbolic link at `name`; before a build the files in dirfd
+ * are kept within `quota` bytes (the oldest other caches removed, the build refused
+ * when it cannot fit: state failed, the streams read the source). */
+int cache_keeper_new_at(uv_loop_t *loop, dataset *d, const struct config_dataset *cfg, int dirfd, const char *name,
+                        uint64_t quota, cache_keeper **ret_keeper, char *errbuf);
+/* Whether a job (check, build, verify) runs now: it holds the dataset until it ends. */
+bool cache_keeper_busy(const cache_keeper *k);
 /* Cancels a running job, waits for the thread, closes the handle; on_closed runs (on
  * the loop) when the keeper's handle is closed. The caches it attached stay mapped until
  * cache_keeper_free. */

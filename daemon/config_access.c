@@ -7,7 +7,8 @@
  *       datasets:
  *         imagenet: {groups: [vision]}
  *       declare:
- *         - {groups: [vision], roots: [/data/vision], caches: true}
+ *         - {groups: [vision], roots: [/data/vision], caches: true,
+ *            cache_dir: /var/cache/loaderd/declared, cache_quota: 200GiB}
  *         - {users: [alice], roots: [/home/alice/data], plugins: true}
  *
  * Users and groups are names or numbers; names are resolved when the config loads, so
@@ -17,7 +18,10 @@
  *
  * access.declare is a list of grants (one mapping counts as a list of one): who may
  * open streams on datasets they declare beneath which roots, with a cache or a
- * transform plug-in or not (both default to false). An entry without users or groups
+ * transform plug-in or not (both default to false). An entry with caches: true names
+ * the directory the daemon writes them in (cache_dir, absolute) and the bytes of caches
+ * each user may keep there (cache_quota); both are required then, and refused
+ * without it, so that a grant says in one place what it gives. An entry without users or groups
  * grants everyone who may connect. Roots are absolute directories, kept without a
  * trailing slash; "." and ".." are refused so that a root is what it says. */
 #include "config_access.h"
@@ -211,7 +215,8 @@ static int config_access_root_item(const struct config_loader *l, const yaml_nod
     return config_access_root(l, v, where, ret);
 }
 
-/* One grant of access.declare: {users, groups, roots, caches, plugins}. */
+/* One grant of access.declare: {users, groups, roots, caches, cache_dir, cache_quota,
+ * plugins}. */
 static int config_access_declare_entry(const struct config_loader *l, const yaml_node_t *v, const char *where,
                                        struct access_declare *e)
 {
@@ -221,8 +226,10 @@ static int config_access_declare_entry(const struct config_loader *l, const yaml
     e->column = (int)v->start_mark.column + 1;
     if (v->type != YAML_MAPPING_NODE)
         return config_yaml_fail(l, v->start_mark, "%s: expected a mapping with roots (and users, groups, caches, "
-                                "plugins), got %s", where, config_yaml_describe(v, got, sizeof got));
-    bool have_roots = false;
+                                "cache_dir, cache_quota, plugins), got %s", where,
+                                config_yaml_describe(v, got, sizeof got));
+    bool have_roots = false, have_quota = false;
+    const yaml_node_t *cache_key = NULL;
     for (const yaml_node_pair_t *pair = v->data.mapping.pairs.start; pair < v->data.mapping.pairs.top; pair++) {
         const yaml_node_t *k = config_yaml_node(l, pair->key), *val = config_yaml_node(l, pair->value);
         const char *name = NULL;
@@ -240,11 +247,22 @@ static int config_access_declare_entry(const struct config_loader *l, const yaml
             e->roots = items;
         } else if (strcmp(name, "caches") == 0) {
             rc = config_yaml_bool(l, val, at, &e->caches);
+        } else if (strcmp(name, "cache_dir") == 0) {
+            cache_key = k;
+            rc = config_access_root(l, val, at, &e->cache_dir);
+        } else if (strcmp(name, "cache_quota") == 0) {
+            const char *text = config_yaml_text(l, val, at, &rc);
+            int64_t bytes = 0;
+            if (text && (!config_yaml_parse_size(text, &bytes) || bytes <= 0))
+                rc = config_yaml_fail(l, val->start_mark, "%s: expected a size in bytes above 0 (e.g. 200GiB), "
+                                      "got '%s'", at, text);
+            e->cache_quota = (uint64_t)bytes;
+            have_quota = true;
         } else if (strcmp(name, "plugins") == 0) {
             rc = config_yaml_bool(l, val, at, &e->plugins);
         } else {
-            rc = config_yaml_fail(l, k->start_mark, "%s: unknown key '%s' (expected users, groups, roots, caches "
-                                  "or plugins)", where, name);
+            rc = config_yaml_fail(l, k->start_mark, "%s: unknown key '%s' (expected users, groups, roots, caches, "
+                                  "cache_dir, cache_quota or plugins)", where, name);
         }
         if (rc < 0)
             return rc;
@@ -252,6 +270,13 @@ static int config_access_declare_entry(const struct config_loader *l, const yaml
     if (!have_roots || !e->n_roots)
         return config_yaml_fail(l, v->start_mark, "%s: missing required key 'roots' (the directories trainers "
                                 "may declare datasets in)", where);
+    if (e->caches && (!e->cache_dir || !have_quota))
+        return config_yaml_fail(l, v->start_mark, "%s: caches: true needs cache_dir (the directory the daemon "
+                                "writes declared caches in, one subdirectory per user) and cache_quota (the bytes "
+                                "of caches each user may keep there)", where);
+    if (!e->caches && (e->cache_dir || have_quota))
+        return config_yaml_fail(l, cache_key ? cache_key->start_mark : v->start_mark, "%s: cache_dir and "
+                                "cache_quota belong to a grant with caches: true", where);
     return 0;
 }
 

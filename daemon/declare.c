@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "beneath.h"
+#include "declare_cache.h"
 #include "ld_error.h"
 #include "proto.h"
 
@@ -388,16 +389,35 @@ static void declare_message_path(char *errbuf, const char *opened, const char *s
     snprintf(errbuf, LD_ERRMSG_MAX, "%s", out);
 }
 
+/* The spec as JSON text for config_load_spec; a full spec's cache, which names no path
+ * (the daemon places it), gets a stand-in one that the table requires and that
+ * declare_open replaces. *ret_cache_path: the trainer named one (refused later). */
+static char *declare_spec_text(const cJSON *spec, bool *ret_cache_path)
+{
+    const cJSON *cache = cJSON_GetObjectItemCaseSensitive(spec, "cache");
+    *ret_cache_path = cJSON_IsObject(cache) && cJSON_GetObjectItemCaseSensitive(cache, "path");
+    if (!cJSON_IsObject(cache) || *ret_cache_path)
+        return cJSON_PrintUnformatted(spec);
+    cJSON *copy = cJSON_Duplicate(spec, true);
+    cJSON *c = copy ? cJSON_GetObjectItemCaseSensitive(copy, "cache") : NULL;
+    char *text = c && cJSON_AddStringToObject(c, "path", "declared.ldcache") ? cJSON_PrintUnformatted(copy) : NULL;
+    cJSON_Delete(copy);
+    return text;
+}
+
 int declare_open(const struct config *cfg, const struct access_peer *peer, uint32_t self_uid, const cJSON *spec,
-                 const char *template_name, dataset **ret_dataset, char *errbuf)
+                 const char *template_name, dataset **ret_dataset, struct declare_cache *ret_cache, char *errbuf)
 {
     struct config *sc = NULL;
     struct beneath root = {.rootfd = -1};
     int dirfd = -1;
     char *text = NULL, dir[PATH_MAX], real[PATH_MAX] = "", opened[64] = "";
     dataset *d = NULL;
+    struct declare_cache place = {.dirfd = -1};
+    bool cache_path_given = false;
     int rc;
 
+    ret_cache->dirfd = -1;
     size_t pos = 0;
     const struct access_declare *first = access_declare_next(&cfg->access, peer, self_uid, &pos);
     if (!first)
@@ -425,7 +445,7 @@ int declare_open(const struct config *cfg, const struct access_peer *peer, uint3
             return rc;
         declare_config_dir(cfg, dir, sizeof dir);
     } else {
-        if (!(text = cJSON_PrintUnformatted(spec))) {
+        if (!(text = declare_spec_text(spec, &cache_path_given))) {
             ld_errorf(errbuf, "out of memory");
             return LD_ENOMEM;
         }
@@ -456,24 +476,23 @@ int declare_open(const struct config *cfg, const struct access_peer *peer, uint3
             rc = LD_EDENIED;
             goto out;
         }
-        if (sd->cache_path) {
-            const char *croot = NULL;
-            const struct access_declare *g = declare_grant_for(cfg, peer, self_uid, sd->path, &croot);
-            if (!g || !g->caches) {
-                char who[160];
-                access_describe_peer(peer, who, sizeof who);
-                ld_errorf(errbuf, "permission denied: spec.cache: %s may not declare a cache (the access.declare "
-                          "entry for its root does not say caches: true)", who);
-                rc = LD_EDENIED;
-            } else {
-                ld_errorf(errbuf, "spec.cache: a declared dataset cannot have a cache yet (this daemon serves caches "
-                          "of configured datasets only): remove the cache key");
-                rc = LD_ENOTSUP;
-            }
-            goto out;
-        }
         if ((rc = declare_resolve(cfg, peer, self_uid, sd->path, &grant, &root, &dirfd, errbuf)) < 0)
             goto out;
+        if (sd->cache_path && !grant->caches) {
+            char who[160];
+            access_describe_peer(peer, who, sizeof who);
+            ld_errorf(errbuf, "permission denied: spec.cache: %s may not declare a cache (the access.declare entry "
+                      "for its root does not say caches: true)", who);
+            rc = LD_EDENIED;
+            goto out;
+        }
+        if (sd->cache_path && cache_path_given) {
+            ld_errorf(errbuf, "permission denied: spec.cache.path: the daemon places a declared dataset's cache (in "
+                      "the cache_dir of its access.declare grant, one directory per user): leave path out, e.g. "
+                      "\"cache\": {\"mode\": \"auto\"}");
+            rc = LD_EDENIED;
+            goto out;
+        }
         snprintf(opened, sizeof opened, "/proc/self/fd/%d", dirfd);
         ssize_t n = readlink(opened, real, sizeof real - 1);
         if (n <= 0 || (size_t)n >= sizeof real - 1 || real[0] != '/') {
@@ -521,6 +540,15 @@ int declare_open(const struct config *cfg, const struct access_peer *peer, uint3
         snprintf(d->source, sizeof d->source, "%s", real);
         const char *base = strrchr(real, '/');
         snprintf(d->name, sizeof d->name, "spec:%.*s", LD_NAME_MAX - 6, base && base[1] ? base + 1 : real);
+        if (sd->cache_path) {
+            if ((rc = declare_cache_place(grant, peer->uid, real, spec, &place, errbuf)) < 0)
+                goto out;
+            free(sd->cache_path);
+            if (!(sd->cache_path = strdup(place.shown))) {
+                rc = LD_ENOMEM;
+                goto out;
+            }
+        }
     } else {
         snprintf(d->name, sizeof d->name, "%.*s+spec", LD_NAME_MAX - 6, template_name);
     }
@@ -528,8 +556,11 @@ int declare_open(const struct config *cfg, const struct access_peer *peer, uint3
     sc = NULL;
     *ret_dataset = d;
     d = NULL;
+    *ret_cache = place;
+    place.dirfd = -1;
     rc = 0;
 out:
+    declare_cache_close(&place);
     dataset_free(d);
     config_free(sc);
     if (dirfd >= 0)

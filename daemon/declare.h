@@ -32,8 +32,16 @@
  *
  * The dataset is owned by the streams opened on it: the caller marks it retired once
  * a stream holds it (dataset_watch.h), and the last stream's close frees it together
- * with its config (dataset.owned_config). Loop thread; the scan and the check block it
- * (milliseconds per thousand files), as a reload's scan does. */
+ * with its config (dataset.owned_config), and with its cache keeper when it has one.
+ *
+ * A full spec may have a cache where the grant of its root says caches: true: the
+ * trainer gives its options (mode, fingerprint) but never its path; the daemon places
+ * it in the grant's cache_dir, in the trainer's own directory there (declare_cache.h),
+ * within the grant's cache_quota (cache_quota.h).
+ *
+ * Blocking (the scan and the check take milliseconds per thousand files): the server
+ * runs it on a thread of the open's own, so the loop goes on serving meanwhile. It
+ * reads only cfg (which the caller keeps alive until it returns) and what it is given. */
 #ifndef LD_DECLARE_H
 #define LD_DECLARE_H
 
@@ -43,6 +51,7 @@
 #include "access.h"
 #include "config.h"
 #include "dataset.h"
+#include "declare_cache.h"
 
 /* Opens the dataset that `spec` (a JSON object) declares, for `peer`, under cfg's
  * access.declare; with template_name, `spec` holds the keys that change the configured
@@ -50,8 +59,9 @@
  * *ret_dataset (owning its config), or: LD_EDENIED (not allowed: errbuf names what and
  * for whom), LD_ECONFIG (the spec is wrong: "spec.KEY: ..."), LD_ENODATASET (no such
  * template), LD_ENOTSUP (a kind or key a trainer cannot declare), LD_ENOENT or
- * another code of dataset_open with its message. */
+ * another code of dataset_open with its message. *ret_cache: where the dataset's cache
+ * goes (its dirfd the caller's, for cache_keeper_new_at), dirfd -1 when it has none. */
 int declare_open(const struct config *cfg, const struct access_peer *peer, uint32_t self_uid, const cJSON *spec,
-                 const char *template_name, dataset **ret_dataset, char *errbuf);
+                 const char *template_name, dataset **ret_dataset, struct declare_cache *ret_cache, char *errbuf);
 
 #endif

@@ -161,6 +161,7 @@ static void server_tick(uv_timer_t *t)
     if (!srv->stopping) {
         server_expire_idle(srv, now);
         server_reap_old_keepers(srv);
+        server_declare_reap(srv);
     }
     srv->rate_pos = (srv->rate_pos + 1) % SERVER_RATE_WINDOW;
     srv->rate_samples[srv->rate_pos] = srv->samples_served;
@@ -289,6 +290,7 @@ void server_stop(server *srv, void (*done)(void *ctx), void *ctx)
         }
     }
     server_close_old_keepers(srv);
+    server_declare_close(srv);
     /* Streams with work still running are freed as it comes back; the tick checks. */
     uv_timer_stop(&srv->tick);
     uv_timer_start(&srv->tick, server_tick, 10, 10);
@@ -305,6 +307,7 @@ void server_free(server *srv)
     }
     /* The reloads' leftovers first: their keepers point at retired datasets. */
     server_reload_free(srv);
+    server_declare_free(srv);
     for (size_t i = 0; i < srv->n_datasets; i++)
         dataset_free(srv->datasets[i]);
     free(srv->datasets);

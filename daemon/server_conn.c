@@ -207,7 +207,9 @@ void server_reply_fill(conn *c, struct reply *r, cJSON *msg)
 
 void server_reply_send(conn *c, cJSON *msg)
 {
-    struct reply *r = server_outbox_add(c, 0);
+    /* A declared open answers in the place its request took (server_declare.c). */
+    struct reply *r = c->reply_into ? c->reply_into : server_outbox_add(c, 0);
+    c->reply_into = NULL;
     if (!r) {
         cJSON_Delete(msg);
         server_conn_abort(c);

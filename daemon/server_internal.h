@@ -95,6 +95,7 @@ struct conn {
     uint32_t groups[ACCESS_MAX_PEER_GROUPS]; /* supplementary (SO_PEERGROUPS), for access rules */
     uint32_t n_groups;
     struct reply *out_head, *out_tail;
+    struct reply *reply_into;       /* set: the next reply fills this entry (a declared open's place) */
     uint32_t out_count;             /* replies in the outbox, sent or not */
     uint64_t queued_bytes;          /* replies queued and not yet written to the socket */
     uint64_t peak_queued_bytes;
@@ -131,6 +132,8 @@ struct server {
     size_t n_old_cfgs;
     struct server_old_keeper *old_keepers;
     size_t n_old_keepers;
+    struct server_declared_cache *declared_caches; /* server_declare.c */
+    int declare_scans;              /* declared opens being scanned on their threads */
     uint64_t reloads;               /* successful ones */
     struct server_reload_job *reload_job; /* the reload whose datasets are being opened, or NULL */
     bool reload_again;              /* a SIGHUP came during it: reload once more after it */
@@ -216,6 +219,10 @@ void server_ops_count_batch(conn *c, const struct stream_batch *b);
 /* ---- server_open.c ---- */
 /* The `open` request. */
 void server_open_stream(conn *c, const cJSON *req, int64_t id);
+struct declare_cache;
+/* The rest of an open of a spec once its scan is done (server_declare.c): d (taken) and
+ * where its cache goes (place: its dirfd taken when the cache keeper starts). Replies. */
+void server_open_declared(conn *c, const cJSON *req, int64_t id, dataset *d, struct declare_cache *place);
 
 /* ---- server_reload.c ---- */
 /* The `reload` request (an operator op). */
@@ -233,6 +240,25 @@ void server_reload_free(server *srv);
 void server_reap_old_keepers(server *srv);
 /* At stop: closes the old keepers (each counts towards `done`). */
 void server_close_old_keepers(server *srv);
+
+/* ---- server_declare.c ---- */
+struct declare_cache;
+/* The open of a spec (declare.h), once its fields and limits are checked: the scan
+ * runs on a thread, and the open goes on (server_open_declared) when it is done; the
+ * reply takes the request's place among the connection's replies. */
+void server_declare_start(conn *c, const cJSON *req, int64_t id, const char *template_name);
+/* Starts the cache keeper of declared dataset d in `place` (taken) and keeps it until
+ * the dataset's last stream is gone; sets d->keeper. 0, or a code with errbuf (the
+ * dataset then has no cache). */
+int server_declare_keep_cache(server *srv, dataset *d, struct declare_cache *place, char *errbuf);
+/* From the tick: stops the keepers of declared datasets no stream holds any more. */
+void server_declare_reap(server *srv);
+/* At stop: closes every declared dataset's keeper (each counts towards `done`). */
+void server_declare_close(server *srv);
+/* In server_free, after the streams: frees the keepers and their datasets. */
+void server_declare_free(server *srv);
+/* Adds the declared datasets' caches to status's `caches`. */
+void server_declare_report(const server *srv, cJSON *caches);
 
 /* ---- server_metrics.c ---- */
 /* The Prometheus text of the daemon's counters now (see metrics.h). */

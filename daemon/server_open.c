@@ -3,6 +3,8 @@
  * request names a share; and the hand-off in shared memory (handoff.h) when the client
  * asks for it. The checks come first (fields, access, the stream limits), and a refused
  * open leaves nothing behind: a dataset declared for it is freed with the error reply.
+ * A declared dataset's scan runs on a thread (server_declare.c), which comes back here
+ * through server_open_declared to finish the open with what it declared.
  *
  * The other requests are in server_ops.c, which dispatches this one from its ops[] table.
  */
@@ -62,33 +64,30 @@ static bool server_open_may_open(conn *c, int64_t id)
     return true;
 }
 
-/* The dataset a trainer declares with `spec` (refining the configured `template` when
- * not NULL), or NULL once the error is replied (declare.h). */
-static dataset *server_open_declare(conn *c, int64_t id, const cJSON *spec, const char *template_name)
+/* What an open of a spec checks before its scan: the template (when it refines one)
+ * exists and the connection may use it. Replies when not. */
+static bool server_open_declare_allowed(conn *c, int64_t id, const char *template_name)
 {
     server *srv = c->srv;
     char err[LD_ERRMSG_MAX];
-    if (template_name) {
-        if (!server_ops_find_dataset(srv, template_name) && !server_find_unavailable(srv, template_name)) {
-            snprintf(err, sizeof err, "no dataset named '%s' (see `loaderctl datasets`)", template_name);
-            server_reply_error(c, id, LD_ENODATASET, err);
-            return NULL;
-        }
-        if (!server_open_dataset_allowed(c, id, template_name))
-            return NULL;
+    if (!template_name)
+        return true;
+    if (!server_ops_find_dataset(srv, template_name) && !server_find_unavailable(srv, template_name)) {
+        snprintf(err, sizeof err, "no dataset named '%s' (see `loaderctl datasets`)", template_name);
+        server_reply_error(c, id, LD_ENODATASET, err);
+        return false;
     }
-    struct access_peer peer = server_conn_peer(c);
-    dataset *d = NULL;
-    int rc = declare_open(srv->cfg, &peer, (uint32_t)getuid(), spec, template_name, &d, err);
-    if (rc < 0) {
-        ld_log(rc == LD_EDENIED ? LD_LOG_WARN : LD_LOG_INFO, "client %" PRIu64 " (%s, uid %u, pid %d): declared "
-               "dataset refused: %s", c->id, c->name, c->uid, c->pid, err);
-        server_reply_error(c, id, rc, err);
-        return NULL;
-    }
-    ld_log(LD_LOG_INFO, "client %" PRIu64 " (%s, uid %u): declared dataset '%s' on %s: %" PRIu64 " samples", c->id,
-           c->name, c->uid, d->name, d->source, d->count);
-    return d;
+    return server_open_dataset_allowed(c, id, template_name);
+}
+
+/* A declared dataset this open will not use after all: freed, or, once its cache keeper
+ * holds it, left to the keeper's stop (server_declare.c). */
+static void server_open_drop_declared(dataset *d)
+{
+    if (d && d->keeper)
+        d->retired = true;
+    else
+        dataset_free(d);
 }
 
 /* The open request's `share` and `share_join`: cs->s becomes a consumer of the shared
@@ -174,7 +173,11 @@ static void server_open_handoff_fail(void *ctx, int code, const char *message)
     server_conn_fatal(cs->c, code, message);
 }
 
-void server_open_stream(conn *c, const cJSON *req, int64_t id)
+/* The open; for a spec, first its checks and the scan on a thread (server_declare.c),
+ * then again with what the scan declared (*pdeclared, taken when the open uses it;
+ * left for the caller to free when the open is refused before) and where its cache
+ * goes (place, NULL when none). */
+static void server_open_run(conn *c, const cJSON *req, int64_t id, dataset **pdeclared, struct declare_cache *place)
 {
     server *srv = c->srv;
     char err[LD_ERRMSG_MAX];
@@ -229,9 +232,18 @@ void server_open_stream(conn *c, const cJSON *req, int64_t id)
         return;
     }
     dataset *d = NULL;
+    if (spec && !pdeclared) {
+        /* The scan and the check take a while: a thread runs them, and the open goes
+         * on from server_open_declared once they are done. */
+        if (server_open_may_open(c, id) && server_open_declare_allowed(c, id, name))
+            server_declare_start(c, req, id, name);
+        return;
+    }
     if (spec) {
-        if (!server_open_may_open(c, id) || !(d = server_open_declare(c, id, spec, name)))
+        if (!server_open_may_open(c, id))
             return;
+        d = *pdeclared;
+        *pdeclared = NULL; /* this open's from here */
         name = d->name;
     } else {
         d = server_ops_find_dataset(srv, name);
@@ -258,7 +270,7 @@ void server_open_stream(conn *c, const cJSON *req, int64_t id)
     }
     struct device_normalize *norm = calloc(1, sizeof *norm);
     if (!norm) {
-        dataset_free(declared);
+        server_open_drop_declared(declared);
         server_reply_error(c, id, LD_ENOMEM, NULL);
         return;
     }
@@ -272,14 +284,14 @@ void server_open_stream(conn *c, const cJSON *req, int64_t id)
     }
     if (rc < 0) {
         free(norm);
-        dataset_free(declared);
+        server_open_drop_declared(declared);
         server_reply_error(c, id, rc, err);
         return;
     }
     struct conn_stream *cs = calloc(1, sizeof *cs);
     if (!cs) {
         free(norm);
-        dataset_free(declared);
+        server_open_drop_declared(declared);
         server_reply_error(c, id, LD_ENOMEM, NULL);
         return;
     }
@@ -295,6 +307,9 @@ void server_open_stream(conn *c, const cJSON *req, int64_t id)
         p.client_weight = cc->weight;
         p.client_max_share = cc->max_share;
     }
+    if (declared && place && place->dirfd >= 0 && server_declare_keep_cache(srv, declared, place, err) < 0)
+        ld_log(LD_LOG_WARN, "client %" PRIu64 " (%s): declared dataset '%s' has no cache: %s", c->id, c->name,
+               declared->name, err);
     uint64_t sid = ++srv->next_stream_id;
     /* A reload may have lowered the budget below what is in use. */
     uint64_t budget_left = srv->memory_used < srv->cfg->memory_budget ? srv->cfg->memory_budget - srv->memory_used : 0;
@@ -309,7 +324,7 @@ void server_open_stream(conn *c, const cJSON *req, int64_t id)
     if (rc < 0) {
         free(cs);
         ld_log(LD_LOG_WARN, "client %" PRIu64 " (%s): open '%s' failed: %s", c->id, c->name, name, err);
-        dataset_free(declared);
+        server_open_drop_declared(declared);
         server_reply_error(c, id, rc, err);
         return;
     }
@@ -345,4 +360,15 @@ void server_open_stream(conn *c, const cJSON *req, int64_t id)
     if (cs->ho)
         handoff_describe(cs->ho, r);
     server_reply_send(c, r); /* stream_open told the dataset's cache keeper */
+}
+
+void server_open_stream(conn *c, const cJSON *req, int64_t id)
+{
+    server_open_run(c, req, id, NULL, NULL);
+}
+
+void server_open_declared(conn *c, const cJSON *req, int64_t id, dataset *d, struct declare_cache *place)
+{
+    server_open_run(c, req, id, &d, place);
+    dataset_free(d); /* refused before the open took it */
 }

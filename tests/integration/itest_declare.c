@@ -5,20 +5,31 @@
  * config does not allow, a kind that cannot be declared, a wrong key) each say what
  * was wrong while the other clients keep reading; and, run as unprivileged users, a
  * file or a directory the trainer cannot read and a user the config does not let
- * declare (skipped, saying so, when the tests do not run as root). */
+ * declare (skipped, saying so, when the tests do not run as root). Declared caches:
+ * built in the grant's cache_dir and reused by the next open of the same spec, never
+ * through a link planted in the way, each user's apart, kept within the quota, and
+ * gone with the last stream (no thread or descriptor left). The scan runs off the
+ * loop: stuck on a file system that does not answer (FUSE, as root), it holds up
+ * neither the other clients nor, past its own reply, its connection's. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
+
+#include <cJSON.h>
 
 #include "harness.h"
 #include "loaderclient.h"
@@ -32,7 +43,7 @@
 
 /* A daemon with the configured `records` and data/train (N_FILES files) beneath
  * <dir>/data; declare_fmt is the access.declare value, DATA standing for <dir>/data
- * (NULL: no access section). */
+ * and CACHE for <dir>/dcache (NULL: no access section). */
 static struct harness *declare_harness(const char *server_extra, const char *declare_fmt)
 {
     struct harness *h = harness_new();
@@ -42,6 +53,9 @@ static struct harness *declare_harness(const char *server_extra, const char *dec
         if (strncmp(q, "DATA", 4) == 0) {
             n_decl += (size_t)snprintf(declare + n_decl, sizeof declare - n_decl, "%s/data", h->dir);
             q += 4;
+        } else if (strncmp(q, "CACHE", 5) == 0) {
+            n_decl += (size_t)snprintf(declare + n_decl, sizeof declare - n_decl, "%s/dcache", h->dir);
+            q += 5;
         } else {
             declare[n_decl++] = *q++;
         }
@@ -364,6 +378,343 @@ static void test_declaring_off(void **state)
     harness_free(h);
 }
 
+/* ---- declared caches ---------------------------------------------------------------- */
+
+/* The one file in <dir>/dcache/<uid> whose name starts with `prefix` and ends in
+ * .ldcache (its path in buf), or 0 when there is none; fails on two. */
+static int cache_file(struct harness *h, unsigned uid, const char *prefix, char *buf, size_t size)
+{
+    char dir[PATH_MAX];
+    snprintf(dir, sizeof dir, "%s/dcache/%u", h->dir, uid);
+    DIR *d = opendir(dir);
+    if (!d)
+        return 0;
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        size_t len = strlen(e->d_name);
+        if (strncmp(e->d_name, prefix, strlen(prefix)) == 0 && len > 8 && strcmp(e->d_name + len - 8, ".ldcache") == 0) {
+            snprintf(buf, size, "%s/%s", dir, e->d_name);
+            n++;
+        }
+    }
+    closedir(d);
+    assert_true(n <= 1);
+    return n;
+}
+
+/* The declared cache in status (NULL when there is none), as a cJSON the caller frees. */
+static cJSON *declared_cache_status(struct harness *h)
+{
+    char out[65536];
+    assert_int_equal(harness_ctl(h, out, sizeof out, "--json", "status", NULL), 0);
+    cJSON *st = cJSON_Parse(out);
+    assert_non_null(st);
+    const cJSON *it;
+    cJSON *found = NULL;
+    cJSON_ArrayForEach(it, cJSON_GetObjectItemCaseSensitive(st, "caches"))
+        if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(it, "declared")))
+            found = cJSON_Duplicate(it, true);
+    cJSON_Delete(st);
+    return found;
+}
+
+/* Entries of /proc/<pid>/<what> (fd, task). */
+static int proc_count(pid_t pid, const char *what)
+{
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/%s", (int)pid, what);
+    DIR *d = opendir(path);
+    assert_non_null(d);
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)))
+        n += e->d_name[0] != '.';
+    closedir(d);
+    return n;
+}
+
+/* Waits (on the daemon's state, up to 20 s) until no declared cache is listed and one
+ * dataset (the configured one) is in memory; then its threads and descriptors are
+ * those it had before. */
+static void expect_declared_gone(struct harness *h, int fds0, int threads0)
+{
+    cJSON *dc = NULL;
+    int i = 0;
+    for (; i < 1000 && ((dc = declared_cache_status(h)) || harness_status_num(h, "datasets_in_memory", NULL) != 1);
+         i++) {
+        cJSON_Delete(dc);
+        usleep(20000);
+    }
+    assert_true(i < 1000);
+    int fds = 0, threads = 0;
+    for (i = 0; i < 500 && ((fds = proc_count(h->pid, "fd")) != fds0 || (threads = proc_count(h->pid, "task")) != threads0);
+         i++)
+        usleep(20000);
+    if (i == 500)
+        fail_msg("after the declared dataset went: %d descriptors (%d before), %d threads (%d before)", fds, fds0,
+                 threads, threads0);
+}
+
+/* Reads epochs of `spec` until status counts hits of its cache (each epoch exactly the
+ * files); returns the hits. */
+static double read_until_hits(lc_client *c, struct harness *h, const char *spec)
+{
+    lc_stream *s = NULL;
+    lc_stream_options o;
+    lc_stream_options_init(&o);
+    o.batch_size = BATCH;
+    o.shuffle = 0;
+    o.spec = spec;
+    if (lc_stream_open(c, NULL, &o, &s) < 0)
+        fail_msg("declared open with a cache: %s", lc_client_error(c));
+    double hits = 0;
+    for (int epoch = 0; epoch < 200 && hits == 0; epoch++) {
+        for (uint64_t row = 0; row < N_FILES;) {
+            lc_batch *b = NULL;
+            int r = lc_stream_next(s, 20000, &b);
+            if (r < 0)
+                fail_msg("declared stream with a cache, epoch %d: next: %s", epoch, lc_strerror(r));
+            lc_field f;
+            assert_int_equal(lc_batch_field_by_name(b, "data", &f), 0);
+            for (uint32_t i = 0; i < lc_batch_rows(b); i++, row++)
+                if (!harness_file_matches(row, (const uint8_t *)f.data + (size_t)i * FILE_SIZE, FILE_SIZE,
+                                          FILE_SIZE, false))
+                    fail_msg("declared stream with a cache, epoch %d: row %" PRIu64 " is not that file", epoch, row);
+            lc_batch_release(b);
+        }
+        harness_flush_releases(c);
+        cJSON *dc = declared_cache_status(h);
+        assert_non_null(dc);
+        hits = cJSON_GetObjectItemCaseSensitive(dc, "hits")->valuedouble;
+        cJSON_Delete(dc);
+    }
+    lc_stream_close(s);
+    harness_flush_releases(c);
+    return hits;
+}
+
+/* Built on first use in the grant's cache_dir, reused by the same spec (the file not
+ * built again), rebuilt over a link planted in its place (its target untouched),
+ * refused through a link planted for the user's directory, the oldest removed for a
+ * new one within the quota, not built above it; and nothing left once the last
+ * stream is gone. */
+static void test_declared_cache(void **state)
+{
+    (void)state;
+    /* A cache of data/train: 4096 + 96 * 64 + 96 * 32 + 64 = 13376 bytes; the quota
+     * holds one such, not two. */
+    struct harness *h = declare_harness(NULL, "[{roots: [DATA], caches: true, cache_dir: CACHE, "
+                                              "cache_quota: 20KiB}]");
+    harness_gen_files(h, "data/other", N_FILES, FILE_SIZE, 0, false);
+    harness_gen_files(h, "data/big", 300, FILE_SIZE, 0, false);
+    harness_start(h);
+    lc_client *c = harness_connect(h, 5000, "cacher");
+    /* Warm: what a stream starts once (the workers, ...) is running before counting. */
+    lc_stream *s = NULL;
+    assert_int_equal(open_stream(c, "records", NULL, &s), 0);
+    assert_string_equal(read_epoch(s), "");
+    lc_stream_close(s);
+    harness_flush_releases(c);
+    int fds0 = proc_count(h->pid, "fd"), threads0 = proc_count(h->pid, "task");
+
+    const char *spec = "{\"kind\":\"files\",\"path\":\"train\",\"cache\":{}}";
+    char file[PATH_MAX], aside[PATH_MAX + 8], victim[PATH_MAX], cdir[PATH_MAX], moved[PATH_MAX], out[4096];
+    /* First use: read from the source while the cache is built; then read from it. */
+    read_until_hits(c, h, spec);
+    assert_int_equal(cache_file(h, 0, "train-", file, sizeof file), 1);
+    struct stat st0, st1;
+    assert_int_equal(lstat(file, &st0), 0);
+    assert_true(S_ISREG(st0.st_mode));
+    expect_declared_gone(h, fds0, threads0);
+
+    /* The same spec again (its on_error does not change what is cached): the same file. */
+    assert_true(read_until_hits(c, h, "{\"kind\":\"files\",\"path\":\"train\",\"on_error\":\"replace\","
+                                      "\"cache\":{\"mode\":\"auto\"}}") > 0);
+    assert_int_equal(lstat(file, &st1), 0);
+    assert_int_equal(st1.st_ino, st0.st_ino);
+    char *log = harness_log(h);
+    const char *first = strstr(log, "building the cache");
+    assert_non_null(first);
+    assert_null(strstr(first + 1, "building the cache"));
+    free(log);
+    expect_declared_gone(h, fds0, threads0);
+
+    /* A link planted where the cache goes is set aside, never followed. */
+    snprintf(victim, sizeof victim, "%s/victim", h->dir);
+    harness_write_file(h, "victim", "keep me", 7);
+    assert_int_equal(unlink(file), 0);
+    assert_int_equal(symlink(victim, file), 0);
+    assert_true(read_until_hits(c, h, spec) > 0);
+    assert_int_equal(lstat(file, &st1), 0);
+    assert_true(S_ISREG(st1.st_mode));
+    snprintf(aside, sizeof aside, "%s.bad", file);
+    assert_int_equal(lstat(aside, &st1), 0);
+    assert_true(S_ISLNK(st1.st_mode));
+    assert_int_equal(stat(victim, &st1), 0);
+    assert_int_equal(st1.st_size, 7);
+    expect_declared_gone(h, fds0, threads0);
+    assert_int_equal(unlink(aside), 0);
+
+    /* A link in place of the user's directory: refused, nothing written where it leads. */
+    snprintf(cdir, sizeof cdir, "%s/dcache/0", h->dir);
+    snprintf(moved, sizeof moved, "%s/dcache/moved", h->dir);
+    assert_int_equal(rename(cdir, moved), 0);
+    assert_int_equal(symlink(h->dir, cdir), 0);
+    expect_refused(c, NULL, spec, LC_EDENIED, "dcache/0' is not a directory (a symbolic link is not followed)");
+    assert_int_equal(unlink(cdir), 0);
+    assert_int_equal(rename(moved, cdir), 0);
+
+    /* A cache of another tree: the older one goes to make room within the quota. */
+    read_until_hits(c, h, "{\"kind\":\"files\",\"path\":\"other\",\"cache\":{}}");
+    assert_int_equal(cache_file(h, 0, "other-", moved, sizeof moved), 1);
+    assert_int_equal(cache_file(h, 0, "train-", file, sizeof file), 0);
+    expect_declared_gone(h, fds0, threads0);
+
+    /* One larger than the quota is not built; the stream reads the source. */
+    assert_int_equal(open_stream(c, NULL, "{\"kind\":\"files\",\"path\":\"big\",\"cache\":{}}", &s), 0);
+    uint64_t rows = 0;
+    lc_batch *b = NULL;
+    while (lc_stream_next(s, 20000, &b) == 0) {
+        rows += lc_batch_rows(b);
+        lc_batch_release(b);
+    }
+    assert_int_equal(rows, 300);
+    cJSON *dc = NULL;
+    for (int i = 0; i < 1000; i++) {
+        dc = declared_cache_status(h);
+        assert_non_null(dc);
+        if (strcmp(cJSON_GetObjectItemCaseSensitive(dc, "state")->valuestring, "failed") == 0)
+            break;
+        cJSON_Delete(dc);
+        dc = NULL;
+        usleep(20000);
+    }
+    assert_non_null(dc);
+    const char *error = cJSON_GetObjectItemCaseSensitive(dc, "error")->valuestring;
+    if (!strstr(error, "needs 32.2 KiB, more than the 20.0 KiB of caches its user may keep"))
+        fail_msg("over the quota: '%s'", error);
+    cJSON_Delete(dc);
+    assert_int_equal(cache_file(h, 0, "big-", file, sizeof file), 0);
+    lc_stream_close(s);
+    harness_flush_releases(c);
+    expect_declared_gone(h, fds0, threads0);
+
+    /* The trainer never names the file. */
+    expect_refused(c, NULL, "{\"kind\":\"files\",\"path\":\"train\",\"cache\":{\"path\":\"/etc/passwd\"}}",
+                   LC_EDENIED, "spec.cache.path: the daemon places a declared dataset's cache");
+    assert_int_equal(harness_ctl(h, out, sizeof out, "status", NULL), 0);
+    lc_client_close(c);
+    harness_stop_clean(h);
+    harness_free(h);
+}
+
+/* ---- the scan off the loop ------------------------------------------------------------ */
+
+/* Mounts a FUSE file system on `dir` that never answers (its device is never read):
+ * whatever touches it waits until the returned descriptor is closed, then fails. -1
+ * when this process cannot mount (not root, no /dev/fuse). */
+static int stuck_mount(const char *dir)
+{
+    int fd = open("/dev/fuse", O_RDWR | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    char opts[128];
+    snprintf(opts, sizeof opts, "fd=%d,rootmode=40000,user_id=0,group_id=0", fd);
+    if (mount("ldtest-stuck", dir, "fuse", MS_NOSUID | MS_NODEV, opts) < 0) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+/* Whether the log holds `what` at least n times. */
+static bool log_has(struct harness *h, const char *what, int n)
+{
+    char *log = harness_log(h);
+    int k = 0;
+    for (const char *p = strstr(log, what); p; p = strstr(p + 1, what))
+        k++;
+    free(log);
+    return k >= n;
+}
+
+static void wait_log(struct harness *h, const char *what, int n)
+{
+    int i = 0;
+    while (i++ < 1000 && !log_has(h, what, n))
+        usleep(20000);
+    if (!log_has(h, what, n))
+        fail_msg("the log never said '%s' %d times", what, n);
+}
+
+/* A declared open whose tree does not answer: the other clients are served, and this
+ * connection's next request waits behind the open's reply, which comes when the scan
+ * ends; a client gone meanwhile leaves nothing behind. */
+static void test_scan_off_the_loop(void **state)
+{
+    (void)state;
+    struct harness *h = declare_harness(NULL, "{roots: [DATA]}");
+    char stuck[PATH_MAX];
+    snprintf(stuck, sizeof stuck, "%s/data/stuck", h->dir);
+    assert_int_equal(mkdir(stuck, 0755), 0);
+    harness_start(h);
+    int fuse = stuck_mount(stuck);
+    if (fuse < 0) {
+        harness_stop_clean(h);
+        harness_free(h);
+        print_message("skipped: mounting a FUSE file system needs root and /dev/fuse\n");
+        skip();
+    }
+    int raw = harness_raw_connect(h);
+    harness_raw_send(raw, "{\"op\":\"hello\",\"id\":1,\"version\":1}");
+    free(harness_raw_reply(raw, 5000));
+    harness_raw_send(raw, "{\"op\":\"open\",\"id\":2,\"batch_size\":4,\"spec\":{\"kind\":\"files\",\"path\":\"stuck\"}}");
+    harness_raw_send(raw, "{\"op\":\"status\",\"id\":3}");
+    wait_log(h, "scanning and checking on a thread", 1);
+    /* Stuck for as long as the file system does not answer; meanwhile, another client. */
+    lc_client *other = harness_connect(h, 5000, "bystander");
+    lc_stream *s = NULL;
+    assert_int_equal(open_stream(other, "records", NULL, &s), 0);
+    assert_string_equal(read_epoch(s), "");
+    lc_stream_close(s);
+    char out[4096];
+    assert_int_equal(harness_ctl(h, out, sizeof out, "status", NULL), 0);
+    char *r = harness_raw_reply(raw, 0);
+    if (r)
+        fail_msg("a reply came while the scan was stuck: %s", r);
+    /* The file system gives up: the open's error, then the status behind it. */
+    close(fuse);
+    r = harness_raw_reply(raw, 20000);
+    assert_non_null(r);
+    if (!strstr(r, "\"id\":2") || !strstr(r, "\"ok\":false"))
+        fail_msg("the open's reply: %s", r);
+    free(r);
+    r = harness_raw_reply(raw, 20000);
+    assert_non_null(r);
+    assert_non_null(strstr(r, "\"id\":3"));
+    free(r);
+    close(raw);
+    assert_int_equal(umount2(stuck, MNT_DETACH), 0);
+
+    /* The client goes while its scan is stuck. */
+    fuse = stuck_mount(stuck);
+    assert_true(fuse >= 0);
+    raw = harness_raw_connect(h);
+    harness_raw_send(raw, "{\"op\":\"hello\",\"id\":1,\"version\":1}");
+    free(harness_raw_reply(raw, 5000));
+    harness_raw_send(raw, "{\"op\":\"open\",\"id\":2,\"batch_size\":4,\"spec\":{\"kind\":\"files\",\"path\":\"stuck\"}}");
+    wait_log(h, "scanning and checking on a thread", 2);
+    close(raw);
+    close(fuse);
+    wait_log(h, "dropped after its scan", 1);
+    assert_int_equal(umount2(stuck, MNT_DETACH), 0);
+    assert_int_equal(harness_status_num(h, "datasets_in_memory", NULL), 1);
+    lc_client_close(other);
+    harness_stop_clean(h);
+    harness_free(h);
+}
+
 /* ---- as unprivileged users -------------------------------------------------------- */
 
 /* Runs the open of `spec` as uid/gid in a child; "ok" when the epoch read exactly,
@@ -428,7 +779,8 @@ static void test_as_trainer(void **state)
         skip();
     }
     struct harness *h = declare_harness("  workers: 2\n  memory_budget: 64MiB\n  socket_group: " TEST_GROUP "\n",
-                                           "[{users: [" TEST_DECLARER "], roots: [DATA]}]");
+                                           "[{users: [" TEST_DECLARER "], roots: [DATA], caches: true, "
+                                           "cache_dir: CACHE, cache_quota: 1MiB}]");
     /* The users may reach the tree, not list the test's directory. */
     assert_int_equal(chmod(h->dir, 0711), 0);
     char p[PATH_MAX];
@@ -448,6 +800,15 @@ static void test_as_trainer(void **state)
     expect_as(h, uid, gid, "{\"kind\":\"files\",\"path\":\"locked/in\"}", "locked/in' (mode 0700");
     expect_as(h, other, ogid, "{\"kind\":\"files\",\"path\":\"train\"}", "may not declare datasets");
     expect_as(h, other, ogid, "{\"kind\":\"files\",\"path\":\"train\"}", TEST_OTHER);
+    /* A trainer's cache goes in a directory of its uid's that only the daemon may enter. */
+    expect_as(h, uid, gid, "{\"kind\":\"files\",\"path\":\"train\",\"cache\":{}}", "0 ok");
+    struct stat st;
+    snprintf(p, sizeof p, "%s/dcache/0", h->dir);
+    assert_int_equal(stat(p, &st), -1);
+    snprintf(p, sizeof p, "%s/dcache/%u", h->dir, (unsigned)uid);
+    assert_int_equal(stat(p, &st), 0);
+    assert_int_equal(st.st_mode & 0777, 0700);
+    assert_int_equal(st.st_uid, getuid());
     harness_stop_clean(h);
     harness_free(h);
 }
@@ -461,6 +822,8 @@ int main(void)
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_plugin_granted),
         cmocka_unit_test(test_declaring_off),
+        cmocka_unit_test(test_declared_cache),
+        cmocka_unit_test(test_scan_off_the_loop),
         cmocka_unit_test(test_as_trainer),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1186,7 +1186,8 @@ static void test_access_declare(void **state)
     char path[PATH_MAX];
     struct config *c = load_ok(ONE_DATASET "access:\n"
                                "  declare:\n"
-                               "    - {users: [1234], roots: [/data//vision/, /scratch], caches: true}\n"
+                               "    - {users: [1234], roots: [/data//vision/, /scratch], caches: true,\n"
+                               "       cache_dir: /var/cache/ld//declared/, cache_quota: 2GiB}\n"
                                "    - {groups: [77], roots: /home/x, plugins: yes}\n"
                                "    - {roots: [/pub]}\n",
                                path, sizeof path);
@@ -1195,7 +1196,10 @@ static void test_access_declare(void **state)
     assert_int_equal(a->declare[0].n_roots, 2);
     assert_string_equal(a->declare[0].roots[0], "/data/vision");
     assert_true(a->declare[0].caches);
+    assert_string_equal(a->declare[0].cache_dir, "/var/cache/ld/declared");
+    assert_int_equal(a->declare[0].cache_quota, 2ull << 30);
     assert_false(a->declare[0].plugins);
+    assert_null(a->declare[1].cache_dir);
     assert_string_equal(a->declare[1].roots[0], "/home/x");
     assert_true(a->declare[1].plugins);
     assert_false(a->declare[2].rule.set); /* no users or groups: everyone */
@@ -1221,8 +1225,19 @@ static void test_access_declare(void **state)
     expect_error_at(ONE_DATASET "access:\n  declare: {roots: [/]}\n", 4, 21,
                     "access.declare.roots[0]: '/' cannot be a root", NULL);
     expect_error_at(ONE_DATASET "access:\n  declare: [{roots: [/a], cache: true}]\n", 4, 27,
-                    "access.declare[0]: unknown key 'cache' (expected users, groups, roots, caches or plugins)",
-                    NULL);
+                    "access.declare[0]: unknown key 'cache' (expected users, groups, roots, caches, cache_dir, "
+                    "cache_quota or plugins)", NULL);
+    /* A grant of caches says where they go and how much each user may keep. */
+    expect_error_at(ONE_DATASET "access:\n  declare: [{roots: [/a], caches: true}]\n", 4, 13,
+                    "access.declare[0]: caches: true needs cache_dir", NULL);
+    expect_error_at(ONE_DATASET "access:\n  declare: [{roots: [/a], caches: true, cache_dir: /c}]\n", 4, 13,
+                    "and cache_quota", NULL);
+    expect_error_at(ONE_DATASET "access:\n  declare: [{roots: [/a], cache_dir: /c}]\n", 4, 27,
+                    "access.declare[0]: cache_dir and cache_quota belong to a grant with caches: true", NULL);
+    expect_error_at(ONE_DATASET "access:\n  declare: [{roots: [/a], caches: true, cache_dir: /c, cache_quota: 0}]"
+                    "\n", 4, 69, "access.declare[0].cache_quota: expected a size in bytes above 0", NULL);
+    expect_error_at(ONE_DATASET "access:\n  declare: [{roots: [/a], caches: true, cache_dir: c, cache_quota: 1G}]"
+                    "\n", 4, 52, "access.declare[0].cache_dir: expected an absolute directory", NULL);
     expect_error_at(ONE_DATASET "access:\n  declare: [{roots: [/a], plugins: maybe}]\n", 4, 36,
                     "access.declare[0].plugins: ", NULL);
 }

@@ -1,7 +1,9 @@
 """Datasets declared from Python: Client.open(spec=...), a configured dataset refined with
 template= and transforms=, LoaderdDataLoader built from root=, kind=, transforms= (a train
-and a validation split in one script), and the errors a trainer gets (README, "Pipelines
-declared by the trainer")."""
+and a validation split in one script), a declared cache built and read again by the next
+open of the same spec, and the errors a trainer gets (README, "Pipelines declared by the
+trainer")."""
+import glob
 import os
 
 import numpy as np
@@ -39,7 +41,8 @@ def declare_daemon():
     if images:
         datasets += ("  imgs:\n    kind: image_folder\n    path: data/img\n    transforms:\n"
                      "      - decode: {}\n      - resize: {height: 16, width: 16}\n")
-    datasets += "access:\n  declare: {roots: [%s]}\n" % data
+    datasets += ("access:\n  declare: {roots: [%s], caches: true, cache_dir: %s, cache_quota: 1MiB}\n"
+                 % (data, os.path.join(d, "dcache")))
     dm = support.Daemon(d, datasets)
     dm.start()
     dm.images = images
@@ -139,3 +142,40 @@ def test_transform_specs():
     assert to_specs([Decode(fast=True), {"center_crop": {"size": 4}}])[0] == {"decode": {"fast": True}}
     with pytest.raises(TypeError):
         to_specs(["resize"])
+
+
+def _declared_cache(socket):
+    import loaderclient
+    with loaderclient.Client(socket, timeout=10) as c:
+        found = [x for x in c.status()["caches"] if x.get("declared")]
+    return found[0] if found else None
+
+
+def test_declared_cache_built_then_reused(dclient, declare_daemon):
+    want = [bytes(support.file_bytes(i, SIZE)) for i in range(N)]
+
+    def read_until_hits(spec):
+        # Epoch after epoch, each exactly the files, until the cache serves them.
+        with dclient.open(spec=spec, batch_size=8, shuffle=False, epochs=200) as s:
+            rows = []
+            for b in s:
+                rows += [bytes(row) for row in b["data"]]
+                if len(rows) == N:
+                    assert rows == want
+                    rows = []
+                    cache = _declared_cache(declare_daemon.socket)
+                    if cache["hits"] > 0:
+                        return cache
+        raise AssertionError("200 epochs and the declared cache served nothing")
+
+    first = read_until_hits({"kind": "files", "path": "train", "cache": {}})
+    assert first["state"] == "ready"
+    files = glob.glob(os.path.join(declare_daemon.dir, "dcache", str(os.getuid()), "train-*.ldcache"))
+    assert len(files) == 1 and first["path"] == files[0]
+    ino = os.stat(files[0]).st_ino
+    # Another open of the same spec (other transforms or on_error would not matter) reads it.
+    again = read_until_hits({"kind": "files", "path": "train", "on_error": "replace", "cache": {"mode": "auto"}})
+    assert again["path"] == files[0] and os.stat(files[0]).st_ino == ino  # not built again: a build renames a new file
+    import loaderclient
+    with pytest.raises(loaderclient.PermissionDenied, match="spec.cache.path: the daemon places"):
+        dclient.open(spec={"kind": "files", "path": "train", "cache": {"path": "mine.ldcache"}}, batch_size=4)
