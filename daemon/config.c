@@ -81,7 +81,7 @@ static const struct config_key manifest_keys[] = {
     {.name = "columns", .type = CONFIG_KEY_COLUMNS, .flags = CONFIG_KEY_REQUIRED},
 };
 
-/* datasets.NAME.s3 (files at an s3:// path): the object store and how to read it. Its
+/* datasets.NAME.s3 (files or tar_shards at an s3:// path): the object store and how to read it. Its
  * defaults apply also when the mapping is absent (load_dataset). */
 static const struct config_key s3_keys[] = {
     {.name = "endpoint", .type = CONFIG_KEY_STRING, DATASET_AT(s3_endpoint)},
@@ -186,7 +186,7 @@ static const struct config_key dataset_keys[] = {
     {.name = "max_share", .type = CONFIG_KEY_FRACTION, .def_frac = 1.0, DATASET_AT(max_share),
      .kinds = FILES | TOKENS | PACKED | IMAGES | SQL | TAR},
     {.name = "s3", .type = CONFIG_KEY_TABLE, .sub = s3_keys, .n_sub = sizeof s3_keys / sizeof s3_keys[0],
-     .kinds = FILES},
+     .kinds = FILES | TAR},
 };
 
 /* clients.UID_OR_NAME (scheduling per user). */
@@ -340,9 +340,13 @@ static int check_s3(const struct config_loader *l, const yaml_node_t *v, const c
 {
     bool url = s3_is_url(d->path);
     yaml_mark_t at = value_mark(l, v, "path");
-    if (url && d->kind != CONFIG_DATASET_FILES)
-        return config_yaml_fail(l, at, "%s.path: an s3:// location is read by the files kind only, not %s", where,
-                                kind_names[d->kind]);
+    if (url && d->kind != CONFIG_DATASET_FILES && d->kind != CONFIG_DATASET_TAR_SHARDS)
+        return config_yaml_fail(l, at, "%s.path: an s3:// location is read by the files and tar_shards kinds only, "
+                                "not %s", where, kind_names[d->kind]);
+    if (url && d->kind == CONFIG_DATASET_TAR_SHARDS && !d->index_path && !d->cache_path)
+        return config_yaml_fail(l, at, "%s.path: the shards of an s3:// location are copied to this node, next to "
+                                "the dataset's `index:` (INDEX.shards/) or `cache:` (PATH.shards/): give one of them",
+                                where);
     if (url && strcmp(l->file, "spec") == 0)
         return config_yaml_fail(l, at, "%s.path: an s3:// location may be used only by datasets of the daemon's "
                                 "config (a declared dataset would read the store with the daemon's credentials)",
@@ -359,7 +363,7 @@ static int check_s3(const struct config_loader *l, const yaml_node_t *v, const c
         if (s3_url_split(d->path, bucket, sizeof bucket, &prefix, msg) < 0)
             return config_yaml_fail(l, at, "%s.path: %s", where, msg);
     }
-    if (!url && d->kind == CONFIG_DATASET_FILES) {
+    if (!url && (d->kind == CONFIG_DATASET_FILES || d->kind == CONFIG_DATASET_TAR_SHARDS)) {
         for (const yaml_node_pair_t *p = v->data.mapping.pairs.start; p < v->data.mapping.pairs.top; p++) {
             const yaml_node_t *k = config_yaml_node(l, p->key);
             if (k->type == YAML_SCALAR_NODE && !strcmp((const char *)k->data.scalar.value, "s3"))
@@ -403,7 +407,8 @@ static int load_dataset(const struct config_loader *l, const yaml_node_t *key, c
         return ret;
     if ((ret = config_table_defaults(l, dataset_keys, N_KEYS(dataset_keys), 1u << d->kind, d)) < 0)
         return ret;
-    if (d->kind == CONFIG_DATASET_FILES && (ret = config_table_defaults(l, s3_keys, N_KEYS(s3_keys), 0, d)) < 0)
+    if ((d->kind == CONFIG_DATASET_FILES || d->kind == CONFIG_DATASET_TAR_SHARDS) &&
+        (ret = config_table_defaults(l, s3_keys, N_KEYS(s3_keys), 0, d)) < 0)
         return ret;
     if ((ret = config_table_load(l, v, dataset_keys, N_KEYS(dataset_keys), 1u << d->kind,
                                  kind_names[d->kind], where, key->start_mark, d)) < 0)

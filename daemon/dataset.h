@@ -247,4 +247,9 @@ extern const struct dataset_ops source_sql_ops;
 extern const struct dataset_ops source_tar_ops;
 extern const struct dataset_ops source_s3_ops;      /* files at an s3:// location */
 
+struct s3_options;
+/* A dataset's `s3:` keys as the options of its store's client (source_s3.c); for the
+ * files and tar_shards kinds at an s3:// location. */
+void source_s3_options(const struct config_dataset *cfg, struct s3_options *ret_opt);
+
 #endif

@@ -240,6 +240,16 @@ static void s3_free(dataset *d)
     free(sd);
 }
 
+void source_s3_options(const struct config_dataset *cfg, struct s3_options *ret_opt)
+{
+    *ret_opt = (struct s3_options){
+        .endpoint = cfg->s3_endpoint, .region = cfg->s3_region, .addressing = cfg->s3_addressing,
+        .profile = cfg->s3_profile, .credentials_file = cfg->s3_credentials_file, .part_size = cfg->s3_part_size,
+        .parallel = cfg->s3_parallel, .retries = cfg->s3_retries, .timeout_s = cfg->s3_timeout,
+        .connect_timeout_s = cfg->s3_connect_timeout,
+    };
+}
+
 static int s3_open(const struct config_dataset *cfg, dataset **ret_dataset, char *errbuf)
 {
     struct s3_scan scan = {.pattern = cfg->pattern ? cfg->pattern : "*"};
@@ -273,12 +283,8 @@ static int s3_open(const struct config_dataset *cfg, dataset **ret_dataset, char
     scan.prefix = sd->prefix;
     scan.prefix_len = sd->prefix_len;
     sd->parallel = cfg->s3_parallel ? cfg->s3_parallel : 16;
-    struct s3_options opt = {
-        .endpoint = cfg->s3_endpoint, .region = cfg->s3_region, .addressing = cfg->s3_addressing,
-        .profile = cfg->s3_profile, .credentials_file = cfg->s3_credentials_file, .part_size = cfg->s3_part_size,
-        .parallel = cfg->s3_parallel, .retries = cfg->s3_retries, .timeout_s = cfg->s3_timeout,
-        .connect_timeout_s = cfg->s3_connect_timeout,
-    };
+    struct s3_options opt;
+    source_s3_options(cfg, &opt);
     if ((r = s3_client_new(what, sd->bucket, &opt, &sd->client, errbuf)) < 0)
         goto fail;
 

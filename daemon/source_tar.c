@@ -39,9 +39,11 @@
 #include "image_scratch.h"
 #include "log.h"
 #include "npy.h"
+#include "s3.h"
 #include "tar.h"
 #include "tar_group.h"
 #include "tar_index.h"
+#include "tar_s3.h"
 #include "transform.h"
 
 #define TAR_MISSING TAR_GROUP_MISSING
@@ -147,11 +149,21 @@ oom:
     return LD_ENOMEM;
 }
 
+/* A shard as messages name it: its name, or its object's s3://bucket/key. */
+static const char *tar_shown(const struct config_dataset *cfg, const char *name, char *buf, size_t size)
+{
+    if (!s3_is_url(cfg->path))
+        return name;
+    size_t n = strlen(cfg->path);
+    snprintf(buf, size, "%s%s%s", cfg->path, n && cfg->path[n - 1] != '/' ? "/" : "", name);
+    return buf;
+}
+
 /* Opens and indexes every shard: from the saved index when a shard is as it was, else
  * by a scan; saves the index again when a scan was needed. */
 static int tar_open_shards(struct tar_ds *t, const struct config_dataset *cfg, char **names, size_t n, char *errbuf)
 {
-    char ebuf[LD_ERRMSG_MAX], *ixpath = NULL;
+    char ebuf[LD_ERRMSG_MAX], shown[1200], *ixpath = NULL;
     struct tar_shard_index *old = NULL;
     size_t n_old = 0, reused = 0;
     int r = 0;
@@ -177,7 +189,8 @@ static int tar_open_shards(struct tar_ds *t, const struct config_dataset *cfg, c
         struct stat st;
         r = beneath_open(&t->root, names[i], 0, &t->fds[i], &st);
         if (r < 0) {
-            ld_errorf(errbuf, "dataset '%s': shard '%s': %s", cfg->name, names[i], beneath_strerror(r, ebuf, 128));
+            ld_errorf(errbuf, "dataset '%s': shard '%s': %s", cfg->name, tar_shown(cfg, names[i], shown, sizeof shown),
+                      beneath_strerror(r, ebuf, 128));
             goto out;
         }
         /* The descriptor was opened non-blocking (beneath.h); reads of a regular file
@@ -199,7 +212,8 @@ static int tar_open_shards(struct tar_ds *t, const struct config_dataset *cfg, c
         ix->mtime = st.st_mtim;
         r = tar_index_scan(t->fds[i], ix->size, ix, ebuf);
         if (r < 0) {
-            ld_errorf(errbuf, "dataset '%s': shard '%s': %s", cfg->name, names[i], ebuf);
+            ld_errorf(errbuf, "dataset '%s': shard '%s': %s", cfg->name, tar_shown(cfg, names[i], shown, sizeof shown),
+                      ebuf);
             goto out;
         }
     }
@@ -395,10 +409,20 @@ static int tar_ds_open(const struct config_dataset *cfg, dataset **ret_dataset, 
         ld_errorf(errbuf, "dataset '%s': %s", cfg->name, ebuf);
         goto fail;
     }
-    /* `path` is the directory of shards, or one shard. */
+    /* `path` is the directory of shards, or one shard, or an s3:// folder whose shards
+     * are copied into a local one (tar_s3.h) and read from there. */
     struct stat st;
     const char *rootpath = cfg->path;
-    if (stat(cfg->path, &st) == 0 && S_ISREG(st.st_mode)) {
+    if (s3_is_url(cfg->path)) {
+        if (!(dir = tar_s3_local_dir(cfg))) {
+            r = LD_ENOMEM;
+            ld_errorf(errbuf, "dataset '%s': out of memory", cfg->name);
+            goto fail;
+        }
+        if ((r = tar_s3_fetch(cfg, dir, &names, &n_names, errbuf)) < 0)
+            goto fail;
+        rootpath = dir;
+    } else if (stat(cfg->path, &st) == 0 && S_ISREG(st.st_mode)) {
         const char *slash = strrchr(cfg->path, '/');
         if (!(dir = slash ? strndup(cfg->path, (size_t)(slash - cfg->path) + (slash == cfg->path)) : strdup("."))) {
             r = LD_ENOMEM;
@@ -415,7 +439,7 @@ static int tar_ds_open(const struct config_dataset *cfg, dataset **ret_dataset, 
                   strerror_r(-r, ebuf, sizeof ebuf));
         goto fail;
     }
-    if ((r = tar_list_shards(t, cfg, only, &names, &n_names, errbuf)) < 0)
+    if (!names && (r = tar_list_shards(t, cfg, only, &names, &n_names, errbuf)) < 0)
         goto fail;
     if ((r = tar_open_shards(t, cfg, names, n_names, errbuf)) < 0)
         goto fail;

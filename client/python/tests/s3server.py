@@ -70,6 +70,20 @@ for k, path in spec:
 print(json.dumps({"id": key["AccessKeyId"], "secret": key["SecretAccessKey"]}))
 """
 
+_UPDATE = r"""
+import json, sys
+import boto3
+ep, bucket, key_id, secret = sys.argv[1:5]
+s3 = boto3.client("s3", endpoint_url=ep, region_name="us-east-1", aws_access_key_id=key_id,
+                  aws_secret_access_key=secret)
+for key, path in json.load(sys.stdin):
+    if path is None:
+        s3.delete_object(Bucket=bucket, Key=key)
+    else:
+        with open(path, "rb") as f:
+            s3.put_object(Bucket=bucket, Key=key, Body=f.read())
+"""
+
 _DELETE = r"""
 import sys
 import boto3
@@ -115,6 +129,13 @@ class Server:
     def delete(self, key):
         subprocess.run([_venv_python(), "-c", _DELETE, self.endpoint, self.bucket, self.key_id, self.secret, key],
                        check=True, capture_output=True, timeout=60)
+
+    def update(self, changes):
+        """Writes each object of `changes` (key -> a local file's path) with that file's
+        bytes, or deletes it (key -> None), in one go."""
+        subprocess.run([_venv_python(), "-c", _UPDATE, self.endpoint, self.bucket, self.key_id, self.secret],
+                       input=json.dumps(sorted(changes.items())), text=True, check=True, capture_output=True,
+                       timeout=60)
 
     def credentials_file(self, path, profile="loaderd-test"):
         with open(path, "w") as f:

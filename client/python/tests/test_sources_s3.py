@@ -5,21 +5,66 @@ ranks and from a resumed batch; keys signed with a credentials file or the envir
 the packed cache built from the store serves the rest of a run after the store went
 away; a missing object is a bad sample named by its key; bad credentials and a store
 that cannot be reached refuse the dataset with S3's error code, and no secret is ever
-in a message."""
+in a message. `tar_shards` at an s3:// location: the shards copied once into the folder
+next to the index or cache, then served exactly as the same shards on a disk (cover,
+ranks, resume, arrays, and the pixels of an image pipeline); a later run fetches only the
+shards that changed in the store; a corrupt shard is named by its object and byte
+offset; a prefix without shards, a missing bucket and bad credentials refuse the
+dataset."""
+import io
 import os
 import subprocess
+import tarfile
 import time
+
+import numpy as np
 
 import pytest
 
 import support
 import s3server
 import loaderclient
+import test_sources_tar as tartest
 
 N, SIZE, CLASSES = 90, 300, 3
 BUCKET = "data"
 
 pytestmark = pytest.mark.deadline(600)   # the first use may install the server (pip)
+
+
+BAD = {}
+PIPE = ("    transforms:\n      - random_resized_crop: {size: 24}\n      - random_flip: {}\n"
+        "      - to_dtype: {dtype: uint8, layout: HWC}\n")
+
+
+def _have_pil():
+    try:
+        import PIL  # noqa: F401
+        return True
+    except ImportError:
+        return False
+
+
+def _write_jpeg_shards(d):
+    imgs = tartest._jpegs(40)
+    os.makedirs(d)
+    for s in range(2):
+        with tarfile.open(os.path.join(d, "img-%d.tar" % s), "w") as tf:
+            for i in range(s * 20, (s + 1) * 20):
+                tartest._add(tf, "%03d.jpg" % i, imgs[i])
+                tartest._add(tf, "%03d.cls" % i, b"%d" % (i % 4))
+
+
+def _corrupt_shard(d):
+    """A shard whose fourth member's header fails its checksum; (path, that offset)."""
+    tartest._write_shards(os.path.join(d, "badsrc"), n=10, per=10)
+    path = os.path.join(d, "badsrc", "s-000.tar")
+    with tarfile.open(path) as tf:
+        victim = tf.getmembers()[3]
+    raw = bytearray(open(path, "rb").read())
+    raw[victim.offset + 10] ^= 0x55
+    open(path, "wb").write(bytes(raw))
+    return path, victim.offset
 
 
 @pytest.fixture(scope="module")
@@ -44,6 +89,20 @@ def store():
                     "train/class_001/zero.bin": empty, "trainee/x.bin": extra})
     for i in range(6):
         objects["miss/%d.bin" % i] = extra
+    # Shards: three of tartest's (bytes, arrays, labels), JPEG shards also read from a
+    # local folder, and a corrupt one. Not shards: one in a folder below, a hidden one.
+    tartest._write_shards(os.path.join(d, "shards"))
+    for name in sorted(os.listdir(os.path.join(d, "shards"))):
+        objects["shards/" + name] = os.path.join(d, "shards", name)
+    objects.update({"shards/sub/s-009.tar": os.path.join(d, "shards", "s-000.tar"), "shards/.s-008.tar": extra})
+    if _have_pil():
+        _write_jpeg_shards(os.path.join(d, "wds"))
+        for name in sorted(os.listdir(os.path.join(d, "wds"))):
+            objects["wds/" + name] = os.path.join(d, "wds", name)
+    objects["bad/s-000.tar"], BAD["offset"] = _corrupt_shard(d)
+    tartest._write_shards(os.path.join(d, "again"), n=60, per=20)
+    for name in sorted(os.listdir(os.path.join(d, "again"))):
+        objects["again/" + name] = os.path.join(d, "again", name)
     srv = s3server.Server(binary, BUCKET, objects, os.path.join(d, "moto.log"))
     try:
         yield srv, d
@@ -59,8 +118,11 @@ def _datasets(srv, creds):
             "  s3c:\n    kind: files\n    path: s3://%s/train\n    pattern: \"*.bin\"\n    s3: %s\n"
             "    cache: {path: s3c.ldc}\n"
             "  miss:\n    kind: files\n    path: s3://%s/miss/\n    on_error: fail\n    s3: %s\n"
-            "  missr:\n    kind: files\n    path: s3://%s/miss/\n    s3: %s\n") % (BUCKET, ep, BUCKET, ep, BUCKET, ep,
-                                                                             BUCKET, ep)
+            "  missr:\n    kind: files\n    path: s3://%s/miss/\n    s3: %s\n"
+            "  tars:\n    kind: tar_shards\n    path: s3://%s/shards\n    index: tars.idx\n    s3: %s\n"
+            ) % (BUCKET, ep, BUCKET, ep, BUCKET, ep, BUCKET, ep, BUCKET, ep) + (
+            "  wdss3:\n    kind: tar_shards\n    path: s3://%s/wds/\n    cache: {path: wdss3.ldc}\n    s3: %s\n%s"
+            "  wdsloc:\n    kind: tar_shards\n    path: wds\n%s" % (BUCKET, ep, PIPE, PIPE) if _have_pil() else "")
 
 
 @pytest.fixture(scope="module")
@@ -112,6 +174,118 @@ def test_objects_exact_cover_ranks_resume(s3_daemon):
             assert [i for b in s for i in _check(b, expect)] == parts[2][10:]
     # Nothing the daemon said shows the secret.
     assert srv.secret not in dm.log_text()
+
+
+def test_tar_shards_exact_cover_ranks_resume(s3_daemon):
+    dm, srv, d = s3_daemon
+    with loaderclient.Client(dm.socket, timeout=20) as c:
+        ds = {x["name"]: x for x in c.datasets()}
+        assert ds["tars"]["kind"] == "tar_shards" and ds["tars"]["samples"] == tartest.N, ds["tars"]
+        assert ds["tars"]["source"] == "s3://data/shards"
+        with c.open("tars", 16, seed=9, epochs=2) as s:
+            assert [f["name"] for f in s.fields] == ["bin", "seg.npy", "label"]
+            seen = {0: [], 1: []}
+            for b in s:
+                seen[b.epoch] += tartest._check(b)
+        assert sorted(seen[0]) == sorted(seen[1]) == list(range(tartest.N))
+        assert seen[0] != seen[1]
+        parts = []
+        for rank in range(3):
+            with c.open("tars", 5, seed=5, epochs=1, rank=rank, world_size=3) as s:
+                parts.append([i for b in s for i in tartest._check(b)])
+        assert sorted(parts[0] + parts[1] + parts[2]) == list(range(tartest.N))
+        with c.open("tars", 5, seed=5, epochs=1, rank=1, world_size=3, start_batch=3) as s:
+            assert [i for b in s for i in tartest._check(b)] == parts[1][15:]
+    # The copies, byte for byte, and what was copied; nothing of the folder below.
+    local = os.path.join(d, "tars.idx.shards")
+    names = sorted(n for n in os.listdir(local))
+    assert names == [".listing", "s-000.tar", "s-001.tar", "s-002.tar"], names
+    for n in names[1:]:
+        assert open(os.path.join(local, n), "rb").read() == open(os.path.join(d, "shards", n), "rb").read()
+    assert os.path.exists(os.path.join(d, "tars.idx"))
+    assert srv.secret not in dm.log_text()
+
+
+def test_tar_shards_images_equal_the_local_shards(s3_daemon):
+    dm, _, d = s3_daemon
+    if not _have_pil():
+        pytest.skip("PIL is needed to write the JPEGs")
+    with loaderclient.Client(dm.socket, timeout=20) as c:
+        def epoch(name, seed):
+            with c.open(name, 8, seed=seed, epochs=1) as s:
+                return [(np.array(b["image"]), np.array(b["label"])) for b in s]
+        ref = epoch("wdsloc", 4)
+        for _ in range(2):      # the second pass may read the cache built from the copies
+            got = epoch("wdss3", 4)
+            assert len(got) == len(ref) == 5
+            for (gi, gl), (ri, rl) in zip(got, ref):
+                assert gi.shape == (8, 24, 24, 3) and np.array_equal(gi, ri) and np.array_equal(gl, rl)
+    assert sorted(os.listdir(os.path.join(d, "wdss3.ldc.shards"))) == [".listing", "img-0.tar", "img-1.tar"]
+
+
+def test_tar_shards_fetched_once_and_again_when_changed(store, scratch):
+    srv, _ = store
+    d = str(scratch)
+    ep = "{endpoint: \"%s\", profile: %s, credentials_file: %s, retries: 1, timeout: 5}" % (
+        srv.endpoint, srv.credentials_file(os.path.join(d, "credentials")), os.path.join(d, "credentials"))
+    ds = "  t:\n    kind: tar_shards\n    path: s3://%s/again\n    index: t.idx\n    on_error: fail\n    s3: %s\n" % (
+        BUCKET, ep)
+    local = os.path.join(d, "t.idx.shards")
+    stamps = None
+    for run in range(2):
+        if run == 1:
+            # In the store: shard 1 rewritten (25 samples of other bytes), shard 2 gone.
+            with tarfile.open(os.path.join(d, "new.tar"), "w") as tf:
+                for i in range(20, 45):
+                    tartest._add(tf, "x%06d.bin" % i, b"%d" % i * 3)
+                    tartest._add(tf, "x%06d.cls" % i, b"1")
+                    tartest._add(tf, "x%06d.seg.npy" % i, tartest._npy(tartest._array(i)))
+            srv.update({"again/s-001.tar": os.path.join(d, "new.tar"), "again/s-002.tar": None})
+        dm = support.Daemon(d, ds)
+        dm.start(timeout=60)
+        try:
+            with loaderclient.Client(dm.socket, timeout=20) as c:
+                with c.open("t", 5, shuffle=False, epochs=1) as s:
+                    rows = [bytes(b["bin"][r]) for b in s for r in range(b.rows)]
+        finally:
+            dm.stop_clean()
+        now = {n: os.stat(os.path.join(local, n)).st_mtime_ns for n in os.listdir(local) if not n.startswith(".")}
+        if run == 0:
+            assert rows == [tartest._payload(i) for i in range(60)]
+            assert sorted(now) == ["s-000.tar", "s-001.tar", "s-002.tar"]
+        else:
+            assert len(rows) == 45 and rows[:20] == [tartest._payload(i) for i in range(20)] and rows[20] == b"202020"
+            assert sorted(now) == ["s-000.tar", "s-001.tar"]          # the copy of shard 2 removed
+            assert now["s-000.tar"] == stamps["s-000.tar"]            # not fetched again
+            assert now["s-001.tar"] != stamps["s-001.tar"]
+        stamps = now
+
+
+def test_tar_shards_refused(store, scratch):
+    srv, _ = store
+    d = str(scratch)
+    creds = os.path.join(d, "credentials")
+    ep = "{endpoint: \"%s\", profile: %s, credentials_file: %s, retries: 0}" % (
+        srv.endpoint, srv.credentials_file(creds), creds)
+
+    def check(path, *needles, extra="    index: x.idx\n", env=None):
+        dm = support.Daemon(d, "  x:\n    kind: tar_shards\n    path: %s\n%s    s3: %s\n" % (path, extra, ep))
+        rc, err = _run_check(dm, env or {})
+        assert rc != 0
+        for n in needles:
+            assert n in err, err
+        assert srv.secret not in err
+    check("s3://data/bad/", "dataset 'x'", "shard 's3://data/bad/s-000.tar'",
+          "offset %d: not a tar header (bad checksum)" % BAD["offset"])
+    check("s3://data/nothing/", "no shard matches '*.tar' under s3://data/nothing/")
+    check("s3://nosuchbucket/shards/", "dataset 'x'", "NoSuchBucket")
+    check("s3://data/shards/", "x.path", "index:", "cache:", extra="")
+    # Bad keys: the environment's, the credentials file's profile left out.
+    dm = support.Daemon(d, "  x:\n    kind: tar_shards\n    path: s3://data/shards/\n    index: y.idx\n"
+                           "    s3: {endpoint: \"%s\", retries: 0}\n" % srv.endpoint)
+    rc, err = _run_check(dm, {"AWS_ACCESS_KEY_ID": srv.key_id, "AWS_SECRET_ACCESS_KEY": "x" + srv.secret[1:]})
+    assert rc != 0 and "403 SignatureDoesNotMatch" in err and srv.secret[1:] not in err, err
+    assert not os.path.exists(os.path.join(d, "y.idx.shards"))
 
 
 def test_missing_object_is_a_bad_sample(s3_daemon):
