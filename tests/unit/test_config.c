@@ -1348,7 +1348,18 @@ static void test_s3_keys(void **state)
     expect_error_at("datasets:\n  a: {kind: files, path: x, s3: {region: r}}\n", 2, 29, "datasets.a.s3: applies to "
                     "an s3://BUCKET/PREFIX path only", NULL);
     expect_error_at("datasets:\n  a: {kind: token_windows, path: s3://bkt/t.bin, context: 8}\n", 2, 34,
-                    "an s3:// location is read by the files kind only, not token_windows", NULL);
+                    "an s3:// location is read by the files and tar_shards kinds only, not token_windows", NULL);
+    /* tar_shards at s3://: the s3 keys apply; the copies need a place (index or cache). */
+    c = load_ok("datasets:\n  t: {kind: tar_shards, path: s3://bkt/shards, index: t.idx, s3: {parallel: 8}}\n", path,
+                sizeof path);
+    assert_string_equal(c->datasets[0].path, "s3://bkt/shards");
+    assert_int_equal(c->datasets[0].s3_parallel, 8);
+    assert_int_equal(c->datasets[0].s3_retries, 3);
+    config_free(c);
+    expect_error_at("datasets:\n  t: {kind: tar_shards, path: s3://bkt/shards}\n", 2, 31, "datasets.t.path",
+                    "next to the dataset's `index:`", NULL);
+    expect_error_at("datasets:\n  t: {kind: tar_shards, path: x, s3: {region: r}}\n", 2, 34, "datasets.t.s3: applies "
+                    "to an s3://BUCKET/PREFIX path only", NULL);
     expect_error_at("datasets:\n  a: {kind: files, path: \"s3://b/x\"}\n", 2, 26, "datasets.a.path",
                     "'s3://b/x'", "bucket name of 3 to 63", NULL);
     expect_error_at("datasets:\n  a: {kind: files, path: s3://bkt/x, format: npy}\n", 2, 46, "datasets.a.format",
