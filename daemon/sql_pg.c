@@ -7,7 +7,10 @@
  * statement prepared per connection, SELECT key, blobs ... WHERE key = ANY($1), bound to
  * the keys of a block (a worker's chunk of a batch, or the next keys of the cache's
  * first pass), its result in binary so that bytea arrives as its bytes. The scan at
- * open and the version query run in text, which every type has.
+ * open and the version query run in text, which every type has. The scan reads the key
+ * list through a server-side cursor, PG_SCAN_ROWS rows per FETCH, in a read-only
+ * transaction of its own: a table of millions of rows never sits in the daemon's memory
+ * twice (libpq's result of the whole query beside the kind's arrays).
  *
  * A connection lost mid-query (the server restarted, a network cut) is reset and the
  * statement run again, with a backoff between tries; when the server stays away the read
@@ -32,6 +35,10 @@
 #define PG_TRIES 5
 #define PG_BACKOFF_MS 100
 #define PG_FETCH_NAME "loaderd_fetch"
+/* The scan's cursor, and the rows of one FETCH from it. */
+#define PG_SCAN_CURSOR "loaderd_scan"
+#define PG_SCAN_ROWS 10000
+#define PG_SCAN_FETCH "FETCH FORWARD 10000 FROM " PG_SCAN_CURSOR     /* PG_SCAN_ROWS */
 
 /* Type OIDs (catalog/pg_type.h is server-side; these never change). */
 enum {
@@ -46,6 +53,7 @@ struct pg_conn {
     PGresult *res;                  /* of the statement run() started */
     int row, rows, cols;
     bool version;
+    bool scanning;                  /* the scan's transaction and cursor are open */
     char *keys;                     /* the fetch's array of keys, as text */
     size_t keys_cap;
 };
@@ -259,6 +267,41 @@ static bool pg_lost(const struct pg_conn *c)
     return PQstatus(c->pg) != CONNECTION_OK || !state || !strncmp(state, "08", 2) || !strncmp(state, "57P0", 4);
 }
 
+/* Ends the scan's transaction (which closes its cursor): COMMIT after the last row,
+ * else ROLLBACK, on a connection that is still there. */
+static void pg_scan_close(struct pg_conn *c, bool done)
+{
+    c->scanning = false;
+    if (PQstatus(c->pg) == CONNECTION_OK)
+        PQclear(PQexec(c->pg, done ? "COMMIT" : "ROLLBACK"));
+}
+
+/* The next rows of the scan's cursor. */
+static PGresult *pg_scan_fetch(struct pg_conn *c)
+{
+    return PQexec(c->pg, PG_SCAN_FETCH);
+}
+
+/* Opens the scan's transaction and cursor over `text`, and fetches the first rows: the
+ * result of the first statement that failed, else that of the FETCH. */
+static PGresult *pg_scan_open(struct pg_conn *c, const char *text)
+{
+    char *declare = NULL;
+    PGresult *res = PQexec(c->pg, "BEGIN READ ONLY");
+    if (PQresultStatus(res) != PGRES_COMMAND_OK)
+        return res;
+    PQclear(res);
+    c->scanning = true;
+    if (asprintf(&declare, "DECLARE " PG_SCAN_CURSOR " NO SCROLL CURSOR FOR %s", text) < 0)
+        return NULL;            /* read as a lost connection: tried again */
+    res = PQexec(c->pg, declare);
+    free(declare);
+    if (PQresultStatus(res) != PGRES_COMMAND_OK)
+        return res;
+    PQclear(res);
+    return pg_scan_fetch(c);
+}
+
 /* Runs one statement, resetting a lost connection and retrying with a backoff. */
 static int pg_run(const struct sql_dataset *sd, struct sql_conn *base, enum sql_stmt stmt, const uint64_t *idx,
                   size_t n, char *errbuf)
@@ -295,10 +338,15 @@ static int pg_run(const struct sql_dataset *sd, struct sql_conn *base, enum sql_
             continue;
         }
         const char *const param[] = {c->keys};
-        c->res = stmt == SQL_STMT_FETCH ? PQexecPrepared(c->pg, PG_FETCH_NAME, 1, param, NULL, NULL, 1)
-                                        : PQexecParams(c->pg, text, 0, NULL, NULL, NULL, NULL, 0);
+        if (stmt == SQL_STMT_SCAN)
+            c->res = pg_scan_open(c, text);
+        else
+            c->res = stmt == SQL_STMT_FETCH ? PQexecPrepared(c->pg, PG_FETCH_NAME, 1, param, NULL, NULL, 1)
+                                            : PQexecParams(c->pg, text, 0, NULL, NULL, NULL, NULL, 0);
         if (PQresultStatus(c->res) == PGRES_TUPLES_OK)
             break;
+        if (c->scanning)
+            pg_scan_close(c, false);
         pg_message(c->res ? PQresultErrorMessage(c->res) : PQerrorMessage(c->pg), why, sizeof why);
         lost = pg_lost(c);
         PQclear(c->res);
@@ -366,6 +414,23 @@ static void pg_text_value(Oid type, const char *s, uint64_t len, struct sql_valu
 static int pg_next(const struct sql_dataset *sd, struct sql_conn *base, struct sql_value *vals, char *errbuf)
 {
     struct pg_conn *c = (struct pg_conn *)base;
+    /* A full block may have more after it; a shorter one was the last. */
+    if (c->scanning && c->res && c->row >= c->rows && c->rows == PG_SCAN_ROWS) {
+        PQclear(c->res);
+        c->res = pg_scan_fetch(c);
+        if (PQresultStatus(c->res) != PGRES_TUPLES_OK) {
+            char why[LD_ERRMSG_MAX];
+            pg_message(c->res ? PQresultErrorMessage(c->res) : PQerrorMessage(c->pg), why, sizeof why);
+            PQclear(c->res);
+            c->res = NULL;
+            pg_scan_close(c, false);
+            return source_sql_fail(sd, errbuf, LD_EDATASET, "the query's keys could not all be read from", why);
+        }
+        c->row = 0;
+        c->rows = PQntuples(c->res);
+    }
+    if (c->scanning && c->res && c->row >= c->rows)
+        pg_scan_close(c, true);
     if (!c->res || c->row >= c->rows)
         return 0;
     bool binary = PQbinaryTuples(c->res);
@@ -404,6 +469,8 @@ static void pg_end(struct sql_conn *base)
     struct pg_conn *c = (struct pg_conn *)base;
     PQclear(c->res);
     c->res = NULL;
+    if (c->scanning)
+        pg_scan_close(c, false);    /* stopped before the last row */
 }
 
 const struct sql_backend sql_pg_backend = {

@@ -7,7 +7,8 @@ first pass reads the server and later epochs read the cache; the server stopped
 mid-epoch: the stream fails with a clear error naming the dataset while another dataset
 keeps serving, and once the server is back a new stream reads it again; the password is
 in no log line and no loaderctl output; a wrong password refuses --check with the
-server's message."""
+server's message. A query of more rows than one block of the key scan's cursor: every
+key in order, across the blocks' edges."""
 import json
 import os
 import subprocess
@@ -22,6 +23,9 @@ from test_sources_sql import build_cache, check_batch, exact_cover, table_rows, 
 PASSWORD = "Pw-0f-the-test-9Z"
 SCRIPT = os.path.join(support.REPO, "scripts", "pg-test-server.sh")
 QUERY = "SELECT id, payload, diag FROM rec WHERE split = 'train'"
+# More rows than the key scan reads per FETCH (10,000), and not a multiple of it.
+MANY = 25003
+MANY_QUERY = "SELECT g AS id, int4send(g * 3) AS payload, g %% 7 AS lab FROM generate_series(1, %d) AS g" % MANY
 
 
 def pg_server(cmd, pgdir):
@@ -57,8 +61,10 @@ def pg_daemon():
         conn = "%s password=%s" % (conninfo, PASSWORD)
         entry = ("    kind: sql\n    connection: \"%s\"\n    query: \"%s\"\n    key: id\n"
                  "    columns: {payload: blob, diag: label}\n" % (conn, QUERY))
+        many = ("  many:\n    kind: sql\n    connection: \"%s\"\n    query: \"%s\"\n    key: id\n"
+                "    columns: {payload: blob, lab: label}\n" % (conn, MANY_QUERY))
         dm = support.Daemon(d, "  pg:\n" + entry + "  pgc:\n" + entry + "    cache: {path: pgc.ldc}\n"
-                               "  other:\n    kind: files\n    path: files\n")
+                               "  other:\n    kind: files\n    path: files\n" + many)
         dm.start()
         yield dm, d, pgdir, train_rows(table_rows())
         dm.stop_clean()
@@ -78,6 +84,21 @@ def test_rows_exact_cover(pg_daemon):
         assert ds["pg"]["kind"] == "sql" and ds["pg"]["samples"] == len(rows)
         assert "user=loaderd" in ds["pg"]["source"] and "password=***" in ds["pg"]["source"]
         exact_cover(c, "pg", rows)
+
+
+def test_key_scan_in_blocks(pg_daemon):
+    dm, _, _, _ = pg_daemon
+    with loaderclient.Client(dm.socket, timeout=30) as c:
+        ds = {x["name"]: x for x in c.datasets()}
+        assert ds["many"]["samples"] == MANY
+        # Sample i is key i + 1: across the edges of the first and second blocks, and the end.
+        for start_batch in (3, 6, 8):
+            with c.open("many", 3000, shuffle=False, epochs=1, start_batch=start_batch, prefetch=1) as s:
+                b = s.next()
+                got = [(int.from_bytes(bytes(b["payload"][r]), "big"), int(b["label"][r])) for r in range(b.rows)]
+                b.release()
+            keys = range(start_batch * 3000 + 1, min((start_batch + 1) * 3000, MANY) + 1)
+            assert got == [(3 * k, k % 7) for k in keys], (start_batch, got[:3])
 
 
 def test_cache_serves_later_epochs(pg_daemon):
