@@ -172,15 +172,22 @@ static int files_npy_layout(struct files_dataset *fd, char *errbuf)
 }
 
 /* Read-ahead (coldread.h) opens a sample as read() does and brings in its recorded
- * size; a file that cannot be opened is skipped there and reported by read(). */
+ * size; a file that cannot be opened, or is shorter than recorded, is skipped there
+ * and reported by read(). */
 static int files_ahead_open(const void *ctx, uint64_t index, int *ret_fd, uint64_t *ret_bytes)
 {
     const struct files_dataset *fd = ctx;
     const struct files_entry *e = &fd->ix.entries[index];
-    int r = beneath_open(&fd->root, files_entry_path(&fd->ix, e), files_entry_link(e) ? BENEATH_LINK : 0, ret_fd,
-                         NULL);
+    struct stat st;
+    int f = -1;
+    int r = beneath_open(&fd->root, files_entry_path(&fd->ix, e), files_entry_link(e) ? BENEATH_LINK : 0, &f, &st);
     if (r < 0)
         return r;
+    if ((uint64_t)st.st_size < e->size) {
+        close(f); /* shrank since the scan: nothing to read ahead, the worker's read reports it */
+        return LD_ESAMPLE;
+    }
+    *ret_fd = f;
     *ret_bytes = e->size;
     return 0;
 }
