@@ -22,8 +22,20 @@
 #include "ld_error.h"
 #include "log.h"
 
+/* The daemon's I/O threads: one ioqueue shared by every dataset's read-ahead, so that
+ * ten cold datasets keep the disk as busy as one does without ten sets of threads. It
+ * is made with the first coldread, has as many threads as the largest `threads` asked
+ * for by a coldread made since (started on the first submit), and goes with the last
+ * coldread. A job's owner is its coldread, so one dataset's cancel leaves the others'
+ * reads alone. */
+static struct {
+    pthread_mutex_t lock;
+    ioqueue *io;
+    unsigned users;                 /* coldreads alive */
+} coldread_pool = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
 struct coldread {
-    ioqueue *io;                    /* made by the first submit (loop thread) */
+    ioqueue *io;                    /* coldread_pool.io */
     unsigned threads;
     coldread_open_fn open;
     const void *ctx;
@@ -48,6 +60,18 @@ int coldread_new(unsigned threads, coldread_open_fn open, const void *ctx, coldr
     ra->threads = threads ? threads : IOQUEUE_DEFAULT_THREADS;
     ra->open = open;
     ra->ctx = ctx;
+    pthread_mutex_lock(&coldread_pool.lock);
+    int r = coldread_pool.io ? 0 : ioqueue_new(ra->threads, &coldread_pool.io);
+    if (r == 0) {
+        ioqueue_grow(coldread_pool.io, ra->threads);
+        coldread_pool.users++;
+        ra->io = coldread_pool.io;
+    }
+    pthread_mutex_unlock(&coldread_pool.lock);
+    if (r < 0) {
+        free(ra);
+        return r;
+    }
     *ret_ra = ra;
     return 0;
 }
@@ -56,7 +80,15 @@ void coldread_free(coldread *ra)
 {
     if (!ra)
         return;
-    ioqueue_free(ra->io); /* drops the queued jobs, waits for the items running */
+    ioqueue_cancel(ra->io, ra); /* drops ra's queued jobs, waits for its items running */
+    ioqueue *last = NULL;
+    pthread_mutex_lock(&coldread_pool.lock);
+    if (--coldread_pool.users == 0) {
+        last = coldread_pool.io;
+        coldread_pool.io = NULL;
+    }
+    pthread_mutex_unlock(&coldread_pool.lock);
+    ioqueue_free(last); /* nobody else's jobs are left in it */
     free(ra);
 }
 
@@ -77,7 +109,7 @@ static void *coldread_reap(void *p)
 
 void coldread_release(coldread *ra, void (*done)(void *arg), void *arg)
 {
-    if (ra && ra->io && ioqueue_cancel_nowait(ra->io, ra) > 0) {
+    if (ra && ioqueue_cancel_nowait(ra->io, ra) > 0) {
         struct coldread_reaper *r = malloc(sizeof *r);
         pthread_attr_t attr;
         pthread_t t;
@@ -233,11 +265,6 @@ int coldread_submit(coldread *ra, const uint64_t *idx, size_t n)
 {
     if (!n)
         return 0;
-    if (!ra->io) {
-        int r = ioqueue_new(ra->threads, &ra->io);
-        if (r < 0)
-            return r;
-    }
     struct coldread_job *k = malloc(sizeof *k + n * sizeof k->idx[0]);
     if (!k)
         return LD_ENOMEM;
@@ -266,6 +293,6 @@ void coldread_get_stats(coldread *ra, struct coldread_stats *ret_stats)
         .misses = atomic_load_explicit(&ra->ahead_misses, memory_order_relaxed),
         .failed = atomic_load_explicit(&ra->failed, memory_order_relaxed),
         .pending = atomic_load_explicit(&ra->pending, memory_order_relaxed),
-        .threads = ra->threads,
+        .threads = ioqueue_threads(ra->io),
     };
 }

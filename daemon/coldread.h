@@ -7,9 +7,11 @@
  * preadv2(RWF_NOWAIT) first (the same cost when the data is cached; EAGAIN, then a
  * plain pread, when it is not) and count the misses. When at least one read in
  * COLDREAD_COLD_DIV of the last COLDREAD_SAMPLE_READS missed, read-ahead turns on:
- * each batch's samples, as the stream starts to fill it, are handed to an ioqueue
- * (ioqueue.h) whose threads open and read them into the page cache, many at once,
- * while the workers read them from there. The read-ahead threads then count the
+ * each batch's samples, as the stream starts to fill it, are handed to the daemon's
+ * ioqueue (ioqueue.h, one for all datasets), whose threads open them and start their
+ * reads into the page cache without waiting for the disk, so that the data of the
+ * batches being filled is in flight at once, while the workers read them from
+ * there (waiting only for what is still on its way). The read-ahead threads count the
  * misses (the workers mostly find what was read for them), and when their reads find
  * the data cached again, read-ahead turns off. Read-ahead is a hint: its failures
  * (a file that vanished or shrank) are ignored, and the worker's own read reports them
@@ -41,14 +43,16 @@ struct coldread_stats {
     uint64_t misses;                /* of those, not in the page cache when read ahead */
     uint64_t failed;                /* could not be opened or read (the workers report why) */
     uint64_t pending;               /* queued or in flight now */
-    unsigned threads;               /* requests in flight at most */
+    unsigned threads;               /* the daemon's I/O threads (shared by all datasets) */
 };
 
-/* threads: requests in flight when cold (0: IOQUEUE_DEFAULT_THREADS); open(ctx, ...)
- * opens a sample. Nothing starts until read-ahead first turns on. */
+/* threads: I/O threads wanted when cold (0: IOQUEUE_DEFAULT_THREADS); the daemon's
+ * read-ahead shares one set of them, as many as the largest number asked for by a
+ * coldread made while the set existed. open(ctx, ...) opens a sample. No thread starts
+ * until read-ahead first turns on. LD_ENOMEM. Any thread but an I/O thread. */
 int coldread_new(unsigned threads, coldread_open_fn open, const void *ctx, coldread **ret_ra);
-/* Cancels what is queued, waits for the reads in flight, stops the threads; after it
- * the open callback is never called again. Accepts NULL. */
+/* Cancels what is queued, waits for the opens in flight (the last coldread also stops
+ * the I/O threads); after it the open callback is never called again. Accepts NULL. */
 void coldread_free(coldread *ra);
 /* The same without waiting, for the loop thread (a read of a hung file system may not
  * return for a long time): what is queued is dropped; when no read is in flight, ra is

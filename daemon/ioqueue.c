@@ -110,7 +110,7 @@ int ioqueue_new(unsigned threads, ioqueue **ret_q)
     ioqueue *q = calloc(1, sizeof *q);
     if (!q)
         return LD_ENOMEM;
-    q->threads = calloc(threads, sizeof *q->threads);
+    q->threads = calloc(IOQUEUE_MAX_THREADS, sizeof *q->threads); /* room to grow: 8 KiB */
     if (!q->threads) {
         free(q);
         return LD_ENOMEM;
@@ -143,6 +143,19 @@ static int ioqueue_start(ioqueue *q)
     }
     pthread_sigmask(SIG_SETMASK, &old, NULL);
     return q->started ? 0 : LD_ENOMEM;
+}
+
+void ioqueue_grow(ioqueue *q, unsigned threads)
+{
+    if (threads > IOQUEUE_MAX_THREADS)
+        threads = IOQUEUE_MAX_THREADS;
+    pthread_mutex_lock(&q->lock);
+    if (threads > q->want) {
+        q->want = threads;
+        if (q->started)
+            ioqueue_start(q);
+    }
+    pthread_mutex_unlock(&q->lock);
 }
 
 int ioqueue_submit(ioqueue *q, struct ioqueue_job *j)

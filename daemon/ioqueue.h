@@ -48,6 +48,10 @@ int ioqueue_new(unsigned threads, ioqueue **ret_q);
 /* Drops the jobs still queued (their `done` runs with the items run so far), waits for
  * the items running, joins the threads. Accepts NULL. */
 void ioqueue_free(ioqueue *q);
+/* Raises the threads to `threads` (capped at 1024): started now if the others are,
+ * else on the first submit. A smaller number changes nothing. Any thread but an I/O
+ * thread of q. */
+void ioqueue_grow(ioqueue *q, unsigned threads);
 /* Queues j (j->run, j->done, j->n, j->owner set; n > 0). Does not block on I/O: any
  * thread, the loop thread included. Starts the threads on first use; LD_ENOMEM (and j
  * is still the caller's) when they cannot be started. */

@@ -13,6 +13,7 @@
 
 #include "testfs.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -245,12 +246,82 @@ static void test_off_and_freed_with_work_queued(void **state)
     coldread_free(NULL);
 }
 
+/* Threads of this process named ld-io (the I/O threads). */
+static unsigned io_threads(void)
+{
+    unsigned n = 0;
+    char path[300], comm[32];
+    DIR *dir = opendir("/proc/self/task");
+    assert_non_null(dir);
+    for (struct dirent *e; (e = readdir(dir));) {
+        if (e->d_name[0] == '.')
+            continue;
+        snprintf(path, sizeof path, "/proc/self/task/%s/comm", e->d_name);
+        FILE *f = fopen(path, "r");
+        if (!f)
+            continue; /* gone meanwhile */
+        if (fgets(comm, sizeof comm, f) && strcmp(comm, "ld-io\n") == 0)
+            n++;
+        fclose(f);
+    }
+    closedir(dir);
+    return n;
+}
+
+/* A joined thread leaves /proc a moment after pthread_join returns: wait for the count. */
+static void expect_io_threads(unsigned want)
+{
+    unsigned n = 0;
+    for (int ms = 0; ms < 10000; ms++) {
+        if ((n = io_threads()) == want)
+            return;
+        struct timespec ts = {.tv_nsec = 1000000};
+        nanosleep(&ts, NULL);
+    }
+    fail_msg("%u I/O threads, %u expected", n, want);
+}
+
+static void test_datasets_share_the_io_threads(void **state)
+{
+    struct testfs_dir *t = *state;
+    write_tree(t->root);
+    dataset *a = open_files(t->root, 3), *b = open_files(t->root, 5);
+    expect_io_threads(0); /* none before the first submit */
+    uint64_t idx[N_FILES];
+    for (uint64_t s = 0; s < N_FILES; s++)
+        idx[s] = s;
+    make_cold(t->root);
+    assert_int_equal(coldread_submit(a->ahead, idx, N_FILES), 0);
+    assert_int_equal(coldread_submit(b->ahead, idx, N_FILES / 2), 0);
+    /* One set for both, as many as the larger read_ahead asked for. */
+    expect_io_threads(5);
+    struct coldread_stats st;
+    coldread_get_stats(a->ahead, &st);
+    assert_int_equal(st.threads, 5);
+    /* Freeing one with its work queued leaves the other's reads and the threads alone. */
+    dataset_free(a);
+    expect_io_threads(5);
+    wait_idle(b->ahead, &st);
+    assert_int_equal(st.samples + st.failed, N_FILES / 2);
+    assert_int_equal(st.failed, 0);
+    for (uint64_t s = 0; s < N_FILES; s++)
+        read_check(b, s);
+    /* A dataset that asks for more raises the count for all. */
+    dataset *c = open_files(t->root, 7);
+    assert_int_equal(coldread_submit(c->ahead, idx, 4), 0);
+    expect_io_threads(7);
+    dataset_free(b);
+    dataset_free(c);
+    expect_io_threads(0); /* the last one stops them */
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_cold_turns_on_and_reads_exactly, testfs_dir_setup, testfs_dir_teardown),
         cmocka_unit_test_setup_teardown(test_vanished_and_short_files, testfs_dir_setup, testfs_dir_teardown),
         cmocka_unit_test_setup_teardown(test_off_and_freed_with_work_queued, testfs_dir_setup, testfs_dir_teardown),
+        cmocka_unit_test_setup_teardown(test_datasets_share_the_io_threads, testfs_dir_setup, testfs_dir_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
