@@ -3,8 +3,9 @@
  * so the workers' reads miss and read-ahead turns on. Every epoch still delivers every
  * file exactly once with its bytes and label, `loaderctl datasets` shows the samples
  * read ahead, and a second, warm epoch is just as exact. A file removed while the data
- * is cold is skipped by read-ahead and replaced by the worker's read as before (one bad
- * sample, counted); the daemon stops clean. On a file system whose pages cannot be
+ * is cold, or cut short, is skipped by read-ahead and replaced by the worker's read as
+ * before (a bad sample each, counted, named in the log with what was wrong); the daemon
+ * stops clean. On a file system whose pages cannot be
  * dropped (tmpfs) the tests skip. */
 #include <stdarg.h>
 #include <stddef.h>
@@ -211,9 +212,10 @@ static void test_cold_epochs_are_exact(void **state)
 static void test_file_removed_while_cold(void **state)
 {
     struct harness *h = *state;
-    char path[PATH_MAX];
-    /* File 5 of the generator's tree (class 5). */
+    char path[PATH_MAX], cut[PATH_MAX];
+    /* Files 5 and 6 of the generator's tree (classes 5 and 6). */
     snprintf(path, sizeof path, "%s/rec/class_%03d/%07d.bin", h->dir, 5 % N_CLASSES, 5);
+    snprintf(cut, sizeof cut, "%s/rec/class_%03d/%07d.bin", h->dir, 6 % N_CLASSES, 6);
     lc_client *c = harness_connect(h, 10000, "itest_coldread");
     lc_stream_options o;
     lc_stream_options_init(&o);
@@ -223,12 +225,18 @@ static void test_file_removed_while_cold(void **state)
      * rescan would drop the file from later streams). */
     lc_stream *s = open_ok(c, "cold_replace", &o);
     assert_int_equal(unlink(path), 0);
+    assert_int_equal(truncate(cut, 100), 0);
     if (!make_cold(h))
         skip();
     unsigned *seen = calloc(N_FILES, sizeof *seen);
     assert_int_equal(read_epoch(s, seen), N_FILES);
     assert_int_equal(seen[5], 0);                 /* replaced by another file */
-    assert_int_equal(harness_status_num(h, "bad_samples", NULL), 1);
+    assert_int_equal(seen[6], 0);                 /* cut short: replaced as well */
+    assert_int_equal(harness_status_num(h, "bad_samples", NULL), 2);
+    char *log = harness_log(h);                   /* each named, with what was wrong */
+    if (!strstr(log, "0000005.bin") || !strstr(log, "0000006.bin): expected 3000 bytes, file has 100"))
+        fail_msg("the daemon's log does not name both files and the short one's size:\n%s", log);
+    free(log);
     assert_int_equal(lc_stream_close(s), 0);
     lc_client_close(c);
     free(seen);
