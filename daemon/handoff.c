@@ -305,6 +305,14 @@ static void handoff_answer(void *ctx, const struct stream_answer *a)
     handoff_pump(h);
 }
 
+void handoff_end(handoff *h)
+{
+    if (!h || h->ended || h->failed)
+        return;
+    struct stream_answer a = {.rc = LD_ECLOSED};
+    handoff_publish(h, &a);
+}
+
 void handoff_kick(handoff *h)
 {
     handoff_unlink(h);

@@ -40,6 +40,10 @@ int handoff_open(stream *s, uint64_t id, uint32_t slot_count, handoff_batch_cb o
  * waiting next is then forgotten by stream_close). Accepts NULL. */
 void handoff_close(handoff *h);
 
+/* Publishes the end entry now, before the stream is closed under the client (a reload
+ * no longer lets its peer read it): a client asleep on the queue wakes, and its `next`
+ * on the socket gets the reason. Nothing is published after it. Accepts NULL. */
+void handoff_end(handoff *h);
 /* Adds "handoff": {"shm", "size", "capacity", "version"} to an open reply. */
 void handoff_describe(const handoff *h, cJSON *obj);
 /* The client has mapped the object: its name is removed, and publishing starts (the

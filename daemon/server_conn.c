@@ -233,6 +233,7 @@ static void server_conn_closed(uv_handle_t *h)
     server *srv = c->srv;
     bool trim = c->peak_queued_bytes >= SERVER_TRIM_AFTER_BYTES;
     proto_reader_free(c->reader);
+    server_revoked_free(c);
     free(c);
     /* Many small replies leave the heap fragmented: give the pages back, so that a
      * burst of queued replies does not stay resident after its client has gone. */

@@ -11,6 +11,7 @@
  *   server_metrics.c  the Prometheus text of the daemon's counters.
  *   server_reload.c   a reload: the config read again, datasets added, changed and
  *                     removed, and the datasets that could not be opened.
+ *   server_reload_access.c  what a reload's access rules end among what is open.
  *
  * Everything here runs on the loop thread. No callback runs inside the call that caused
  * it: a stream returns the answer to a `next` that it knows at once and calls back only
@@ -67,6 +68,14 @@ struct conn_stream {
     handoff *ho;                    /* batches handed off in shared memory (handoff.h), or NULL */
 };
 
+/* A stream that a reload ended because its peer may no longer read its dataset: a
+ * later `next` naming it gets the reason (a release or a close: ok). */
+struct conn_revoked {
+    struct conn_revoked *next;
+    uint64_t id;
+    char message[LD_ERRMSG_MAX];
+};
+
 enum conn_state {
     CONN_OPEN,                      /* reading requests, writing replies */
     CONN_ENDING,                    /* reads no more: a last error is on its way, or a close is queued */
@@ -103,6 +112,7 @@ struct conn {
     uint64_t batches_served, samples_served, bytes_served, closed_wait_ns; /* for metrics */
     double closed_cpu_s;            /* workers' CPU time on streams already closed */
     struct conn_stream *streams;
+    struct conn_revoked *revoked;   /* streams a reload ended (server_reload_access.c) */
     char rbuf[SERVER_READ_BUF_SIZE];
 };
 
@@ -259,6 +269,18 @@ void server_declare_close(server *srv);
 void server_declare_free(server *srv);
 /* Adds the declared datasets' caches to status's `caches`. */
 void server_declare_report(const server *srv, cJSON *caches);
+
+/* ---- server_reload_access.c ---- */
+/* After a reload is applied: ends the connections whose peer the new access.connect no
+ * longer lets in and the streams whose peer may no longer read their dataset; how many
+ * of each. */
+void server_reload_recheck_access(server *srv, int *ret_conns, int *ret_streams);
+/* The reason a reload ended stream `stream_id` of c, or NULL when it did not. */
+const char *server_revoked_message(const conn *c, uint64_t stream_id);
+/* Forgets that record (the client closed the stream): whether there was one. */
+bool server_revoked_forget(conn *c, uint64_t stream_id);
+/* Frees c's records, when c closes. */
+void server_revoked_free(conn *c);
 
 /* ---- server_metrics.c ---- */
 /* The Prometheus text of the daemon's counters now (see metrics.h). */

@@ -40,9 +40,29 @@ static struct conn_stream *server_ops_find_stream(conn *c, const cJSON *req, int
     for (struct conn_stream *cs = c->streams; cs; cs = cs->next)
         if (cs->id == (uint64_t)sid)
             return cs;
+    const char *revoked = server_revoked_message(c, (uint64_t)sid);
+    if (revoked) {
+        server_reply_error(c, id, LD_EDENIED, revoked);
+        return NULL;
+    }
     snprintf(err, sizeof err, "stream %" PRId64 " is not open on this connection", sid);
     server_reply_error(c, id, LD_ENOSTREAM, err);
     return NULL;
+}
+
+/* A release or close of a stream that a reload ended (server_reload_access.c): nothing
+ * is left to free, so it succeeds (a close also forgets the record). Whether it replied. */
+static bool server_ops_revoked_ok(conn *c, const cJSON *req, int64_t id, bool forget)
+{
+    char err[LD_ERRMSG_MAX];
+    int64_t sid;
+    if (!c->revoked || proto_get_int(req, "stream", 0, LD_JSON_SAFE_INT, &sid, err) < 0 ||
+        !server_revoked_message(c, (uint64_t)sid))
+        return false;
+    if (forget)
+        server_revoked_forget(c, (uint64_t)sid);
+    server_reply_send(c, proto_reply_ok(id));
+    return true;
 }
 
 void server_ops_close_stream(conn *c, struct conn_stream *cs)
@@ -284,6 +304,8 @@ static void server_op_next(conn *c, const cJSON *req, int64_t id)
 static void server_op_release(conn *c, const cJSON *req, int64_t id)
 {
     char err[LD_ERRMSG_MAX];
+    if (server_ops_revoked_ok(c, req, id, false))
+        return;
     struct conn_stream *cs = server_ops_find_stream(c, req, id);
     if (!cs)
         return;
@@ -329,6 +351,8 @@ static void server_op_handoff(conn *c, const cJSON *req, int64_t id)
 
 static void server_op_close(conn *c, const cJSON *req, int64_t id)
 {
+    if (server_ops_revoked_ok(c, req, id, true))
+        return;
     struct conn_stream *cs = server_ops_find_stream(c, req, id);
     if (!cs)
         return;

@@ -13,6 +13,7 @@
  * freed by its last holder, dataset_watch.h), and new opens get the new one. A dataset
  * that cannot be opened (its path is missing or unreadable), at start or at a reload,
  * is unavailable: listed with the reason, refused at open, tried again at each reload.
+ * The new access rules apply to what is open as well (server_reload_access.c).
  *
  * A retired dataset's cache keeper keeps running, holding the dataset, while its streams
  * may still read the cache; the server's tick stops it (and so frees the dataset) once
@@ -404,8 +405,12 @@ static void server_reload_scanned(struct hub_completion *hc)
         rc = server_reload_apply(srv, job, &rp, errbuf);
     cJSON *msg;
     if (rc == 0) {
+        int denied_conns, denied_streams;
         srv->reloads++;
+        server_reload_recheck_access(srv, &denied_conns, &denied_streams);
         cJSON_AddNumberToObject(rp.json, "datasets", (double)srv->n_datasets);
+        cJSON_AddNumberToObject(rp.json, "connections_denied", denied_conns);
+        cJSON_AddNumberToObject(rp.json, "streams_denied", denied_streams);
         ld_log(LD_LOG_INFO, "reloaded %s in %.1f ms: %zu datasets served, %zu unavailable", srv->cfg->file,
                (double)(uv_hrtime() - job->t0) / 1e6, srv->n_datasets, srv->n_unavailable);
         msg = proto_reply_ok(job->req_id);

@@ -254,6 +254,10 @@ static int ctl_reload(const cJSON *r)
     cJSON_ArrayForEach(e, cJSON_GetObjectItemCaseSensitive(r, "restart_needed"))
         printf("%s: the file says '%s' but that takes a restart; still '%s'\n", ctl_str(e, "key", "?"),
                ctl_str(e, "file", "?"), ctl_str(e, "running", "?"));
+    double conns = ctl_num(r, "connections_denied", 0), streams = ctl_num(r, "streams_denied", 0);
+    if (conns > 0 || streams > 0)
+        printf("denied:   %.0f connection%s and %.0f stream%s that the new access rules no longer allow were "
+               "ended (the log names them)\n", conns, conns == 1 ? "" : "s", streams, streams == 1 ? "" : "s");
     return 0;
 }
 
