@@ -5,12 +5,10 @@
  * config does not allow, a kind that cannot be declared, a wrong key) each say what
  * was wrong while the other clients keep reading; and, run as unprivileged users, a
  * file or a directory the trainer cannot read and a user the config does not let
- * declare (skipped, saying so, when the tests do not run as root). Declared caches:
- * built in the grant's cache_dir and reused by the next open of the same spec, never
- * through a link planted in the way, each user's apart, kept within the quota, and
- * gone with the last stream (no thread or descriptor left). The scan runs off the
- * loop: stuck on a file system that does not answer (FUSE, as root), it holds up
- * neither the other clients nor, past its own reply, its connection's. */
+ * declare (skipped, saying so, when the tests do not run as root); a trainer's cache in
+ * a directory of its uid's (the caches themselves: itest_declare_cache.c). The scan
+ * runs off the loop: stuck on a file system that does not answer (FUSE, as root), it
+ * holds up neither the other clients nor, past its own reply, its connection's. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -32,123 +30,19 @@
 #include <cJSON.h>
 
 #include "harness.h"
+#include "harness_declare.h"
 #include "loaderclient.h"
 
-#define N_FILES 96
-#define FILE_SIZE 40
-#define BATCH 16
 #define TEST_GROUP "ldtest-svc"
 #define TEST_DECLARER "ldtest-decl"
 #define TEST_OTHER "ldtest-nodecl"
-
-/* A daemon with the configured `records` and data/train (N_FILES files) beneath
- * <dir>/data; declare_fmt is the access.declare value, DATA standing for <dir>/data
- * and CACHE for <dir>/dcache (NULL: no access section). */
-static struct harness *declare_harness(const char *server_extra, const char *declare_fmt)
-{
-    struct harness *h = harness_new();
-    char declare[1024] = "";
-    size_t n_decl = 0;
-    for (const char *q = declare_fmt; q && *q && n_decl + 1 < sizeof declare;) {
-        if (strncmp(q, "DATA", 4) == 0) {
-            n_decl += (size_t)snprintf(declare + n_decl, sizeof declare - n_decl, "%s/data", h->dir);
-            q += 4;
-        } else if (strncmp(q, "CACHE", 5) == 0) {
-            n_decl += (size_t)snprintf(declare + n_decl, sizeof declare - n_decl, "%s/dcache", h->dir);
-            q += 5;
-        } else {
-            declare[n_decl++] = *q++;
-        }
-        declare[n_decl < sizeof declare ? n_decl : sizeof declare - 1] = '\0';
-    }
-    char data[PATH_MAX];
-    snprintf(data, sizeof data, "%s/data", h->dir);
-    assert_int_equal(mkdir(data, 0755), 0);
-    harness_gen_files(h, "rec", N_FILES, FILE_SIZE, 0, false);
-    harness_gen_files(h, "data/train", N_FILES, FILE_SIZE, 0, false);
-    char datasets[2048];
-    int n = snprintf(datasets, sizeof datasets, "  records:\n    kind: files\n    path: rec\n");
-    if (declare_fmt)
-        snprintf(datasets + n, sizeof datasets - (size_t)n, "access:\n  declare: %s\n", declare);
-    harness_write_config(h, server_extra ? server_extra : "  workers: 2\n  memory_budget: 64MiB\n", datasets);
-    return h;
-}
-
-/* Opens `name` (NULL with a spec) with options for an in-order epoch. */
-static int open_stream(lc_client *c, const char *name, const char *spec, lc_stream **ret)
-{
-    lc_stream_options o;
-    lc_stream_options_init(&o);
-    o.batch_size = BATCH;
-    o.shuffle = 0;
-    o.epochs = 1;
-    o.spec = spec;
-    return lc_stream_open(c, name, &o, ret);
-}
-
-/* Reads the epoch; every row must be file `row` of the folder, in order. With
- * `restart`, that daemon is stopped and started again before batch `at`. Returns "" or
- * what was wrong (static). */
-static const char *read_epoch_restarting(lc_stream *s, struct harness *restart, int at)
-{
-    static char why[256];
-    uint64_t rows = 0;
-    for (int k = 0;; k++) {
-        if (restart && k == at) {
-            assert_int_equal(harness_stop(restart), 0);
-            harness_start(restart);
-        }
-        lc_batch *b = NULL;
-        int r = lc_stream_next(s, 20000, &b);
-        if (r == LC_EEND)
-            break;
-        if (r < 0) {
-            snprintf(why, sizeof why, "next: %s", lc_strerror(r));
-            return why;
-        }
-        lc_field f;
-        if (lc_batch_field_by_name(b, "data", &f) < 0) {
-            lc_batch_release(b);
-            return "no field 'data'";
-        }
-        for (uint32_t i = 0; i < lc_batch_rows(b); i++, rows++)
-            if (!harness_file_matches(rows, (const uint8_t *)f.data + (size_t)i * FILE_SIZE, FILE_SIZE, FILE_SIZE,
-                                      false)) {
-                snprintf(why, sizeof why, "row %" PRIu64 " is not file %" PRIu64, rows, rows);
-                lc_batch_release(b);
-                return why;
-            }
-        lc_batch_release(b);
-    }
-    if (rows != N_FILES) {
-        snprintf(why, sizeof why, "read %" PRIu64 " rows of %d", rows, N_FILES);
-        return why;
-    }
-    return "";
-}
-
-static const char *read_epoch(lc_stream *s)
-{
-    return read_epoch_restarting(s, NULL, 0);
-}
-
-/* The open of `spec` fails with `code` and a message containing `want`. */
-static void expect_refused(lc_client *c, const char *name, const char *spec, int code, const char *want)
-{
-    lc_stream *s = NULL;
-    int r = open_stream(c, name, spec, &s);
-    if (r != code || !strstr(lc_client_error(c), want))
-        fail_msg("open of %s: got %d (%s) '%s', expected %d with '%s'", spec, r, lc_strerror(r), lc_client_error(c),
-                 code, want);
-    assert_null(s);
-}
 
 /* A declared pipeline reads exactly its files, beside a configured stream; a path
  * relative to the first root works too; the dataset goes with its last stream. */
 static void test_declared_exact_cover(void **state)
 {
     (void)state;
-    struct harness *h = declare_harness(NULL, "{roots: [DATA]}");
+    struct harness *h = harness_declare_new(NULL, "{roots: [DATA]}");
     char spec[512];
     harness_start(h);
     assert_int_equal(harness_status_num(h, "datasets_in_memory", NULL), 1);
@@ -156,18 +50,18 @@ static void test_declared_exact_cover(void **state)
     lc_client *c = harness_connect(h, 5000, "declarer");
     lc_client *other = harness_connect(h, 5000, "configured");
     lc_stream *cs = NULL, *s = NULL, *rel = NULL;
-    assert_int_equal(open_stream(other, "records", NULL, &cs), 0);
+    assert_int_equal(harness_declare_open(other, "records", NULL, &cs), 0);
     snprintf(spec, sizeof spec, "{\"kind\":\"files\",\"path\":\"%s/data/train\",\"pattern\":\"*.bin\"}", h->dir);
-    if (open_stream(c, NULL, spec, &s) < 0)
+    if (harness_declare_open(c, NULL, spec, &s) < 0)
         fail_msg("declared open: %s", lc_client_error(c));
-    assert_int_equal(lc_stream_samples_per_epoch(s), N_FILES);
+    assert_int_equal(lc_stream_samples_per_epoch(s), DECLARE_N_FILES);
     /* Relative to the first root. */
-    assert_int_equal(open_stream(c, NULL, "{\"kind\":\"files\",\"path\":\"train\"}", &rel), 0);
+    assert_int_equal(harness_declare_open(c, NULL, "{\"kind\":\"files\",\"path\":\"train\"}", &rel), 0);
     assert_int_equal(harness_status_num(h, "datasets_in_memory", NULL), 3);
-    const char *why = read_epoch(s);
+    const char *why = harness_declare_read_epoch(s);
     if (*why)
         fail_msg("declared stream: %s", why);
-    why = read_epoch(cs);
+    why = harness_declare_read_epoch(cs);
     if (*why)
         fail_msg("configured stream beside it: %s", why);
     /* `streams` shows where the declared dataset is. */
@@ -205,7 +99,7 @@ static void test_declared_exact_cover(void **state)
 static void test_declared_survives_restart(void **state)
 {
     (void)state;
-    struct harness *h = declare_harness(NULL, "{roots: [DATA]}");
+    struct harness *h = harness_declare_new(NULL, "{roots: [DATA]}");
     harness_start(h);
     lc_client *c = harness_connect(h, 5000, "restart");
     lc_stream *s = NULL;
@@ -213,13 +107,13 @@ static void test_declared_survives_restart(void **state)
      * before the restart, and then there is nothing to reopen. */
     char *was = getenv("LOADERD_HANDOFF") ? strdup(getenv("LOADERD_HANDOFF")) : NULL;
     setenv("LOADERD_HANDOFF", "socket", 1);
-    assert_int_equal(open_stream(c, NULL, "{\"kind\":\"files\",\"path\":\"train\"}", &s), 0);
+    assert_int_equal(harness_declare_open(c, NULL, "{\"kind\":\"files\",\"path\":\"train\"}", &s), 0);
     if (was)
         setenv("LOADERD_HANDOFF", was, 1);
     else
         unsetenv("LOADERD_HANDOFF");
     free(was);
-    const char *why = read_epoch_restarting(s, h, 2);
+    const char *why = harness_declare_read_epoch_restarting(s, h, 2);
     if (*why)
         fail_msg("across the restart: %s", why);
     assert_int_equal(lc_stream_reopens(s), 1);
@@ -233,22 +127,22 @@ static void test_declared_survives_restart(void **state)
 static void test_template_refined(void **state)
 {
     (void)state;
-    struct harness *h = declare_harness(NULL, "{roots: [DATA]}");
+    struct harness *h = harness_declare_new(NULL, "{roots: [DATA]}");
     harness_start(h);
     lc_client *c = harness_connect(h, 5000, "refiner");
     lc_stream *s = NULL;
-    if (open_stream(c, "records", "{\"on_error\":\"fail\",\"read_timeout\":5}", &s) < 0)
+    if (harness_declare_open(c, "records", "{\"on_error\":\"fail\",\"read_timeout\":5}", &s) < 0)
         fail_msg("template open: %s", lc_client_error(c));
-    const char *why = read_epoch(s);
+    const char *why = harness_declare_read_epoch(s);
     if (*why)
         fail_msg("refined stream: %s", why);
     lc_stream_close(s);
     /* The source is the operator's; keys are checked as in the config. */
-    expect_refused(c, "records", "{\"path\":\"/etc\"}", LC_EDENIED, "spec.path: the source of template 'records'");
-    expect_refused(c, "records", "{\"connection\":\"host=/tmp dbname=x\"}", LC_EDENIED,
+    harness_declare_refused(c, "records", "{\"path\":\"/etc\"}", LC_EDENIED, "spec.path: the source of template 'records'");
+    harness_declare_refused(c, "records", "{\"connection\":\"host=/tmp dbname=x\"}", LC_EDENIED,
                    "spec.connection: the source of template 'records'");
-    expect_refused(c, "records", "{\"read_timeout\":-1}", LC_ECONFIG, "spec.read_timeout: ");
-    expect_refused(c, "nosuch", "{}", LC_ENODATASET, "no dataset named 'nosuch'");
+    harness_declare_refused(c, "records", "{\"read_timeout\":-1}", LC_ECONFIG, "spec.read_timeout: ");
+    harness_declare_refused(c, "nosuch", "{}", LC_ENODATASET, "no dataset named 'nosuch'");
     lc_client_close(c);
     harness_stop_clean(h);
     harness_free(h);
@@ -258,7 +152,7 @@ static void test_template_refined(void **state)
 static void test_refusals(void **state)
 {
     (void)state;
-    struct harness *h = declare_harness(NULL, "{roots: [DATA]}");
+    struct harness *h = harness_declare_new(NULL, "{roots: [DATA]}");
     char path[PATH_MAX], target[PATH_MAX], spec[1024];
     snprintf(path, sizeof path, "%s/secret", h->dir);
     assert_int_equal(mkdir(path, 0700), 0);
@@ -276,28 +170,28 @@ static void test_refusals(void **state)
     assert_int_equal(lc_stream_open(other, "records", &o, &cs), 0);
     uint64_t served = 0;
 
-    expect_refused(c, NULL, "{\"kind\":\"files\",\"path\":\"/etc\"}", LC_EDENIED,
+    harness_declare_refused(c, NULL, "{\"kind\":\"files\",\"path\":\"/etc\"}", LC_EDENIED,
                    "spec.path '/etc' is outside the roots");
     snprintf(spec, sizeof spec, "{\"kind\":\"files\",\"path\":\"%s/data/../rec\"}", h->dir);
-    expect_refused(c, NULL, spec, LC_EDENIED, "has a '..' component");
+    harness_declare_refused(c, NULL, spec, LC_EDENIED, "has a '..' component");
     snprintf(spec, sizeof spec, "{\"kind\":\"files\",\"path\":\"%s/data/escape\"}", h->dir);
-    expect_refused(c, NULL, spec, LC_EDENIED, "data/escape' leads outside the allowed root");
-    expect_refused(c, NULL, "{\"kind\":\"files\",\"path\":\"nothere\"}", LC_ENOENT, "no such directory");
-    expect_refused(c, NULL, "{\"kind\":\"files\",\"path\":\"train\",\"cache\":{\"path\":\"c.ldc\"}}", LC_EDENIED,
+    harness_declare_refused(c, NULL, spec, LC_EDENIED, "data/escape' leads outside the allowed root");
+    harness_declare_refused(c, NULL, "{\"kind\":\"files\",\"path\":\"nothere\"}", LC_ENOENT, "no such directory");
+    harness_declare_refused(c, NULL, "{\"kind\":\"files\",\"path\":\"train\",\"cache\":{\"path\":\"c.ldc\"}}", LC_EDENIED,
                    "may not declare a cache");
-    expect_refused(c, NULL, "{\"kind\":\"image_folder\",\"path\":\"train\",\"transforms\":[{\"decode\":{}},"
+    harness_declare_refused(c, NULL, "{\"kind\":\"image_folder\",\"path\":\"train\",\"transforms\":[{\"decode\":{}},"
                    "{\"plugin\":{\"path\":\"/x.so\"}},{\"resize\":{\"height\":8,\"width\":8}}]}", LC_EDENIED,
                    "spec.transforms[1]: ");
-    expect_refused(c, NULL, "{\"kind\":\"token_windows\",\"path\":\"train\",\"context\":8}", LC_ENOTSUP,
+    harness_declare_refused(c, NULL, "{\"kind\":\"token_windows\",\"path\":\"train\",\"context\":8}", LC_ENOTSUP,
                    "spec.kind: a trainer may declare files and image_folder");
-    expect_refused(c, NULL, "{\"kind\":\"files\",\"path\":\"train\",\"follow_links\":\"outside\"}", LC_EDENIED,
+    harness_declare_refused(c, NULL, "{\"kind\":\"files\",\"path\":\"train\",\"follow_links\":\"outside\"}", LC_EDENIED,
                    "spec.follow_links");
-    expect_refused(c, NULL, "{\"kind\":\"files\",\"path\":\"train\",\"patern\":\"*\"}", LC_ECONFIG,
+    harness_declare_refused(c, NULL, "{\"kind\":\"files\",\"path\":\"train\",\"patern\":\"*\"}", LC_ECONFIG,
                    "unknown key 'patern' in 'spec'");
     /* The scheduling is the operator's. */
-    expect_refused(c, NULL, "{\"kind\":\"files\",\"path\":\"train\",\"weight\":1000}", LC_EDENIED,
+    harness_declare_refused(c, NULL, "{\"kind\":\"files\",\"path\":\"train\",\"weight\":1000}", LC_EDENIED,
                    "spec.weight: a dataset's share of the workers is the operator's");
-    expect_refused(c, "records", "{\"max_share\":1}", LC_EDENIED, "spec.max_share: ");
+    harness_declare_refused(c, "records", "{\"max_share\":1}", LC_EDENIED, "spec.max_share: ");
     /* The bystander's stream went on. */
     for (int i = 0; i < 5; i++) {
         lc_batch *b = NULL;
@@ -308,7 +202,7 @@ static void test_refusals(void **state)
     assert_int_equal(served, 20);
     /* And this connection still works. */
     lc_stream *s = NULL;
-    assert_int_equal(open_stream(c, NULL, "{\"kind\":\"files\",\"path\":\"train\"}", &s), 0);
+    assert_int_equal(harness_declare_open(c, NULL, "{\"kind\":\"files\",\"path\":\"train\"}", &s), 0);
     lc_stream_close(s);
     lc_stream_close(cs);
     lc_client_close(c);
@@ -333,7 +227,7 @@ static void image_spec(char *buf, size_t size, const char *dir, const char *sub,
 static void test_plugin_granted(void **state)
 {
     (void)state;
-    struct harness *h = declare_harness(NULL, "[{roots: [DATA/img], plugins: true}, {roots: [DATA]}]");
+    struct harness *h = harness_declare_new(NULL, "[{roots: [DATA/img], plugins: true}, {roots: [DATA]}]");
     const char *bin = getenv("LOADERD_BIN") ? getenv("LOADERD_BIN") : "build/bin/loaderd";
     char tmp[PATH_MAX], bindir[PATH_MAX], cmd[PATH_MAX * 3], spec[PATH_MAX * 3];
     snprintf(tmp, sizeof tmp, "%s", bin);
@@ -350,7 +244,7 @@ static void test_plugin_granted(void **state)
     lc_client *c = harness_connect(h, 5000, "plugins");
     image_spec(spec, sizeof spec, h->dir, "img", bindir);
     lc_stream *s = NULL;
-    if (open_stream(c, NULL, spec, &s) < 0)
+    if (harness_declare_open(c, NULL, spec, &s) < 0)
         fail_msg("plug-in where granted: %s", lc_client_error(c));
     lc_batch *b = NULL;
     assert_int_equal(lc_stream_next(s, 20000, &b), 0);
@@ -358,7 +252,7 @@ static void test_plugin_granted(void **state)
     lc_batch_release(b);
     lc_stream_close(s);
     image_spec(spec, sizeof spec, h->dir, "pics", bindir);
-    expect_refused(c, NULL, spec, LC_EDENIED, "the access.declare entry of its root does not say plugins: true");
+    harness_declare_refused(c, NULL, spec, LC_EDENIED, "the access.declare entry of its root does not say plugins: true");
     lc_client_close(c);
     harness_stop_clean(h);
     harness_free(h);
@@ -368,242 +262,11 @@ static void test_plugin_granted(void **state)
 static void test_declaring_off(void **state)
 {
     (void)state;
-    struct harness *h = declare_harness(NULL, NULL);
+    struct harness *h = harness_declare_new(NULL, NULL);
     harness_start(h);
     lc_client *c = harness_connect(h, 5000, "off");
-    expect_refused(c, NULL, "{\"kind\":\"files\",\"path\":\"data/train\"}", LC_EDENIED, "declaring is off");
-    expect_refused(c, "records", "{\"on_error\":\"fail\"}", LC_EDENIED, "declaring is off");
-    lc_client_close(c);
-    harness_stop_clean(h);
-    harness_free(h);
-}
-
-/* ---- declared caches ---------------------------------------------------------------- */
-
-/* The one file in <dir>/dcache/<uid> whose name starts with `prefix` and ends in
- * .ldcache (its path in buf), or 0 when there is none; fails on two. */
-static int cache_file(struct harness *h, unsigned uid, const char *prefix, char *buf, size_t size)
-{
-    char dir[PATH_MAX];
-    snprintf(dir, sizeof dir, "%s/dcache/%u", h->dir, uid);
-    DIR *d = opendir(dir);
-    if (!d)
-        return 0;
-    int n = 0;
-    struct dirent *e;
-    while ((e = readdir(d))) {
-        size_t len = strlen(e->d_name);
-        if (strncmp(e->d_name, prefix, strlen(prefix)) == 0 && len > 8 && strcmp(e->d_name + len - 8, ".ldcache") == 0) {
-            snprintf(buf, size, "%s/%s", dir, e->d_name);
-            n++;
-        }
-    }
-    closedir(d);
-    assert_true(n <= 1);
-    return n;
-}
-
-/* The declared cache in status (NULL when there is none), as a cJSON the caller frees. */
-static cJSON *declared_cache_status(struct harness *h)
-{
-    char out[65536];
-    assert_int_equal(harness_ctl(h, out, sizeof out, "--json", "status", NULL), 0);
-    cJSON *st = cJSON_Parse(out);
-    assert_non_null(st);
-    const cJSON *it;
-    cJSON *found = NULL;
-    cJSON_ArrayForEach(it, cJSON_GetObjectItemCaseSensitive(st, "caches"))
-        if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(it, "declared")))
-            found = cJSON_Duplicate(it, true);
-    cJSON_Delete(st);
-    return found;
-}
-
-/* Entries of /proc/<pid>/<what> (fd, task). */
-static int proc_count(pid_t pid, const char *what)
-{
-    char path[64];
-    snprintf(path, sizeof path, "/proc/%d/%s", (int)pid, what);
-    DIR *d = opendir(path);
-    assert_non_null(d);
-    int n = 0;
-    struct dirent *e;
-    while ((e = readdir(d)))
-        n += e->d_name[0] != '.';
-    closedir(d);
-    return n;
-}
-
-/* Waits (on the daemon's state, up to 20 s) until no declared cache is listed and one
- * dataset (the configured one) is in memory; then its threads and descriptors are
- * those it had before. */
-static void expect_declared_gone(struct harness *h, int fds0, int threads0)
-{
-    cJSON *dc = NULL;
-    int i = 0;
-    for (; i < 1000 && ((dc = declared_cache_status(h)) || harness_status_num(h, "datasets_in_memory", NULL) != 1);
-         i++) {
-        cJSON_Delete(dc);
-        usleep(20000);
-    }
-    assert_true(i < 1000);
-    int fds = 0, threads = 0;
-    for (i = 0; i < 500 && ((fds = proc_count(h->pid, "fd")) != fds0 || (threads = proc_count(h->pid, "task")) != threads0);
-         i++)
-        usleep(20000);
-    if (i == 500)
-        fail_msg("after the declared dataset went: %d descriptors (%d before), %d threads (%d before)", fds, fds0,
-                 threads, threads0);
-}
-
-/* Reads epochs of `spec` until status counts hits of its cache (each epoch exactly the
- * files); returns the hits. */
-static double read_until_hits(lc_client *c, struct harness *h, const char *spec)
-{
-    lc_stream *s = NULL;
-    lc_stream_options o;
-    lc_stream_options_init(&o);
-    o.batch_size = BATCH;
-    o.shuffle = 0;
-    o.spec = spec;
-    if (lc_stream_open(c, NULL, &o, &s) < 0)
-        fail_msg("declared open with a cache: %s", lc_client_error(c));
-    double hits = 0;
-    for (int epoch = 0; epoch < 200 && hits == 0; epoch++) {
-        for (uint64_t row = 0; row < N_FILES;) {
-            lc_batch *b = NULL;
-            int r = lc_stream_next(s, 20000, &b);
-            if (r < 0)
-                fail_msg("declared stream with a cache, epoch %d: next: %s", epoch, lc_strerror(r));
-            lc_field f;
-            assert_int_equal(lc_batch_field_by_name(b, "data", &f), 0);
-            for (uint32_t i = 0; i < lc_batch_rows(b); i++, row++)
-                if (!harness_file_matches(row, (const uint8_t *)f.data + (size_t)i * FILE_SIZE, FILE_SIZE,
-                                          FILE_SIZE, false))
-                    fail_msg("declared stream with a cache, epoch %d: row %" PRIu64 " is not that file", epoch, row);
-            lc_batch_release(b);
-        }
-        harness_flush_releases(c);
-        cJSON *dc = declared_cache_status(h);
-        assert_non_null(dc);
-        hits = cJSON_GetObjectItemCaseSensitive(dc, "hits")->valuedouble;
-        cJSON_Delete(dc);
-    }
-    lc_stream_close(s);
-    harness_flush_releases(c);
-    return hits;
-}
-
-/* Built on first use in the grant's cache_dir, reused by the same spec (the file not
- * built again), rebuilt over a link planted in its place (its target untouched),
- * refused through a link planted for the user's directory, the oldest removed for a
- * new one within the quota, not built above it; and nothing left once the last
- * stream is gone. */
-static void test_declared_cache(void **state)
-{
-    (void)state;
-    /* A cache of data/train: 4096 + 96 * 64 + 96 * 32 + 64 = 13376 bytes; the quota
-     * holds one such, not two. */
-    struct harness *h = declare_harness(NULL, "[{roots: [DATA], caches: true, cache_dir: CACHE, "
-                                              "cache_quota: 20KiB}]");
-    harness_gen_files(h, "data/other", N_FILES, FILE_SIZE, 0, false);
-    harness_gen_files(h, "data/big", 300, FILE_SIZE, 0, false);
-    harness_start(h);
-    lc_client *c = harness_connect(h, 5000, "cacher");
-    /* Warm: what a stream starts once (the workers, ...) is running before counting. */
-    lc_stream *s = NULL;
-    assert_int_equal(open_stream(c, "records", NULL, &s), 0);
-    assert_string_equal(read_epoch(s), "");
-    lc_stream_close(s);
-    harness_flush_releases(c);
-    int fds0 = proc_count(h->pid, "fd"), threads0 = proc_count(h->pid, "task");
-
-    const char *spec = "{\"kind\":\"files\",\"path\":\"train\",\"cache\":{}}";
-    char file[PATH_MAX], aside[PATH_MAX + 8], victim[PATH_MAX], cdir[PATH_MAX], moved[PATH_MAX], out[4096];
-    /* First use: read from the source while the cache is built; then read from it. */
-    read_until_hits(c, h, spec);
-    assert_int_equal(cache_file(h, 0, "train-", file, sizeof file), 1);
-    struct stat st0, st1;
-    assert_int_equal(lstat(file, &st0), 0);
-    assert_true(S_ISREG(st0.st_mode));
-    expect_declared_gone(h, fds0, threads0);
-
-    /* The same spec again (its on_error does not change what is cached): the same file. */
-    assert_true(read_until_hits(c, h, "{\"kind\":\"files\",\"path\":\"train\",\"on_error\":\"replace\","
-                                      "\"cache\":{\"mode\":\"auto\"}}") > 0);
-    assert_int_equal(lstat(file, &st1), 0);
-    assert_int_equal(st1.st_ino, st0.st_ino);
-    char *log = harness_log(h);
-    const char *first = strstr(log, "building the cache");
-    assert_non_null(first);
-    assert_null(strstr(first + 1, "building the cache"));
-    free(log);
-    expect_declared_gone(h, fds0, threads0);
-
-    /* A link planted where the cache goes is set aside, never followed. */
-    snprintf(victim, sizeof victim, "%s/victim", h->dir);
-    harness_write_file(h, "victim", "keep me", 7);
-    assert_int_equal(unlink(file), 0);
-    assert_int_equal(symlink(victim, file), 0);
-    assert_true(read_until_hits(c, h, spec) > 0);
-    assert_int_equal(lstat(file, &st1), 0);
-    assert_true(S_ISREG(st1.st_mode));
-    snprintf(aside, sizeof aside, "%s.bad", file);
-    assert_int_equal(lstat(aside, &st1), 0);
-    assert_true(S_ISLNK(st1.st_mode));
-    assert_int_equal(stat(victim, &st1), 0);
-    assert_int_equal(st1.st_size, 7);
-    expect_declared_gone(h, fds0, threads0);
-    assert_int_equal(unlink(aside), 0);
-
-    /* A link in place of the user's directory: refused, nothing written where it leads. */
-    snprintf(cdir, sizeof cdir, "%s/dcache/0", h->dir);
-    snprintf(moved, sizeof moved, "%s/dcache/moved", h->dir);
-    assert_int_equal(rename(cdir, moved), 0);
-    assert_int_equal(symlink(h->dir, cdir), 0);
-    expect_refused(c, NULL, spec, LC_EDENIED, "dcache/0' is not a directory (a symbolic link is not followed)");
-    assert_int_equal(unlink(cdir), 0);
-    assert_int_equal(rename(moved, cdir), 0);
-
-    /* A cache of another tree: the older one goes to make room within the quota. */
-    read_until_hits(c, h, "{\"kind\":\"files\",\"path\":\"other\",\"cache\":{}}");
-    assert_int_equal(cache_file(h, 0, "other-", moved, sizeof moved), 1);
-    assert_int_equal(cache_file(h, 0, "train-", file, sizeof file), 0);
-    expect_declared_gone(h, fds0, threads0);
-
-    /* One larger than the quota is not built; the stream reads the source. */
-    assert_int_equal(open_stream(c, NULL, "{\"kind\":\"files\",\"path\":\"big\",\"cache\":{}}", &s), 0);
-    uint64_t rows = 0;
-    lc_batch *b = NULL;
-    while (lc_stream_next(s, 20000, &b) == 0) {
-        rows += lc_batch_rows(b);
-        lc_batch_release(b);
-    }
-    assert_int_equal(rows, 300);
-    cJSON *dc = NULL;
-    for (int i = 0; i < 1000; i++) {
-        dc = declared_cache_status(h);
-        assert_non_null(dc);
-        if (strcmp(cJSON_GetObjectItemCaseSensitive(dc, "state")->valuestring, "failed") == 0)
-            break;
-        cJSON_Delete(dc);
-        dc = NULL;
-        usleep(20000);
-    }
-    assert_non_null(dc);
-    const char *error = cJSON_GetObjectItemCaseSensitive(dc, "error")->valuestring;
-    if (!strstr(error, "needs 32.2 KiB, more than the 20.0 KiB of caches its user may keep"))
-        fail_msg("over the quota: '%s'", error);
-    cJSON_Delete(dc);
-    assert_int_equal(cache_file(h, 0, "big-", file, sizeof file), 0);
-    lc_stream_close(s);
-    harness_flush_releases(c);
-    expect_declared_gone(h, fds0, threads0);
-
-    /* The trainer never names the file. */
-    expect_refused(c, NULL, "{\"kind\":\"files\",\"path\":\"train\",\"cache\":{\"path\":\"/etc/passwd\"}}",
-                   LC_EDENIED, "spec.cache.path: the daemon places a declared dataset's cache");
-    assert_int_equal(harness_ctl(h, out, sizeof out, "status", NULL), 0);
+    harness_declare_refused(c, NULL, "{\"kind\":\"files\",\"path\":\"data/train\"}", LC_EDENIED, "declaring is off");
+    harness_declare_refused(c, "records", "{\"on_error\":\"fail\"}", LC_EDENIED, "declaring is off");
     lc_client_close(c);
     harness_stop_clean(h);
     harness_free(h);
@@ -654,7 +317,7 @@ static void wait_log(struct harness *h, const char *what, int n)
 static void test_scan_off_the_loop(void **state)
 {
     (void)state;
-    struct harness *h = declare_harness(NULL, "{roots: [DATA]}");
+    struct harness *h = harness_declare_new(NULL, "{roots: [DATA]}");
     char stuck[PATH_MAX];
     snprintf(stuck, sizeof stuck, "%s/data/stuck", h->dir);
     assert_int_equal(mkdir(stuck, 0755), 0);
@@ -675,8 +338,8 @@ static void test_scan_off_the_loop(void **state)
     /* Stuck for as long as the file system does not answer; meanwhile, another client. */
     lc_client *other = harness_connect(h, 5000, "bystander");
     lc_stream *s = NULL;
-    assert_int_equal(open_stream(other, "records", NULL, &s), 0);
-    assert_string_equal(read_epoch(s), "");
+    assert_int_equal(harness_declare_open(other, "records", NULL, &s), 0);
+    assert_string_equal(harness_declare_read_epoch(s), "");
     lc_stream_close(s);
     char out[4096];
     assert_int_equal(harness_ctl(h, out, sizeof out, "status", NULL), 0);
@@ -733,10 +396,10 @@ static void open_as(struct harness *h, uid_t uid, gid_t gid, const char *spec, c
         char err[1024];
         int r = lc_connect(h->socket, 5000, "unprivileged", &c, err, sizeof err);
         lc_stream *s = NULL;
-        if (r == 0 && (r = open_stream(c, NULL, spec, &s)) < 0)
+        if (r == 0 && (r = harness_declare_open(c, NULL, spec, &s)) < 0)
             snprintf(err, sizeof err, "%s", lc_client_error(c));
         if (r == 0) {
-            const char *why = read_epoch(s);
+            const char *why = harness_declare_read_epoch(s);
             snprintf(err, sizeof err, "%s", *why ? why : "ok");
         }
         dprintf(fds[1], "%d %s", r, err);
@@ -778,18 +441,18 @@ static void test_as_trainer(void **state)
         print_message("skipped: creating a second user needs root\n");
         skip();
     }
-    struct harness *h = declare_harness("  workers: 2\n  memory_budget: 64MiB\n  socket_group: " TEST_GROUP "\n",
+    struct harness *h = harness_declare_new("  workers: 2\n  memory_budget: 64MiB\n  socket_group: " TEST_GROUP "\n",
                                            "[{users: [" TEST_DECLARER "], roots: [DATA], caches: true, "
                                            "cache_dir: CACHE, cache_quota: 1MiB}]");
     /* The users may reach the tree, not list the test's directory. */
     assert_int_equal(chmod(h->dir, 0711), 0);
     char p[PATH_MAX];
-    harness_gen_files(h, "data/closed", 8, FILE_SIZE, 0, false);
+    harness_gen_files(h, "data/closed", 8, DECLARE_FILE_SIZE, 0, false);
     snprintf(p, sizeof p, "%s/data/closed/0000005.bin", h->dir);
     assert_int_equal(chmod(p, 0600), 0);
     snprintf(p, sizeof p, "%s/data/locked", h->dir);
     assert_int_equal(mkdir(p, 0755), 0);
-    harness_gen_files(h, "data/locked/in", 8, FILE_SIZE, 0, false);
+    harness_gen_files(h, "data/locked/in", 8, DECLARE_FILE_SIZE, 0, false);
     snprintf(p, sizeof p, "%s/data/locked/in", h->dir);
     assert_int_equal(chmod(p, 0700), 0);
     harness_start(h);
@@ -822,7 +485,6 @@ int main(void)
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_plugin_granted),
         cmocka_unit_test(test_declaring_off),
-        cmocka_unit_test(test_declared_cache),
         cmocka_unit_test(test_scan_off_the_loop),
         cmocka_unit_test(test_as_trainer),
     };

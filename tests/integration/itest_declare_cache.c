@@ -1,0 +1,146 @@
+/* itest_declare_cache — the caches of datasets a trainer declares, against a real
+ * loaderd: built in the grant's cache_dir and reused by the next open of the same
+ * spec, never through a link planted in the way, each user's apart, kept within the
+ * quota, and gone with the last stream (no thread or descriptor left). */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cJSON.h>
+
+#include "harness.h"
+#include "harness_declare.h"
+#include "loaderclient.h"
+
+/* Built on first use in the grant's cache_dir, reused by the same spec (the file not
+ * built again), rebuilt over a link planted in its place (its target untouched),
+ * refused through a link planted for the user's directory, the oldest removed for a
+ * new one within the quota, not built above it; and nothing left once the last
+ * stream is gone. */
+static void test_declared_cache(void **state)
+{
+    (void)state;
+    /* A cache of data/train: 4096 + 96 * 64 + 96 * 32 + 64 = 13376 bytes; the quota
+     * holds one such, not two. */
+    struct harness *h = harness_declare_new(NULL, "[{roots: [DATA], caches: true, cache_dir: CACHE, "
+                                              "cache_quota: 20KiB}]");
+    harness_gen_files(h, "data/other", DECLARE_N_FILES, DECLARE_FILE_SIZE, 0, false);
+    harness_gen_files(h, "data/big", 300, DECLARE_FILE_SIZE, 0, false);
+    harness_start(h);
+    lc_client *c = harness_connect(h, 5000, "cacher");
+    /* Warm: what a stream starts once (the workers, ...) is running before counting. */
+    lc_stream *s = NULL;
+    assert_int_equal(harness_declare_open(c, "records", NULL, &s), 0);
+    assert_string_equal(harness_declare_read_epoch(s), "");
+    lc_stream_close(s);
+    harness_flush_releases(c);
+    int fds0 = harness_proc_count(h->pid, "fd"), threads0 = harness_proc_count(h->pid, "task");
+
+    const char *spec = "{\"kind\":\"files\",\"path\":\"train\",\"cache\":{}}";
+    char file[PATH_MAX], aside[PATH_MAX + 8], victim[PATH_MAX], cdir[PATH_MAX], moved[PATH_MAX], out[4096];
+    /* First use: read from the source while the cache is built; then read from it. */
+    harness_declare_read_until_hits(c, h, spec);
+    assert_int_equal(harness_declare_cache_file(h, 0, "train-", file, sizeof file), 1);
+    struct stat st0, st1;
+    assert_int_equal(lstat(file, &st0), 0);
+    assert_true(S_ISREG(st0.st_mode));
+    harness_declare_gone(h, fds0, threads0);
+
+    /* The same spec again (its on_error does not change what is cached): the same file. */
+    assert_true(harness_declare_read_until_hits(c, h, "{\"kind\":\"files\",\"path\":\"train\",\"on_error\":\"replace\","
+                                      "\"cache\":{\"mode\":\"auto\"}}") > 0);
+    assert_int_equal(lstat(file, &st1), 0);
+    assert_int_equal(st1.st_ino, st0.st_ino);
+    char *log = harness_log(h);
+    const char *first = strstr(log, "building the cache");
+    assert_non_null(first);
+    assert_null(strstr(first + 1, "building the cache"));
+    free(log);
+    harness_declare_gone(h, fds0, threads0);
+
+    /* A link planted where the cache goes is set aside, never followed. */
+    snprintf(victim, sizeof victim, "%s/victim", h->dir);
+    harness_write_file(h, "victim", "keep me", 7);
+    assert_int_equal(unlink(file), 0);
+    assert_int_equal(symlink(victim, file), 0);
+    assert_true(harness_declare_read_until_hits(c, h, spec) > 0);
+    assert_int_equal(lstat(file, &st1), 0);
+    assert_true(S_ISREG(st1.st_mode));
+    snprintf(aside, sizeof aside, "%s.bad", file);
+    assert_int_equal(lstat(aside, &st1), 0);
+    assert_true(S_ISLNK(st1.st_mode));
+    assert_int_equal(stat(victim, &st1), 0);
+    assert_int_equal(st1.st_size, 7);
+    harness_declare_gone(h, fds0, threads0);
+    assert_int_equal(unlink(aside), 0);
+
+    /* A link in place of the user's directory: refused, nothing written where it leads. */
+    snprintf(cdir, sizeof cdir, "%s/dcache/0", h->dir);
+    snprintf(moved, sizeof moved, "%s/dcache/moved", h->dir);
+    assert_int_equal(rename(cdir, moved), 0);
+    assert_int_equal(symlink(h->dir, cdir), 0);
+    harness_declare_refused(c, NULL, spec, LC_EDENIED, "dcache/0' is not a directory (a symbolic link is not followed)");
+    assert_int_equal(unlink(cdir), 0);
+    assert_int_equal(rename(moved, cdir), 0);
+
+    /* A cache of another tree: the older one goes to make room within the quota. */
+    harness_declare_read_until_hits(c, h, "{\"kind\":\"files\",\"path\":\"other\",\"cache\":{}}");
+    assert_int_equal(harness_declare_cache_file(h, 0, "other-", moved, sizeof moved), 1);
+    assert_int_equal(harness_declare_cache_file(h, 0, "train-", file, sizeof file), 0);
+    harness_declare_gone(h, fds0, threads0);
+
+    /* One larger than the quota is not built; the stream reads the source. */
+    assert_int_equal(harness_declare_open(c, NULL, "{\"kind\":\"files\",\"path\":\"big\",\"cache\":{}}", &s), 0);
+    uint64_t rows = 0;
+    lc_batch *b = NULL;
+    while (lc_stream_next(s, 20000, &b) == 0) {
+        rows += lc_batch_rows(b);
+        lc_batch_release(b);
+    }
+    assert_int_equal(rows, 300);
+    cJSON *dc = NULL;
+    for (int i = 0; i < 1000; i++) {
+        dc = harness_declare_cache_status(h);
+        assert_non_null(dc);
+        if (strcmp(cJSON_GetObjectItemCaseSensitive(dc, "state")->valuestring, "failed") == 0)
+            break;
+        cJSON_Delete(dc);
+        dc = NULL;
+        usleep(20000);
+    }
+    assert_non_null(dc);
+    const char *error = cJSON_GetObjectItemCaseSensitive(dc, "error")->valuestring;
+    if (!strstr(error, "needs 32.2 KiB, more than the 20.0 KiB of caches its user may keep"))
+        fail_msg("over the quota: '%s'", error);
+    cJSON_Delete(dc);
+    assert_int_equal(harness_declare_cache_file(h, 0, "big-", file, sizeof file), 0);
+    lc_stream_close(s);
+    harness_flush_releases(c);
+    harness_declare_gone(h, fds0, threads0);
+
+    /* The trainer never names the file. */
+    harness_declare_refused(c, NULL, "{\"kind\":\"files\",\"path\":\"train\",\"cache\":{\"path\":\"/etc/passwd\"}}",
+                   LC_EDENIED, "spec.cache.path: the daemon places a declared dataset's cache");
+    assert_int_equal(harness_ctl(h, out, sizeof out, "status", NULL), 0);
+    lc_client_close(c);
+    harness_stop_clean(h);
+    harness_free(h);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_declared_cache),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
