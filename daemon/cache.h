@@ -178,6 +178,10 @@ typedef void (*cache_progress_fn)(void *ctx, enum cache_stage stage, uint64_t do
  * later rename wins). cb and cancel may be NULL. */
 int cache_build(const dataset *d, const char *path, uint64_t fingerprint,
                 cache_progress_fn cb, void *ctx, const atomic_int *cancel, char *errbuf);
+/* cache_build, the file created with `mode` (before the umask) instead of 0644: 0600
+ * for a trainer's declared cache, which only the daemon reads. */
+int cache_build_mode(const dataset *d, const char *path, uint64_t fingerprint, unsigned mode,
+                     cache_progress_fn cb, void *ctx, const atomic_int *cancel, char *errbuf);
 
 /* The bytes cache_build would write for d (the whole file), from its samples' sizes:
  * what a quota is checked against before a build starts. Blocking (raw_bytes of every

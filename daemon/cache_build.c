@@ -250,6 +250,12 @@ static void build_report(cache_progress_fn cb, void *ctx, enum cache_stage stage
 int cache_build(const dataset *d, const char *path, uint64_t fingerprint,
                 cache_progress_fn cb, void *ctx, const atomic_int *cancel, char *errbuf)
 {
+    return cache_build_mode(d, path, fingerprint, 0644, cb, ctx, cancel, errbuf);
+}
+
+int cache_build_mode(const dataset *d, const char *path, uint64_t fingerprint, unsigned mode,
+                     cache_progress_fn cb, void *ctx, const atomic_int *cancel, char *errbuf)
+{
     struct build b = {.d = d, .path = path, .errbuf = errbuf, .fd = -1};
     struct cache_header *h = NULL;
     bool created = false;
@@ -302,7 +308,7 @@ int cache_build(const dataset *d, const char *path, uint64_t fingerprint,
         r = cache_fail(errbuf, LD_ENAMETOOLONG, path, "path too long");
         goto out;
     }
-    b.fd = open(b.tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOCTTY, 0644);
+    b.fd = open(b.tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOCTTY, (mode_t)mode);
     if (b.fd < 0) {
         int e = errno;
         r = cache_fail(errbuf, ld_from_errno(e), path,

@@ -170,7 +170,8 @@ static void job_build(cache_keeper *k)
     if (rc == 0 && k->dirfd >= 0 && (rc = cache_plan_bytes(d, &need, k->job.msg)) == 0)
         rc = cache_quota_make_room(k->dirfd, k->name, k->path, k->quota, need, k->job.msg);
     if (rc == 0)
-        rc = cache_build(d, k->io_path, fp, progress_cb, k, &k->cancel, k->job.msg);
+        rc = cache_build_mode(d, k->io_path, fp, k->dirfd >= 0 ? 0600 : 0644, progress_cb, k, &k->cancel,
+                              k->job.msg);
     if (rc == 0)
         rc = keeper_open(k, fp, &k->job.opened, k->job.msg);
     k->job.rc = rc;

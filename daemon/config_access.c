@@ -31,8 +31,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "config_yaml.h"
+#include "declare_cache.h"
 #include "ld_error.h"
 #include "proto.h"
 
@@ -229,7 +232,7 @@ static int config_access_declare_entry(const struct config_loader *l, const yaml
                                 "cache_dir, cache_quota, plugins), got %s", where,
                                 config_yaml_describe(v, got, sizeof got));
     bool have_roots = false, have_quota = false;
-    const yaml_node_t *cache_key = NULL;
+    const yaml_node_t *cache_key = NULL, *cache_val = NULL;
     for (const yaml_node_pair_t *pair = v->data.mapping.pairs.start; pair < v->data.mapping.pairs.top; pair++) {
         const yaml_node_t *k = config_yaml_node(l, pair->key), *val = config_yaml_node(l, pair->value);
         const char *name = NULL;
@@ -249,6 +252,7 @@ static int config_access_declare_entry(const struct config_loader *l, const yaml
             rc = config_yaml_bool(l, val, at, &e->caches);
         } else if (strcmp(name, "cache_dir") == 0) {
             cache_key = k;
+            cache_val = val;
             rc = config_access_root(l, val, at, &e->cache_dir);
         } else if (strcmp(name, "cache_quota") == 0) {
             const char *text = config_yaml_text(l, val, at, &rc);
@@ -277,6 +281,16 @@ static int config_access_declare_entry(const struct config_loader *l, const yaml
     if (!e->caches && (e->cache_dir || have_quota))
         return config_yaml_fail(l, cache_key ? cache_key->start_mark : v->start_mark, "%s: cache_dir and "
                                 "cache_quota belong to a grant with caches: true", where);
+    /* A cache_dir that exists must be the daemon's and closed to others' writes now,
+     * not at a trainer's first cache; a missing one is created (mode 0700) then. */
+    struct stat st;
+    if (e->caches && lstat(e->cache_dir, &st) == 0) {
+        char why[LD_ERRMSG_MAX];
+        int fd = -1;
+        if (declare_cache_open_dir(e->cache_dir, &fd, why, sizeof why) < 0)
+            return config_yaml_fail(l, cache_val->start_mark, "%s.cache_dir: '%s' %s", where, e->cache_dir, why);
+        close(fd);
+    }
     return 0;
 }
 

@@ -44,6 +44,35 @@ static int declare_cache_key(const char *real, const cJSON *spec, uint64_t *ret)
     return 0;
 }
 
+int declare_cache_open_dir(const char *dir, int *ret_fd, char *why, size_t why_size)
+{
+    char ebuf[128];
+    /* Never through a link: the directory itself, or nothing. */
+    int fd = open(dir, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st) < 0) {
+        int e = errno;
+        if (fd >= 0)
+            close(fd);
+        if (e == ELOOP || e == ENOTDIR) {
+            snprintf(why, why_size, "is not a directory (a symbolic link is not followed): name the directory "
+                     "itself");
+            return LD_EDENIED;
+        }
+        snprintf(why, why_size, "cannot be opened: %s", strerror_r(e, ebuf, sizeof ebuf));
+        return ld_from_errno(e);
+    }
+    if (st.st_uid != geteuid() || (st.st_mode & 022)) {
+        close(fd);
+        snprintf(why, why_size, "belongs to uid %u with mode %04o: it must be the daemon's (uid %u) and "
+                 "writable by nobody else (no group or other write)", (unsigned)st.st_uid,
+                 (unsigned)(st.st_mode & 07777), (unsigned)geteuid());
+        return LD_EDENIED;
+    }
+    *ret_fd = fd;
+    return 0;
+}
+
 int declare_cache_place(const struct access_declare *grant, uint32_t uid, const char *real, const cJSON *spec,
                         struct declare_cache *ret, char *errbuf)
 {
@@ -61,12 +90,12 @@ int declare_cache_place(const struct access_declare *grant, uint32_t uid, const 
                   grant->cache_dir, strerror_r(e, ebuf, sizeof ebuf));
         return ld_from_errno(e);
     }
-    int top = open(grant->cache_dir, O_PATH | O_DIRECTORY | O_CLOEXEC);
-    if (top < 0) {
-        int e = errno;
-        ld_errorf(errbuf, "spec.cache: the cache directory '%s' of the access.declare grant cannot be opened: %s",
-                  grant->cache_dir, strerror_r(e, ebuf, sizeof ebuf));
-        return ld_from_errno(e);
+    char why[LD_ERRMSG_MAX];
+    int top;
+    if ((rc = declare_cache_open_dir(grant->cache_dir, &top, why, sizeof why)) < 0) {
+        ld_errorf(errbuf, "%sspec.cache: the cache directory '%s' of the access.declare grant %s",
+                  rc == LD_EDENIED ? "permission denied: " : "", grant->cache_dir, why);
+        return rc;
     }
     snprintf(sub, sizeof sub, "%u", (unsigned)uid);
     if (mkdirat(top, sub, 0700) < 0 && errno != EEXIST) {
@@ -93,10 +122,11 @@ int declare_cache_place(const struct access_declare *grant, uint32_t uid, const 
                                              : strerror_r(e, ebuf, sizeof ebuf));
         return e == ELOOP || e == ENOTDIR ? LD_EDENIED : ld_from_errno(e);
     }
-    if (st.st_uid != geteuid() || (st.st_mode & 022)) {
+    if (st.st_uid != geteuid() || (st.st_mode & 077)) {
         close(fd);
         ld_errorf(errbuf, "permission denied: spec.cache: '%s/%s' belongs to uid %u with mode %04o: the daemon "
-                  "writes declared caches only in a directory of its own that nobody else may write (remove it)",
+                  "writes declared caches only in a directory of its own that nobody else may enter (mode 0700; "
+                  "remove it)",
                   grant->cache_dir, sub, (unsigned)st.st_uid, (unsigned)(st.st_mode & 07777));
         return LD_EDENIED;
     }

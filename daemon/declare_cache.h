@@ -11,14 +11,18 @@
  * transforms, on_error or cache options): the same spec on the same tree finds the
  * same cache again, in a later run too.
  *
- * The user's directory is opened once, without following a symbolic link (O_NOFOLLOW;
- * a link or a directory someone else owns in its place is refused, not used), and
+ * cache_dir itself must be the daemon's, writable by nobody else, and is never reached
+ * through a symbolic link (checked at config load when it exists, and at every
+ * placing). The user's directory is opened once, without following a symbolic link
+ * (O_NOFOLLOW; a link, a directory someone else owns, or one that others may enter, in
+ * its place is refused, not used), and
  * everything the cache keeper does goes through that descriptor
  * (cache_keeper_new_at). Loop thread or any thread: blocking, but a few system calls. */
 #ifndef LD_DECLARE_CACHE_H
 #define LD_DECLARE_CACHE_H
 
 #include <limits.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <cJSON.h>
 
@@ -38,6 +42,12 @@ struct declare_cache {
  * code, with errbuf saying what and where. */
 int declare_cache_place(const struct access_declare *grant, uint32_t uid, const char *real, const cJSON *spec,
                         struct declare_cache *ret, char *errbuf);
+/* Opens `dir` (an access.declare grant's cache_dir) as O_PATH, never through a
+ * symbolic link, and checks that it is the daemon's (owner: the effective uid) and
+ * that neither group nor others may write it. 0 and *ret_fd (the caller's), or
+ * LD_EDENIED (a link, a stranger's or a writable directory) or another code, with
+ * `why` saying what is wrong, to follow the directory's name. */
+int declare_cache_open_dir(const char *dir, int *ret_fd, char *why, size_t why_size);
 /* Closes ret's descriptor (-1 after). Accepts a cache with dirfd -1. */
 void declare_cache_close(struct declare_cache *c);
 

@@ -1,7 +1,9 @@
 /* itest_declare_cache — the caches of datasets a trainer declares, against a real
- * loaderd: built in the grant's cache_dir and reused by the next open of the same
- * spec, never through a link planted in the way, each user's apart, kept within the
- * quota, and gone with the last stream (no thread or descriptor left). */
+ * loaderd: built in the grant's cache_dir (mode 0600, in the user's directory of mode
+ * 0700) and reused by the next open of the same spec, never through a link planted in
+ * the way, refused when cache_dir or the user's directory is open to others or a link,
+ * each user's apart, kept within the quota, and gone with the last stream (no thread or
+ * descriptor left). */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -47,13 +49,15 @@ static void test_declared_cache(void **state)
     int fds0 = harness_proc_count(h->pid, "fd"), threads0 = harness_proc_count(h->pid, "task");
 
     const char *spec = "{\"kind\":\"files\",\"path\":\"train\",\"cache\":{}}";
-    char file[PATH_MAX], aside[PATH_MAX + 8], victim[PATH_MAX], cdir[PATH_MAX], moved[PATH_MAX], out[4096];
+    char file[PATH_MAX], aside[PATH_MAX + 8], top[PATH_MAX], victim[PATH_MAX], cdir[PATH_MAX], moved[PATH_MAX];
+    char out[4096];
     /* First use: read from the source while the cache is built; then read from it. */
     harness_declare_read_until_hits(c, h, spec);
     assert_int_equal(harness_declare_cache_file(h, 0, "train-", file, sizeof file), 1);
     struct stat st0, st1;
     assert_int_equal(lstat(file, &st0), 0);
     assert_true(S_ISREG(st0.st_mode));
+    assert_int_equal(st0.st_mode & 0777, 0600); /* only the daemon reads it */
     harness_declare_gone(h, fds0, threads0);
 
     /* The same spec again (its on_error does not change what is cached): the same file. */
@@ -92,6 +96,26 @@ static void test_declared_cache(void **state)
     harness_declare_refused(c, NULL, spec, LC_EDENIED, "dcache/0' is not a directory (a symbolic link is not followed)");
     assert_int_equal(unlink(cdir), 0);
     assert_int_equal(rename(moved, cdir), 0);
+
+    /* The user's directory open to others (even without their writing it): refused. */
+    assert_int_equal(chmod(cdir, 0750), 0);
+    harness_declare_refused(c, NULL, spec, LC_EDENIED, "dcache/0' belongs to uid 0 with mode 0750: the daemon "
+                            "writes declared caches only in a directory of its own that nobody else may enter");
+    assert_int_equal(chmod(cdir, 0700), 0);
+
+    /* cache_dir itself: writable by others, or a link in its place, refused. */
+    snprintf(top, sizeof top, "%s/dcache", h->dir);
+    assert_int_equal(chmod(top, 0777), 0);
+    harness_declare_refused(c, NULL, spec, LC_EDENIED, "dcache' of the access.declare grant belongs to uid 0 with "
+                            "mode 0777: it must be the daemon's");
+    assert_int_equal(chmod(top, 0700), 0);
+    snprintf(moved, sizeof moved, "%s/dcache-moved", h->dir);
+    assert_int_equal(rename(top, moved), 0);
+    assert_int_equal(symlink(moved, top), 0);
+    harness_declare_refused(c, NULL, spec, LC_EDENIED, "dcache' of the access.declare grant is not a directory "
+                            "(a symbolic link is not followed)");
+    assert_int_equal(unlink(top), 0);
+    assert_int_equal(rename(moved, top), 0);
 
     /* A cache of another tree: the older one goes to make room within the quota. */
     harness_declare_read_until_hits(c, h, "{\"kind\":\"files\",\"path\":\"other\",\"cache\":{}}");

@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "config.h"
@@ -1240,6 +1241,36 @@ static void test_access_declare(void **state)
                     "\n", 4, 52, "access.declare[0].cache_dir: expected an absolute directory", NULL);
     expect_error_at(ONE_DATASET "access:\n  declare: [{roots: [/a], plugins: maybe}]\n", 4, 36,
                     "access.declare[0].plugins: ", NULL);
+
+    /* A cache_dir that exists is the daemon's, written by nobody else, and never a link. */
+    char top[] = "/tmp/ld-cachedir-XXXXXX", dir[PATH_MAX], link[PATH_MAX], text[2 * PATH_MAX];
+    assert_non_null(mkdtemp(top));
+    snprintf(dir, sizeof dir, "%s/dc", top);
+    snprintf(link, sizeof link, "%s/link", top);
+    assert_int_equal(mkdir(dir, 0700), 0);
+    assert_int_equal(symlink(dir, link), 0);
+#define CACHE_DIR_CONFIG ONE_DATASET "access:\n  declare: [{roots: [/a], caches: true, cache_dir: %s, cache_quota: 1G}]\n"
+    snprintf(text, sizeof text, CACHE_DIR_CONFIG, dir);
+    config_free(load_ok(text, path, sizeof path));
+    assert_int_equal(chmod(dir, 0770), 0);
+    expect_error_at(text, 4, 52, "access.declare[0].cache_dir: '", "' belongs to uid", "with mode 0770: it must be "
+                    "the daemon's", "and writable by nobody else", NULL);
+    assert_int_equal(chmod(dir, 0702), 0);
+    expect_error_at(text, 4, 52, "with mode 0702", NULL);
+    assert_int_equal(chmod(dir, 0755), 0);
+    config_free(load_ok(text, path, sizeof path));
+    snprintf(text, sizeof text, CACHE_DIR_CONFIG, link);
+    expect_error_at(text, 4, 52, "access.declare[0].cache_dir: '", "/link' is not a directory (a symbolic link is "
+                    "not followed)", NULL);
+    /* Missing: created (mode 0700) by the first declared cache. */
+    snprintf(link, sizeof link, "%s/none", top);
+    snprintf(text, sizeof text, CACHE_DIR_CONFIG, link);
+    config_free(load_ok(text, path, sizeof path));
+    snprintf(link, sizeof link, "%s/link", top);
+    assert_int_equal(unlink(link), 0);
+    assert_int_equal(rmdir(dir), 0);
+    assert_int_equal(rmdir(top), 0);
+#undef CACHE_DIR_CONFIG
 }
 
 /* Loads `json` as a trainer's spec and as the dataset "spec" of a config file; both
