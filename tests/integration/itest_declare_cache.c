@@ -1,9 +1,9 @@
 /* itest_declare_cache — the caches of datasets a trainer declares, against a real
  * loaderd: built in the grant's cache_dir (mode 0600, in the user's directory of mode
  * 0700) and reused by the next open of the same spec, never through a link planted in
- * the way, refused when cache_dir or the user's directory is open to others or a link,
- * each user's apart, kept within the quota, and gone with the last stream (no thread or
- * descriptor left). */
+ * the way (not even one to a valid copy), refused when cache_dir or the user's
+ * directory is open to others or a link, each user's apart, kept within the quota, and
+ * gone with the last stream (no thread or descriptor left). */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -49,8 +49,8 @@ static void test_declared_cache(void **state)
     int fds0 = harness_proc_count(h->pid, "fd"), threads0 = harness_proc_count(h->pid, "task");
 
     const char *spec = "{\"kind\":\"files\",\"path\":\"train\",\"cache\":{}}";
-    char file[PATH_MAX], aside[PATH_MAX + 8], top[PATH_MAX], victim[PATH_MAX], cdir[PATH_MAX], moved[PATH_MAX];
-    char out[4096];
+    char file[PATH_MAX], aside[PATH_MAX + 8], reason[PATH_MAX + 16], top[PATH_MAX], victim[PATH_MAX];
+    char cdir[PATH_MAX], moved[PATH_MAX], out[4096];
     /* First use: read from the source while the cache is built; then read from it. */
     harness_declare_read_until_hits(c, h, spec);
     assert_int_equal(harness_declare_cache_file(h, 0, "train-", file, sizeof file), 1);
@@ -72,21 +72,35 @@ static void test_declared_cache(void **state)
     free(log);
     harness_declare_gone(h, fds0, threads0);
 
-    /* A link planted where the cache goes is set aside, never followed. */
+    /* A link planted where the cache goes is set aside, never followed: not even to a
+     * valid copy of the same cache, which it would serve if it followed the link. */
     snprintf(victim, sizeof victim, "%s/victim", h->dir);
-    harness_write_file(h, "victim", "keep me", 7);
-    assert_int_equal(unlink(file), 0);
+    assert_int_equal(rename(file, victim), 0);
     assert_int_equal(symlink(victim, file), 0);
     assert_true(harness_declare_read_until_hits(c, h, spec) > 0);
     assert_int_equal(lstat(file, &st1), 0);
     assert_true(S_ISREG(st1.st_mode));
+    assert_true(st1.st_ino != st0.st_ino);
     snprintf(aside, sizeof aside, "%s.bad", file);
     assert_int_equal(lstat(aside, &st1), 0);
     assert_true(S_ISLNK(st1.st_mode));
+    snprintf(reason, sizeof reason, "%s.bad.reason", file);
+    char why[1024] = "";
+    FILE *f = fopen(reason, "r");
+    assert_non_null(f);
+    size_t got = fread(why, 1, sizeof why - 1, f);
+    why[got] = '\0';
+    fclose(f);
+    if (!strstr(why, "is a symbolic link, which a cache written beneath its directory never is: not followed"))
+        fail_msg("the reason set aside with the link: '%s'", why);
     assert_int_equal(stat(victim, &st1), 0);
-    assert_int_equal(st1.st_size, 7);
+    assert_int_equal(st1.st_ino, st0.st_ino);
+    assert_int_equal(st1.st_size, st0.st_size);
+    assert_int_equal(st1.st_mtim.tv_nsec, st0.st_mtim.tv_nsec);
     harness_declare_gone(h, fds0, threads0);
     assert_int_equal(unlink(aside), 0);
+    assert_int_equal(unlink(reason), 0);
+    assert_int_equal(unlink(victim), 0);
 
     /* A link in place of the user's directory: refused, nothing written where it leads. */
     snprintf(cdir, sizeof cdir, "%s/dcache/0", h->dir);
