@@ -18,7 +18,35 @@
  * left out of the cache's name, so that a trainer trying other transforms reuses it. */
 static const char *const declare_cache_free_keys[] = {"transforms", "on_error", "cache", "path"};
 
-/* The hash that names the cache: the directory and the spec's other keys. */
+/* Puts the members of every object in `item` in the order of their keys (arrays keep
+ * theirs): the same spec names the same cache whatever order a client wrote it in.
+ * cJSON links an object's members in a list whose head's prev is its tail. */
+static void declare_cache_sort(cJSON *item)
+{
+    for (cJSON *c = item->child; c; c = c->next)
+        declare_cache_sort(c);
+    if (!cJSON_IsObject(item) || !item->child)
+        return;
+    cJSON *sorted = NULL, *c = item->child;
+    while (c) {
+        cJSON *next = c->next, **pp = &sorted;
+        while (*pp && strcmp((*pp)->string, c->string) <= 0)
+            pp = &(*pp)->next;
+        c->next = *pp;
+        *pp = c;
+        c = next;
+    }
+    cJSON *prev = NULL;
+    for (c = sorted; c; c = c->next) {
+        c->prev = prev;
+        prev = c;
+    }
+    sorted->prev = prev;
+    item->child = sorted;
+}
+
+/* The hash that names the cache: the directory and the spec's other keys, in the
+ * order of their names. */
 static int declare_cache_key(const char *real, const cJSON *spec, uint64_t *ret)
 {
     cJSON *copy = cJSON_Duplicate(spec, true);
@@ -26,6 +54,7 @@ static int declare_cache_key(const char *real, const cJSON *spec, uint64_t *ret)
         return LD_ENOMEM;
     for (size_t i = 0; i < sizeof declare_cache_free_keys / sizeof *declare_cache_free_keys; i++)
         cJSON_DeleteItemFromObjectCaseSensitive(copy, declare_cache_free_keys[i]);
+    declare_cache_sort(copy);
     char *text = cJSON_PrintUnformatted(copy);
     cJSON_Delete(copy);
     if (!text)

@@ -8,8 +8,9 @@
  * choosing nor reach another user's caches or a configured dataset's. The file's name
  * is the dataset directory's name and a hash of the directory (as the kernel names it)
  * and of the spec's keys that decide which samples and bytes are cached (not its
- * transforms, on_error or cache options): the same spec on the same tree finds the
- * same cache again, in a later run too.
+ * transforms, on_error or cache options), each object's keys in the order of their
+ * names: the same spec on the same tree, however its keys are ordered, finds the same
+ * cache again, in a later run too.
  *
  * cache_dir itself must be the daemon's, writable by nobody else, and is never reached
  * through a symbolic link (checked at config load when it exists, and at every
