@@ -33,7 +33,11 @@
  * opened once: every file of it is reached through that descriptor (/proc/self/fd/N/NAME
  * for the build, openat with O_NOFOLLOW for the open), so no rename or link in the path
  * above it changes which file is read or written; its user's caches there are kept
- * within a quota, the oldest others removed to make room for a build. */
+ * within a quota, the oldest others removed to make room for a build. The builds in one
+ * such directory take turns (cache_quota_lock, from the quota check to the rename):
+ * the quota then counts every byte reserved, and the keepers of one spec opened many
+ * times at once (a keeper per open, one open per rank) build it once, the others
+ * finding it written when their turn comes. */
 #include "cache_keeper.h"
 
 #include <inttypes.h>
@@ -104,6 +108,7 @@ struct cache_keeper {
         int rc;
         cache *opened;              /* check/build: the cache to attach */
         bool set_aside, stale;      /* check: what was found */
+        bool reused;                /* build: another build had just written the same cache */
         char msg[LD_ERRMSG_MAX];
         void (*verify_done)(void *ctx, int rc, const char *message);
         void *verify_ctx;
@@ -165,13 +170,29 @@ static void job_build(cache_keeper *k)
     /* The fingerprint is taken before the build: a file changed during the build
      * makes the new cache stale at the next check, never silently wrong. */
     const dataset *d = k->job.d;
-    int rc = d->ops->fingerprint(d, k->fp_mode, &fp, k->job.msg);
+    int rc = d->ops->fingerprint(d, k->fp_mode, &fp, k->job.msg), lock = -1;
     uint64_t need = 0;
-    if (rc == 0 && k->dirfd >= 0 && (rc = cache_plan_bytes(d, &need, k->job.msg)) == 0)
-        rc = cache_quota_make_room(k->dirfd, k->name, k->path, k->quota, need, k->job.msg);
+    k->job.reused = false;
+    if (rc == 0 && k->dirfd >= 0) {
+        /* A declared cache: the directory's builds take turns. One that waited may find
+         * the cache it was to write already there, written for the same spec by another
+         * open (another rank of the same job): it serves that one. */
+        rc = cache_quota_lock(k->dirfd, k->path, &k->cancel, &lock, k->job.msg);
+        char err[LD_ERRMSG_MAX];
+        if (rc == 0 && !k->job.force && keeper_open(k, fp, &k->job.opened, err) == 0) {
+            k->job.reused = true;
+            close(lock);
+            k->job.rc = 0;
+            return;
+        }
+        if (rc == 0 && (rc = cache_plan_bytes(d, &need, k->job.msg)) == 0)
+            rc = cache_quota_make_room(k->dirfd, k->name, k->path, k->quota, need, k->job.msg);
+    }
     if (rc == 0)
         rc = cache_build_mode(d, k->io_path, fp, k->dirfd >= 0 ? 0600 : 0644, progress_cb, k, &k->cancel,
                               k->job.msg);
+    if (lock >= 0)
+        close(lock);
     if (rc == 0)
         rc = keeper_open(k, fp, &k->job.opened, k->job.msg);
     k->job.rc = rc;
@@ -430,8 +451,13 @@ static void on_done(uv_async_t *a)
             if (k->current) {
                 char size[LD_FORMAT_BYTES_MAX];
                 ld_format_bytes(cache_meta(k->current->c)->file_size, size, sizeof size);
-                ld_log(LD_LOG_INFO, "dataset '%s': cache built (%" PRIu64 " samples, %s); serving from it", name,
-                       cache_meta(k->current->c)->count, size);
+                if (k->job.reused)
+                    ld_log(LD_LOG_INFO, "dataset '%s': the cache %s was built meanwhile for the same spec (%" PRIu64
+                           " samples, %s); serving from it, not building it again", name, k->path,
+                           cache_meta(k->current->c)->count, size);
+                else
+                    ld_log(LD_LOG_INFO, "dataset '%s': cache built (%" PRIu64 " samples, %s); serving from it",
+                           name, cache_meta(k->current->c)->count, size);
             }
         } else if (k->job.rc == LD_ECANCELED) {
             k->state = k->current ? K_READY : K_ABSENT;

@@ -11,10 +11,12 @@
 #include <cmocka.h>
 
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -176,10 +178,103 @@ static void test_declared_cache(void **state)
     harness_free(h);
 }
 
+/* The declared caches in status in state `state`. */
+static int declared_in_state(struct harness *h, const char *state)
+{
+    char out[65536];
+    assert_int_equal(harness_ctl(h, out, sizeof out, "--json", "status", NULL), 0);
+    cJSON *st = cJSON_Parse(out);
+    assert_non_null(st);
+    int n = 0;
+    const cJSON *it;
+    cJSON_ArrayForEach(it, cJSON_GetObjectItemCaseSensitive(st, "caches")) {
+        const cJSON *s = cJSON_GetObjectItemCaseSensitive(it, "state");
+        n += cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(it, "declared")) && cJSON_IsString(s) &&
+             strcmp(s->valuestring, state) == 0;
+    }
+    cJSON_Delete(st);
+    return n;
+}
+
+/* Waits (up to 20 s) until `n` declared caches are in state `state`. */
+static void wait_declared(struct harness *h, const char *state, int n)
+{
+    int i = 0, got = 0;
+    for (; i < 1000 && (got = declared_in_state(h, state)) != n; i++)
+        usleep(20000);
+    if (got != n)
+        fail_msg("%d declared caches %s, expected %d", got, state, n);
+}
+
+/* Occurrences of `what` in the daemon's log. */
+static int log_count(struct harness *h, const char *what)
+{
+    char *log = harness_log(h);
+    int n = 0;
+    for (const char *p = strstr(log, what); p; p = strstr(p + 1, what))
+        n++;
+    free(log);
+    return n;
+}
+
+/* The same spec opened by three ranks at once: its keepers take turns in the user's
+ * directory (the test holds the directory's build lock first, as a build of another
+ * cache would), and once it is free the cache is built once, the two other keepers
+ * serving what it wrote; a temporary file left by a dead build, though named after a
+ * live pid (the daemon's own), is removed under the lock rather than held against the
+ * quota (with it the cache would not fit). */
+static void test_same_spec_at_once(void **state)
+{
+    (void)state;
+    struct harness *h = harness_declare_new(NULL, "[{roots: [DATA], caches: true, cache_dir: CACHE, "
+                                                  "cache_quota: 20KiB}]");
+    char dir[PATH_MAX], tmp[PATH_MAX + 64], file[PATH_MAX];
+    snprintf(dir, sizeof dir, "%s/dcache", h->dir);
+    assert_int_equal(mkdir(dir, 0700), 0);
+    snprintf(dir, sizeof dir, "%s/dcache/0", h->dir);
+    assert_int_equal(mkdir(dir, 0700), 0);
+    harness_start(h);
+    snprintf(tmp, sizeof tmp, "%s/train-0123456789abcdef.ldcache.tmp.%d.0123456789abcdef", dir, (int)h->pid);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    assert_true(fd >= 0);
+    assert_int_equal(ftruncate(fd, 10000), 0);
+    close(fd);
+    int lock = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    assert_true(lock >= 0);
+    assert_int_equal(flock(lock, LOCK_EX), 0);
+
+    lc_client *c = harness_connect(h, 5000, "ranks");
+    const char *spec = "{\"kind\":\"files\",\"path\":\"train\",\"cache\":{}}";
+    lc_stream *s[3] = {NULL, NULL, NULL};
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(harness_declare_open(c, NULL, spec, &s[i]), 0);
+    /* All three wait for the directory, and nothing is written meanwhile. */
+    wait_declared(h, "building", 3);
+    assert_int_equal(harness_declare_cache_file(h, 0, "train-", file, sizeof file), 0);
+    assert_int_equal(access(tmp, F_OK), 0);
+    close(lock);
+
+    wait_declared(h, "ready", 3);
+    assert_int_equal(log_count(h, "cache built ("), 1);
+    assert_int_equal(log_count(h, "was built meanwhile for the same spec"), 2);
+    assert_int_equal(log_count(h, "the temporary file of a build that did not finish"), 1);
+    assert_int_equal(access(tmp, F_OK), -1);
+    assert_int_equal(harness_declare_cache_file(h, 0, "train-", file, sizeof file), 1);
+    for (int i = 0; i < 3; i++) {
+        assert_string_equal(harness_declare_read_epoch(s[i]), "");
+        lc_stream_close(s[i]);
+    }
+    harness_flush_releases(c);
+    lc_client_close(c);
+    harness_stop_clean(h);
+    harness_free(h);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_declared_cache),
+        cmocka_unit_test(test_same_spec_at_once),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
