@@ -37,8 +37,10 @@
 #include "log.h"
 
 /* Scans under way at once, daemon-wide: each is a thread; an open beyond them is told
- * to try again rather than queued without bound. */
+ * to try again rather than queued without bound. One user may hold a few of them, so
+ * that its scans stuck on a file system that does not answer leave room for others'. */
 #define SERVER_DECLARE_MAX_SCANS 16
+#define SERVER_DECLARE_MAX_SCANS_PER_UID 4
 
 struct server_declare_job {
     struct hub_completion done;     /* posted by the scan thread once declare_open returned */
@@ -60,6 +62,7 @@ struct server_declare_job {
     uint64_t scan_ns;
     pthread_t thread;
     bool thread_live;
+    struct server_declare_job *next; /* srv->declare_jobs (loop thread) */
 };
 
 /* A declared dataset's cache keeper, holding the dataset until the tick stops it. */
@@ -110,6 +113,10 @@ static void server_declare_scanned(struct hub_completion *hc)
     if (job->thread_live)
         pthread_join(job->thread, NULL);
     srv->declare_scans--;
+    struct server_declare_job **pp = &srv->declare_jobs;
+    while (*pp != job)
+        pp = &(*pp)->next;
+    *pp = job->next;
     conn *c = server_declare_conn(srv, job->conn_id);
     if (!c || srv->stopping) {
         ld_log(LD_LOG_INFO, "client %" PRIu64 ": declared dataset dropped after its scan (%.1f ms): %s",
@@ -148,6 +155,15 @@ void server_declare_start(conn *c, const cJSON *req, int64_t id, const char *tem
         server_reply_error(c, id, LD_EBUSY, err);
         return;
     }
+    int mine = 0;
+    for (const struct server_declare_job *j = srv->declare_jobs; j; j = j->next)
+        mine += j->peer.uid == c->uid;
+    if (mine >= SERVER_DECLARE_MAX_SCANS_PER_UID) {
+        snprintf(err, sizeof err, "%d declared datasets of uid %u are being scanned: try again once one is open",
+                 mine, (unsigned)c->uid);
+        server_reply_error(c, id, LD_EBUSY, err);
+        return;
+    }
     struct server_declare_job *job = calloc(1, sizeof *job);
     if (!job || !(job->req = cJSON_Duplicate(req, true)) ||
         (template_name && !(job->template_name = strdup(template_name)))) {
@@ -174,6 +190,8 @@ void server_declare_start(conn *c, const cJSON *req, int64_t id, const char *tem
         return;
     }
     srv->declare_scans++;
+    job->next = srv->declare_jobs;
+    srv->declare_jobs = job;
     srv->pending_closes++; /* a stop waits for the scan */
     ld_log(LD_LOG_INFO, "client %" PRIu64 " (%s): declared dataset: scanning and checking on a thread of its own",
            c->id, c->name);

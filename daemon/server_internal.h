@@ -144,6 +144,7 @@ struct server {
     size_t n_old_keepers;
     struct server_declared_cache *declared_caches; /* server_declare.c */
     int declare_scans;              /* declared opens being scanned on their threads */
+    struct server_declare_job *declare_jobs; /* those scans (server_declare.c), for the per-user cap */
     uint64_t reloads;               /* successful ones */
     struct server_reload_job *reload_job; /* the reload whose datasets are being opened, or NULL */
     bool reload_again;              /* a SIGHUP came during it: reload once more after it */

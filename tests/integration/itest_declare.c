@@ -373,6 +373,37 @@ static void test_scan_off_the_loop(void **state)
     wait_log(h, "dropped after its scan", 1);
     assert_int_equal(umount2(stuck, MNT_DETACH), 0);
     assert_int_equal(harness_status_num(h, "datasets_in_memory", NULL), 1);
+
+    /* One user's stuck scans hold at most four of the daemon's: a fifth is told at once
+     * to try again, on another connection (its replies wait behind no scan). */
+    fuse = stuck_mount(stuck);
+    assert_true(fuse >= 0);
+    raw = harness_raw_connect(h);
+    harness_raw_send(raw, "{\"op\":\"hello\",\"id\":1,\"version\":1}");
+    free(harness_raw_reply(raw, 5000));
+    for (int i = 0; i < 4; i++) {
+        char req[256];
+        snprintf(req, sizeof req, "{\"op\":\"open\",\"id\":%d,\"batch_size\":4,\"spec\":{\"kind\":\"files\","
+                 "\"path\":\"stuck\"}}", 2 + i);
+        harness_raw_send(raw, req);
+    }
+    wait_log(h, "scanning and checking on a thread", 6);
+    harness_declare_refused(other, NULL, "{\"kind\":\"files\",\"path\":\"train\"}", LC_EBUSY,
+                            "4 declared datasets of uid 0 are being scanned: try again once one is open");
+    close(fuse);
+    for (int i = 0; i < 4; i++) {
+        r = harness_raw_reply(raw, 20000);
+        assert_non_null(r);
+        if (!strstr(r, "\"ok\":false"))
+            fail_msg("a stuck scan's reply: %s", r);
+        free(r);
+    }
+    close(raw);
+    assert_int_equal(umount2(stuck, MNT_DETACH), 0);
+    /* Once they are done, the user declares again. */
+    assert_int_equal(harness_declare_open(other, NULL, "{\"kind\":\"files\",\"path\":\"train\"}", &s), 0);
+    assert_string_equal(harness_declare_read_epoch(s), "");
+    lc_stream_close(s);
     lc_client_close(other);
     harness_stop_clean(h);
     harness_free(h);
