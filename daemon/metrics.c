@@ -204,7 +204,8 @@ static const struct {
     const char *name, *type, *help;
 } metrics_stream_gauges[MG_COUNT] = {
     [MG_CPU] = {"loaderd_stream_worker_cpu_seconds_total", "counter",
-                "CPU seconds the workers spent preparing the stream's batches."},
+                "CPU seconds the workers spent preparing the stream's batches (0 for a shared stream's "
+                "consumer: see loaderd_share_worker_cpu_seconds_total)."},
     [MG_STALL] = {"loaderd_stream_stall_ratio", "gauge",
                   "Fraction of the time since the trainer's first next spent waiting inside next (data stall)."},
     [MG_RATE_NOW] = {"loaderd_stream_samples_per_second", "gauge", "Samples delivered per second, the last seconds."},
@@ -265,7 +266,8 @@ static void metrics_clients_sched(struct metrics_buf *b, const struct metrics_sn
 {
     char cid[24];
     metrics_family(b, "loaderd_client_worker_cpu_seconds_total", "counter",
-                   "CPU seconds the workers spent on the client's streams, closed ones included.");
+                   "CPU seconds the workers spent on the client's streams, closed ones included (shared "
+                   "streams' preparation is counted under loaderd_share_worker_cpu_seconds_total instead).");
     for (size_t i = 0; i < s->n_clients; i++) {
         snprintf(cid, sizeof cid, "%" PRIu64, s->client[i].id);
         const char *kv[] = {"client", cid, NULL};
@@ -285,6 +287,27 @@ static void metrics_clients_sched(struct metrics_buf *b, const struct metrics_sn
         snprintf(cid, sizeof cid, "%" PRIu64, s->client[i].id);
         const char *kv[] = {"client", cid, NULL};
         metrics_f64(b, "loaderd_client_samples_per_second", kv, s->client[i].samples_per_s_now);
+    }
+}
+
+/* A shared stream's batches are prepared once: their CPU time is the group's, one
+ * series per group, so that summing streams, clients and shares counts it once. */
+static void metrics_shares(struct metrics_buf *b, const struct metrics_snapshot *s)
+{
+    char pid[24];
+    metrics_family(b, "loaderd_share_consumers", "gauge", "Consumers attached to a shared stream.");
+    for (size_t i = 0; i < s->n_shares; i++) {
+        snprintf(pid, sizeof pid, "%" PRIu64, s->share[i].producer);
+        const char *kv[] = {"share", s->share[i].name, "producer", pid, NULL};
+        metrics_u64(b, "loaderd_share_consumers", kv, s->share[i].consumers);
+    }
+    metrics_family(b, "loaderd_share_worker_cpu_seconds_total", "counter",
+                   "CPU seconds the workers spent preparing a shared stream's batches, once for all its "
+                   "consumers (producer: the stream id that prepares them).");
+    for (size_t i = 0; i < s->n_shares; i++) {
+        snprintf(pid, sizeof pid, "%" PRIu64, s->share[i].producer);
+        const char *kv[] = {"share", s->share[i].name, "producer", pid, NULL};
+        metrics_f64(b, "loaderd_share_worker_cpu_seconds_total", kv, s->share[i].worker_cpu_s);
     }
 }
 
@@ -379,6 +402,7 @@ int metrics_format(const struct metrics_snapshot *s, char **ret_text, size_t *re
     metrics_stream_sched(&b, s);
     metrics_clients(&b, s);
     metrics_clients_sched(&b, s);
+    metrics_shares(&b, s);
     if (b.failed || !b.p) {
         free(b.p);
         return LD_ENOMEM;

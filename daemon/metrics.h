@@ -44,6 +44,15 @@ struct metrics_client {
     double samples_per_s_now;                 /* its open streams' together */
 };
 
+/* A shared stream's group: its batches are prepared once for all its consumers, so
+ * their workers' CPU time is the group's, here, and not any consumer's or client's. */
+struct metrics_share {
+    const char *name;
+    uint64_t producer;                        /* the producer's stream id */
+    uint32_t consumers;
+    double worker_cpu_s;
+};
+
 struct metrics_dataset {
     const char *name;
     uint64_t bad_samples, replaced_samples;
@@ -66,6 +75,8 @@ struct metrics_snapshot {
     size_t n_streams;
     const struct metrics_client *client;
     size_t n_clients;
+    const struct metrics_share *share;
+    size_t n_shares;
     const struct metrics_dataset *dataset;
     size_t n_datasets;
     const char *const *unavailable;           /* configured datasets that could not be opened */

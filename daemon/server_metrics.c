@@ -21,6 +21,23 @@ static double server_json_num(const cJSON *o, const char *key)
     return cJSON_IsNumber(v) ? v->valuedouble : 0;
 }
 
+/* The group of a shared stream's consumer (its `streams` entry's share object), added
+ * to sh[] unless another consumer of the group added it already. */
+static void server_metrics_share(const cJSON *js, struct metrics_share *sh, size_t *n)
+{
+    if (!js)
+        return;
+    const cJSON *name = cJSON_GetObjectItemCaseSensitive(js, "name");
+    uint64_t producer = (uint64_t)server_json_num(js, "producer");
+    for (size_t i = 0; i < *n; i++)
+        if (sh[i].producer == producer)
+            return;
+    sh[(*n)++] = (struct metrics_share){
+        .name = cJSON_IsString(name) ? name->valuestring : "", .producer = producer,
+        .consumers = (uint32_t)server_json_num(js, "consumers"), .worker_cpu_s = server_json_num(js, "worker_cpu_s"),
+    };
+}
+
 int server_metrics_text(server *srv, char **ret_text, size_t *ret_len)
 {
     struct metrics_snapshot m = {0};
@@ -28,9 +45,11 @@ int server_metrics_text(server *srv, char **ret_text, size_t *ret_len)
     struct metrics_client *cl = calloc(srv->n_conns ? srv->n_conns : 1, sizeof *cl);
     struct metrics_dataset *ds = calloc(srv->n_datasets ? srv->n_datasets : 1, sizeof *ds);
     const char **unavailable = calloc(srv->n_unavailable ? srv->n_unavailable : 1, sizeof *unavailable);
+    /* At most one group per consumer stream. */
+    struct metrics_share *sh = calloc(srv->n_streams ? srv->n_streams : 1, sizeof *sh);
     cJSON *held = cJSON_CreateArray(); /* keeps the describe() objects whose strings we point at */
     int rc = LD_ENOMEM;
-    if (!st || !cl || !ds || !unavailable || !held)
+    if (!st || !cl || !ds || !unavailable || !sh || !held)
         goto out;
     m.version = LD_VERSION;
     m.uptime_s = (double)(uv_hrtime() - srv->started_ns) / 1e9;
@@ -78,7 +97,8 @@ int server_metrics_text(server *srv, char **ret_text, size_t *ret_len)
             ms->samples_per_s_now = sst.samples_per_s_now;
             ms->samples_per_s = sst.samples_per_s;
             ms->prefetch_depth = sst.prefetch_depth;
-            mc->worker_cpu_s += sst.worker_cpu_s;
+            mc->worker_cpu_s += sst.worker_cpu_s; /* a consumer's is its group's: counted below, once */
+            server_metrics_share(cJSON_GetObjectItemCaseSensitive(js, "share"), sh, &m.n_shares);
             mc->samples_per_s_now += sst.samples_per_s_now;
             for (int state = 0; state < RING_STATES; state++) {
                 ms->slots[state] = ring_count(stream_ring(cs->s), (enum ring_state)state);
@@ -115,6 +135,7 @@ int server_metrics_text(server *srv, char **ret_text, size_t *ret_len)
     m.stream = st;
     m.client = cl;
     m.dataset = ds;
+    m.share = sh;
     rc = metrics_format(&m, ret_text, ret_len);
 out:
     cJSON_Delete(held);
@@ -122,6 +143,7 @@ out:
     free(cl);
     free(ds);
     free(unavailable);
+    free(sh);
     return rc;
 }
 

@@ -134,7 +134,11 @@ struct stream_stats {
     double wait_s;                  /* inside next, waiting for a batch not READY yet */
     double stall, stall_now;        /* wait_s / active_s: the data-stall fraction */
     double samples_per_s, samples_per_s_now;
-    double worker_cpu_s;            /* the workers' CPU time spent on its batches */
+    /* The workers' CPU time spent on its own batches. A shared stream's consumer has
+     * none of its own: its batches are its group's, prepared once, and their CPU time is
+     * shared_cpu_s, the group's (to be counted once per group, not once per consumer). */
+    double worker_cpu_s;
+    double shared_cpu_s;
     uint32_t prefetch_depth;        /* batches FILLING or READY now */
 };
 void stream_get_stats(const stream *s, struct stream_stats *ret_stats);

@@ -89,8 +89,11 @@ void stream_describe_state(const stream *s, cJSON *o)
     cJSON_AddNumberToObject(o, "worker_cpu_s", st.worker_cpu_s);
     cJSON_AddNumberToObject(o, "prefetch_depth", st.prefetch_depth);
     cJSON_AddNumberToObject(o, "weight", s->weight);
-    if (s->member)
+    if (s->member) {
         share_describe(s->member, o);
+        /* The group's CPU time, the same for every consumer: counted once per group. */
+        cJSON_AddNumberToObject(cJSON_GetObjectItemCaseSensitive(o, "share"), "worker_cpu_s", st.shared_cpu_s);
+    }
     device_stats(s->dev, o);
 }
 
@@ -103,7 +106,8 @@ void stream_get_stats(const stream *s, struct stream_stats *ret)
     *ret = (struct stream_stats){
         .batches = s->batches_served, .samples = s->samples_served, .bytes = s->bytes_served,
         .active_s = (double)active / 1e9, .wait_s = (double)wait / 1e9,
-        .worker_cpu_s = (double)fs.cpu_ns / 1e9,
+        .worker_cpu_s = s->member ? 0 : (double)fs.cpu_ns / 1e9,
+        .shared_cpu_s = s->member ? (double)fs.cpu_ns / 1e9 : 0,
         .prefetch_depth = ring_count(s->ring, RING_FILLING) + ring_count(s->ring, RING_COPYING) +
                           ring_count(s->ring, RING_READY) + s->handed_ahead,
     };

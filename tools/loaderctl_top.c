@@ -3,7 +3,10 @@
  * Every interval it asks the daemon for `status` and `streams` and prints one screen:
  * a summary line, the streams sorted by their data stall over the last seconds (the
  * fraction of time their trainer waited inside `next`; ties by the stall since the
- * stream began), and the same per client, added up over its streams. The numbers are
+ * stream began), the same per client, added up over its streams, and each shared stream
+ * once. A shared stream's batches are prepared once for all its consumers: a consumer's
+ * CPU column shows the group's time marked `*`, and that time is counted once, in the
+ * shares' table, not in any client's total. The numbers are
  * the daemon's own (stream_get_stats), so the view and `loaderctl streams --json`
  * always agree; nothing is computed here but sums and the order. With --once it prints
  * one view without clearing the screen, which is what scripts and tests read. */
@@ -19,6 +22,7 @@
 #include <unistd.h>
 
 #define TOP_MAX_CLIENTS 256
+#define TOP_MAX_SHARES 256
 
 static double top_num(const cJSON *o, const char *key)
 {
@@ -81,6 +85,12 @@ struct top_client {
     double wait, active, rate_now, rate, cpu;
 };
 
+struct top_share {
+    double producer;
+    const char *name;
+    double consumers, cpu;
+};
+
 /* One view; the streams array of `streams` is sorted in place. */
 static void top_print(const cJSON *status, cJSON *streams, bool once)
 {
@@ -111,16 +121,31 @@ static void top_print(const cJSON *status, cJSON *streams, bool once)
     if (n == 0)
         puts("  (no open streams)");
     struct top_client cl[TOP_MAX_CLIENTS];
-    int ncl = 0;
+    struct top_share sh[TOP_MAX_SHARES];
+    int ncl = 0, nsh = 0;
     for (int i = 0; i < n; i++) {
         const cJSON *e = v[i];
-        char now_rate[32], avg_rate[32], depth[32];
+        const cJSON *share = cJSON_GetObjectItemCaseSensitive(e, "share");
+        char now_rate[32], avg_rate[32], depth[32], cpu[32];
         top_rate(top_num(e, "samples_per_s_now"), now_rate, sizeof now_rate);
         top_rate(top_num(e, "samples_per_s"), avg_rate, sizeof avg_rate);
         snprintf(depth, sizeof depth, "%.0f/%.0f", top_num(e, "prefetch_depth"), top_num(e, "prefetch"));
-        printf("%6.0f %-16.16s %-14.14s %7.1f %7.1f %9s %9s %9.2f %7s %6.0f %s\n", top_num(e, "id"),
+        if (share)
+            snprintf(cpu, sizeof cpu, "%.2f*", top_num(share, "worker_cpu_s"));
+        else
+            snprintf(cpu, sizeof cpu, "%.2f", top_num(e, "worker_cpu_s"));
+        printf("%6.0f %-16.16s %-14.14s %7.1f %7.1f %9s %9s %9s %7s %6.0f %s\n", top_num(e, "id"),
                top_str(e, "dataset"), top_str(e, "client"), 100 * top_num(e, "stall_now"), 100 * top_num(e, "stall"),
-               now_rate, avg_rate, top_num(e, "worker_cpu_s"), depth, top_num(e, "weight"), top_str(e, "state"));
+               now_rate, avg_rate, cpu, depth, top_num(e, "weight"), top_str(e, "state"));
+        if (share) {
+            int q = 0;
+            while (q < nsh && sh[q].producer != top_num(share, "producer"))
+                q++;
+            if (q == nsh && nsh < TOP_MAX_SHARES)
+                sh[nsh++] = (struct top_share){.producer = top_num(share, "producer"), .name = top_str(share, "name"),
+                                               .consumers = top_num(share, "consumers"),
+                                               .cpu = top_num(share, "worker_cpu_s")};
+        }
         int j = 0;
         while (j < ncl && cl[j].id != top_num(e, "client_id"))
             j++;
@@ -145,6 +170,12 @@ static void top_print(const cJSON *status, cJSON *streams, bool once)
             printf("%6.0f %-16.16s %7d %7.1f %9s %9s %9.2f\n", cl[j].id, cl[j].name, cl[j].streams,
                    cl[j].active > 0 ? 100 * cl[j].wait / cl[j].active : 0.0, now_rate, avg_rate, cl[j].cpu);
         }
+    }
+    if (nsh) {
+        printf("\n%8s %-16s %9s %9s   * a shared stream's CPU, prepared once for its consumers\n", "PRODUCER",
+               "SHARE", "CONSUMERS", "CPU_S");
+        for (int q = 0; q < nsh; q++)
+            printf("%8.0f %-16.16s %9.0f %9.2f\n", sh[q].producer, sh[q].name, sh[q].consumers, sh[q].cpu);
     }
     free(v);
     fflush(stdout);

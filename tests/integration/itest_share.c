@@ -5,13 +5,16 @@
  * is detached past server.share_max_lag, the others never stall, and it reads on, its
  * batches still exact, in a stream of its own; a late joiner starts at the group's
  * front, or at batch 0 of the epoch with share_join epoch_start; "auto" shares by
- * settings; a share name opened with other settings is refused, naming the setting. */
+ * settings; a share name opened with other settings is refused, naming the setting.
+ * The workers' CPU time of a share is counted once: under the share in `streams`, the
+ * metrics and `loaderctl top`, and in no consumer's or client's own figure. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include <cJSON.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -143,6 +146,55 @@ static void assert_clean(struct harness *h)
     assert_int_equal(harness_status_num(h, "memory_used", NULL), 0);
 }
 
+/* The share's CPU time: each consumer's own worker_cpu_s is 0 and its share object
+ * carries the group's, the same for both; the metrics have it once, under the share,
+ * and top marks it shared and lists the share once. */
+static void check_share_cpu(struct harness *h, lc_client *c, uint64_t ida, uint64_t idb)
+{
+    /* Read again while the last chunk's cost is still being settled (its batch can be
+     * delivered a moment before the worker reports it): then the two differ. */
+    double group[2] = {-1, -2}, producer = -1;
+    for (int tries = 0; tries < 100 && group[0] != group[1]; tries++) {
+        char *reply = NULL;
+        assert_int_equal(lc_request_json(c, "{\"op\":\"streams\"}", &reply), 0);
+        cJSON *r = cJSON_Parse(reply);
+        assert_non_null(r);
+        const cJSON *s;
+        cJSON_ArrayForEach(s, cJSON_GetObjectItem(r, "streams")) {
+            uint64_t id = (uint64_t)cJSON_GetNumberValue(cJSON_GetObjectItem(s, "id"));
+            if (id != ida && id != idb)
+                continue;
+            assert_true(cJSON_GetNumberValue(cJSON_GetObjectItem(s, "worker_cpu_s")) == 0);
+            const cJSON *sh = cJSON_GetObjectItem(s, "share");
+            assert_true(cJSON_IsNumber(cJSON_GetObjectItem(sh, "worker_cpu_s")));
+            group[id == idb] = cJSON_GetNumberValue(cJSON_GetObjectItem(sh, "worker_cpu_s"));
+            producer = cJSON_GetNumberValue(cJSON_GetObjectItem(sh, "producer"));
+        }
+        cJSON_Delete(r);
+        lc_free(reply);
+    }
+    assert_true(group[0] > 0); /* every batch was prepared, by somebody */
+    assert_true(group[0] == group[1]); /* one figure, the group's */
+
+    static char out[65536];
+    char line[128];
+    assert_int_equal(harness_ctl(h, out, sizeof out, "metrics", NULL), 0);
+    snprintf(line, sizeof line, "loaderd_share_worker_cpu_seconds_total{share=\"sweep\",producer=\"%.0f\"} ", producer);
+    const char *p = strstr(out, line);
+    assert_non_null(p);
+    assert_null(strstr(p + 1, line)); /* once, for two consumers */
+    assert_true(strtod(p + strlen(line), NULL) > 0);
+    snprintf(line, sizeof line, "loaderd_stream_worker_cpu_seconds_total{dataset=\"rec\",stream=\"%lu\",",
+             (unsigned long)ida);
+    p = strstr(out, line);
+    assert_non_null(p);
+    assert_true(strncmp(strchr(p, '}'), "} 0\n", 4) == 0); /* the consumer's own: none */
+
+    assert_int_equal(harness_ctl(h, out, sizeof out, "top", "--once", NULL), 0);
+    assert_non_null(strstr(out, "* a shared stream's CPU, prepared once for its consumers"));
+    assert_non_null(strstr(out, " sweep "));
+}
+
 static void test_identical_bytes(void **state)
 {
     struct harness *h = *state;
@@ -169,6 +221,7 @@ static void test_identical_bytes(void **state)
             assert_int_equal(read_check(sb, NULL), i - 1);
     }
     assert_int_equal(read_check(sb, NULL), TOTAL - 1);
+    check_share_cpu(h, a, lc_stream_id(sa), lc_stream_id(sb));
     lc_batch *x;
     assert_int_equal(lc_stream_next(sa, 10000, &x), LC_EEND);
     assert_int_equal(lc_stream_next(sb, 10000, &x), LC_EEND);

@@ -38,6 +38,10 @@ static const struct metrics_dataset two_datasets[] = {
 
 static const char *const one_unavailable[] = {"later"};
 
+static const struct metrics_share one_share[] = {
+    {.name = "sweep", .producer = 12, .consumers = 3, .worker_cpu_s = 4.25},
+};
+
 static struct metrics_snapshot snapshot(void)
 {
     struct metrics_snapshot s = {
@@ -66,6 +70,8 @@ static struct metrics_snapshot snapshot(void)
         .n_datasets = 2,
         .unavailable = one_unavailable,
         .n_unavailable = 1,
+        .share = one_share,
+        .n_shares = 1,
     };
     return s;
 }
@@ -145,6 +151,9 @@ static void test_values(void **state)
     assert_line(t, "loaderd_client_stall_ratio{client=\"3\"} 0.25");
     assert_line(t, "loaderd_client_stall_ratio{client=\"4\"} 0"); /* not connected for any time yet */
     assert_line(t, "loaderd_client_samples_per_second{client=\"3\"} 1000");
+    /* A shared stream's preparation: once per group, whatever its consumers. */
+    assert_line(t, "loaderd_share_consumers{share=\"sweep\",producer=\"12\"} 3");
+    assert_line(t, "loaderd_share_worker_cpu_seconds_total{share=\"sweep\",producer=\"12\"} 4.25");
     free(t);
 }
 
