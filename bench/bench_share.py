@@ -293,12 +293,7 @@ def main(argv):
             md.append(f"| {r['config']} | {100 * r['wait_fraction']:.1f}% | {r['prefetch_now']} | {r['slots']} |")
     if out.get("error"):
         md += ["", f"Error: {out['error']}"]
-    with open(os.path.join(args.results_dir, "share.json"), "w") as f:
-        json.dump(out, f, indent=1)
-        f.write("\n")
-    with open(os.path.join(args.results_dir, "share.md"), "w") as f:
-        f.write("\n".join(md) + "\n")
-    print("\n".join(md), flush=True)
+    measure.write_report(args.results_dir, "share", out, md)
     return rc
 
 

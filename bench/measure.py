@@ -248,6 +248,28 @@ def sched_seconds(pid):
     return total / 1e9
 
 
+def thread_cpu_seconds(pid, prefix):
+    """The summed run times (schedstat) of the live threads of pid whose name starts with
+    prefix (a daemon's worker threads), in seconds; None when the kernel keeps none."""
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return None
+    total = 0
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/comm") as f:
+                if not f.read().startswith(prefix):
+                    continue
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                total += int(f.read().split()[0])
+        except FileNotFoundError:
+            continue            # a thread that ended between the listing and the read
+        except (OSError, ValueError, IndexError):
+            return None
+    return total / 1e9
+
+
 def self_cpu_seconds():
     """This process's CPU time, all threads (ended ones included), to the microsecond."""
     import resource
@@ -433,6 +455,19 @@ def path_subs():
     if home not in ("/", "~"):
         subs.append((home + os.sep, "~/"))
     return subs
+
+
+def write_report(results_dir, stem, res, md_lines):
+    """A bench step's result: stem.json (res) and stem.md (md_lines, a Markdown table and
+    its notes) in results_dir, where bench/run.py gathers them, and the Markdown printed."""
+    os.makedirs(results_dir, exist_ok=True)
+    with open(os.path.join(results_dir, stem + ".json"), "w") as f:
+        json.dump(res, f, indent=1)
+        f.write("\n")
+    text = "\n".join(md_lines) + "\n"
+    with open(os.path.join(results_dir, stem + ".md"), "w") as f:
+        f.write(text)
+    print(text, end="", flush=True)
 
 
 def write_results(results_dir, stem, res, md):

@@ -190,6 +190,30 @@ def test_dated_results_name_no_path_of_this_machine(scratch):
         assert f.read() == "read .\n"
 
 
+def test_report_files_and_printed_table(scratch, capsys):
+    """measure.write_report (bench_fair, bench_share): stem.json and stem.md where run.py
+    gathers them, and the Markdown printed as written."""
+    res = {"summary": {"light_kept": 0.5}}
+    measure.write_report(scratch, "fair", res, ["## Fairness", "", "| a | b |"])
+    with open(os.path.join(scratch, "fair.json")) as f:
+        assert json.load(f) == res
+    with open(os.path.join(scratch, "fair.md")) as f:
+        assert f.read() == "## Fairness\n\n| a | b |\n"
+    assert capsys.readouterr().out == "## Fairness\n\n| a | b |\n"
+
+
+def test_thread_cpu_seconds_counts_named_threads_only():
+    """measure.thread_cpu_seconds (bench_fair's workers' CPU time): the run time of the
+    threads whose name has the prefix, none of the others'."""
+    with open("/proc/self/comm") as f:
+        me = f.read().strip()
+    t0 = time.process_time()
+    while time.process_time() - t0 < 0.05:
+        pass
+    assert measure.thread_cpu_seconds(os.getpid(), me) >= 0.05
+    assert measure.thread_cpu_seconds(os.getpid(), "no-such-thread-") == 0
+
+
 def test_device_benchmark_skips_without_a_gpu(scratch):
     """bench_device.py (make bench's device stage vs DataLoader(pin_memory=True)) where
     torch has no CUDA: it says why, skips, exits 0 and writes its result files saying so,
