@@ -120,10 +120,19 @@ void handoff_unlink(handoff *h)
     h->unlinked = true;
 }
 
+static void handoff_publish(handoff *h, const struct stream_answer *a);
+
 void handoff_close(handoff *h)
 {
     if (!h)
         return;
+    /* The stream goes while the client may sleep on the queue (its connection ended, the
+     * daemon stops): an end entry wakes it now, and the socket says why. There is room:
+     * the entries it has not taken are batches leased to it, fewer than the capacity. */
+    if (h->started && !h->ended && !h->failed) {
+        struct stream_answer a = {.rc = LD_ECLOSED};
+        handoff_publish(h, &a);
+    }
     handoff_unlink(h);
     munmap(h->hdr, h->size);
     free(h);

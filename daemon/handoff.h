@@ -37,7 +37,13 @@ typedef void (*handoff_fail_cb)(void *ctx, int code, const char *message);
 int handoff_open(stream *s, uint64_t id, uint32_t slot_count, handoff_batch_cb on_batch, handoff_fail_cb on_fail,
                  void *ctx, handoff **ret_handoff, char *errbuf);
 /* Stops publishing, unmaps and removes the name. Call before the stream is closed (its
- * waiting next is then forgotten by stream_close). Accepts NULL. */
+ * waiting next is then forgotten by stream_close). A started hand-off that has not ended
+ * publishes an end entry first, so that a client asleep on the queue wakes now and finds
+ * why on the socket (the connection's last error, or its close). Accepts NULL.
+ *
+ * A stream the daemon ends for a reason of its own (stream_end in stream.h) needs nothing
+ * from here: the hand-off's waiting next is answered with the reason, which publishes the
+ * end entry, and the `next` the client then sends on the socket gets code and message. */
 void handoff_close(handoff *h);
 
 /* Publishes the end entry now, before the stream is closed under the client (a reload

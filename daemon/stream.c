@@ -29,8 +29,8 @@
  *
  * Nothing here calls back inside the call that caused it: stream_next returns an
  * answer that is known at once and calls back only for one that is not, from
- * slot_filled() or the stalled-read scan, which are hub completions run by the loop;
- * stream_close calls nobody.
+ * slot_filled(), the stalled-read scan or stream_end's completion, which are hub
+ * completions run by the loop; stream_close calls nobody.
  */
 #include "stream_internal.h"
 
@@ -477,7 +477,7 @@ static bool answer_now(stream *s, struct stream_answer *ret)
 }
 
 /* Answers the waiting next requests, oldest first, as far as the answers are known.
- * Runs from hub completions only (a slot filled, a read found stalled). */
+ * Runs from hub completions only (a slot filled, a read found stalled, an end). */
 void stream_deliver(stream *s)
 {
     if (s->group) {
@@ -785,6 +785,7 @@ void stream_close(stream *s)
 {
     if (!s || s->closing)
         return;
+    hub_cancel(s->set->hub, &s->ended); /* an end's answers are forgotten with the rest */
     if (s->member) {
         share_leave(s->member); /* gives back what it held; the last one closes the producer */
         stream_free(s);
@@ -867,6 +868,22 @@ int stream_release(stream *s, uint32_t slot, uint64_t generation)
     if (rc == 0)
         stream_schedule(s);
     return rc;
+}
+
+/* The hub's turn after stream_end: the waiting nexts get the end. */
+static void stream_ended(struct hub_completion *c)
+{
+    stream *s = (stream *)((char *)c - offsetof(stream, ended));
+    stream_deliver(s);
+}
+
+void stream_end(stream *s, int code, const char *message)
+{
+    if (!s || s->closing)
+        return;
+    stream_fail(s, s->next_deliver, code, message); /* an earlier end or failure stays */
+    s->ended.done = stream_ended;
+    hub_post(s->set->hub, &s->ended);
 }
 
 int stream_consumer_new(stream *src, uint64_t id, uint64_t seq, stream **ret_consumer)

@@ -118,6 +118,15 @@ void stream_set_handed_ahead(stream *s, uint32_t n);
 uint32_t stream_prefetch_target(const stream *s);
 /* Gives a leased slot back (LD_ENOTLEASED / LD_ESTALE / LD_EINVAL change nothing). */
 int stream_release(stream *s, uint32_t slot, uint64_t generation);
+/* Ends the stream now, for a reason of the daemon's (a reload that narrowed access, a
+ * dataset taken away): every next from here on is answered with code (< 0) and message,
+ * the ones waiting now included — from a hub completion, never inside this call, so the
+ * caller may be walking its connections. The hand-off's waiting next is one of them: its
+ * client, asleep or polling, finds the end entry at once (handoff.h). Batches leased
+ * before stay leased: release and stream_close work as before, and the connection still
+ * gives everything back when it goes. Nothing more is filled past what is in flight. The
+ * first end or failure wins; after stream_close it does nothing. Loop thread. */
+void stream_end(stream *s, int code, const char *message);
 
 /* Adds the open reply's layout fields (stream, shm, sizes, fields[]) to obj. */
 void stream_describe_layout(const stream *s, cJSON *obj);

@@ -86,6 +86,7 @@ struct stream {
     uint64_t failed_seq;            /* UINT64_MAX while healthy */
     int fail_rc;
     char fail_msg[LD_ERRMSG_MAX];
+    struct hub_completion ended;    /* stream_end: answers the waiting nexts from the loop */
     uint32_t busy_slots;
     uint64_t cache_ticket;          /* from the dataset's cache keeper at open */
     bool closing, unlinked;

@@ -154,7 +154,10 @@ _Static_assert(offsetof(struct ld_slot_header, reserved) == 32, "ld_slot_header.
  * then sends one `handoff` request on the socket for that number (the daemon's loop
  * sleeps in epoll, not on a futex): once it has taken and released `wake_after`
  * batches since, or before it sleeps. An entry with `rows` 0 ends the hand-off: the
- * stream ended or failed, and a `next` on the socket answers why. Counters only grow;
+ * stream ended, failed or was ended by the daemon, and a `next` on the socket answers
+ * why (code and message); the daemon also writes one when it closes the stream with its
+ * connection, so a sleeping client wakes at once and reads the connection's last error
+ * on the socket. Entries before it are batches leased before the end. Counters only grow;
  * entry i of a queue is at i % capacity. Never change without a version bump. */
 #define LD_HANDOFF_MAGIC 0x464f484cu  /* "LHOF" little-endian */
 #define LD_HANDOFF_VERSION 1u

@@ -12,6 +12,9 @@
  *   hostile client    a client that writes garbage into its release queue has its
  *                     connection ended with a message that names the entry; another
  *                     client reading at the same time gets its whole epoch, in order.
+ *   woken at the end  a client asleep on one stream's ready queue (a futex wait with no
+ *                     time slice: only the daemon can wake it) when the daemon ends its
+ *                     connection is woken by the end entry, and the socket says why.
  *
  * The other integration tests (exact cover, leases, kill loops, reconnects) run through
  * the hand-off too, since it is the default; LOADERD_HANDOFF=socket runs them through the
@@ -23,13 +26,18 @@
 #include <cmocka.h>
 
 #include <cJSON.h>
+#include <errno.h>
 #include <fcntl.h>
+#include <linux/futex.h>
+#include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -264,13 +272,13 @@ struct raw_handoff {
     size_t size;
 };
 
-static void raw_open(struct harness *h, struct raw_handoff *rh)
+/* Opens one more stream with the hand-off on rh->fd (request id `id`). */
+static void raw_open_on(struct raw_handoff *rh, int id)
 {
-    rh->fd = harness_raw_connect(h);
-    harness_raw_send(rh->fd, "{\"op\":\"hello\",\"id\":1,\"version\":1}");
-    free(harness_raw_reply(rh->fd, 10000));
-    harness_raw_send(rh->fd, "{\"op\":\"open\",\"id\":2,\"dataset\":\"records\",\"batch_size\":16,\"prefetch\":2,"
-                             "\"handoff\":1}");
+    char req[160];
+    snprintf(req, sizeof req, "{\"op\":\"open\",\"id\":%d,\"dataset\":\"records\",\"batch_size\":16,"
+             "\"prefetch\":2,\"handoff\":1}", id);
+    harness_raw_send(rh->fd, req);
     char *reply = harness_raw_reply(rh->fd, 10000);
     assert_non_null(reply);
     cJSON *j = cJSON_Parse(reply);
@@ -288,6 +296,14 @@ static void raw_open(struct harness *h, struct raw_handoff *rh)
     close(sfd);
     cJSON_Delete(j);
     assert_int_equal(rh->hdr->magic, LD_HANDOFF_MAGIC);
+}
+
+static void raw_open(struct harness *h, struct raw_handoff *rh)
+{
+    rh->fd = harness_raw_connect(h);
+    harness_raw_send(rh->fd, "{\"op\":\"hello\",\"id\":1,\"version\":1}");
+    free(harness_raw_reply(rh->fd, 10000));
+    raw_open_on(rh, 2);
 }
 
 static void raw_kick(struct raw_handoff *rh, int id)
@@ -391,6 +407,88 @@ static void test_hostile_release_queue(void **state)
     harness_stop_clean(h);
 }
 
+/* A client asleep on a ready queue with one long futex wait: nothing but the daemon's
+ * wake-up ends it before the wait runs out. */
+struct raw_sleeper {
+    struct ld_handoff_header *hdr;
+    uint64_t head;
+    atomic_bool done;
+    bool timed_out;
+    uint32_t rows;              /* of the entry that woke it */
+};
+
+static void *raw_sleeper_run(void *arg)
+{
+    struct raw_sleeper *sl = arg;
+    struct ld_handoff_header *hdr = sl->hdr;
+    for (;;) {
+        uint32_t seq = __atomic_load_n(&hdr->ready_seq, __ATOMIC_ACQUIRE);
+        if (__atomic_load_n(&hdr->ready_tail, __ATOMIC_ACQUIRE) > sl->head)
+            break;
+        __atomic_store_n(&hdr->client_waiting, 1, __ATOMIC_SEQ_CST);
+        if (__atomic_load_n(&hdr->ready_tail, __ATOMIC_SEQ_CST) == sl->head) {
+            struct timespec ts = {60, 0};
+            if (syscall(SYS_futex, &hdr->ready_seq, FUTEX_WAIT, seq, &ts, NULL, 0) < 0 && errno == ETIMEDOUT) {
+                sl->timed_out = true;
+                break;
+            }
+        }
+    }
+    const struct ld_handoff_ready *q = (const struct ld_handoff_ready *)((const uint8_t *)hdr + hdr->ready_offset);
+    sl->rows = q[sl->head & (hdr->capacity - 1)].rows;
+    atomic_store(&sl->done, true);
+    return NULL;
+}
+
+static void test_woken_when_the_connection_ends(void **state)
+{
+    struct harness *h = *state;
+    /* Two streams on one connection: the trainer sleeps on the first; the second's
+     * release queue gets garbage, for which the daemon ends the connection. */
+    struct raw_handoff a, b;
+    raw_open(h, &a);
+    b.fd = a.fd;
+    raw_open_on(&b, 3);
+    raw_kick(&a, 4);
+    char *reply = harness_raw_reply(a.fd, 10000);
+    assert_non_null(strstr(reply, "\"ok\":true"));
+    free(reply);
+    /* Both batches of its prefetch published and none taken: the daemon is idle for
+     * good, and the next entry of this queue can only be the end. */
+    for (int i = 0; i < 1000 && !(__atomic_load_n(&a.hdr->ready_tail, __ATOMIC_ACQUIRE) == 2 &&
+                                  __atomic_load_n(&a.hdr->daemon_idle, __ATOMIC_ACQUIRE)); i++)
+        sleep_ms(10);
+    assert_int_equal(__atomic_load_n(&a.hdr->ready_tail, __ATOMIC_ACQUIRE), 2);
+    assert_true(__atomic_load_n(&a.hdr->daemon_idle, __ATOMIC_ACQUIRE) != 0);
+    struct raw_sleeper sl = {.hdr = a.hdr, .head = __atomic_load_n(&a.hdr->ready_tail, __ATOMIC_ACQUIRE)};
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, raw_sleeper_run, &sl), 0);
+    for (int i = 0; i < 1000 && !__atomic_load_n(&a.hdr->client_waiting, __ATOMIC_SEQ_CST); i++)
+        sleep_ms(10);
+    assert_true(__atomic_load_n(&a.hdr->client_waiting, __ATOMIC_SEQ_CST) != 0);
+
+    raw_kick(&b, 5);
+    struct ld_handoff_release *rel = (struct ld_handoff_release *)((uint8_t *)b.hdr + b.hdr->release_offset);
+    rel[0] = (struct ld_handoff_release){.slot = 1000, .generation = 1};
+    __atomic_store_n(&b.hdr->release_tail, 1, __ATOMIC_RELEASE);
+    raw_kick(&b, 6);
+    char *err = raw_read_until_closed(a.fd);
+    assert_non_null(err);
+    assert_non_null(strstr(err, "protocol_error"));
+    assert_non_null(strstr(err, "out of range"));
+    free(err);
+    assert_int_equal(pthread_join(t, NULL), 0);
+    assert_true(atomic_load(&sl.done));
+    assert_false(sl.timed_out); /* woken by the daemon, not by its own minute running out */
+    assert_int_equal(sl.rows, 0);
+    munmap(a.hdr, a.size);
+    munmap(b.hdr, b.size);
+    close(a.fd);
+    assert_int_equal(harness_wait_leased(h, 0), 0);
+    assert_int_equal(harness_shm_count(h->pid, NULL, 0), 0);
+    harness_stop_clean(h);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -399,6 +497,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_killed_asleep, setup_daemon, teardown),
         cmocka_unit_test_setup_teardown(test_closed_before_start, setup_daemon, teardown),
         cmocka_unit_test_setup_teardown(test_hostile_release_queue, setup_daemon, teardown),
+        cmocka_unit_test_setup_teardown(test_woken_when_the_connection_ends, setup_daemon, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -5,19 +5,29 @@
  * with every slot leased says it is idle, and a release plus a poll ends that; release
  * entries that name a slot out of range, one not leased, a stale generation, or a tail
  * the queue cannot hold fail the hand-off once with a message naming the entry, and
- * change nothing in the ring. */
+ * change nothing in the ring; a client asleep on the ready queue's futex is woken by
+ * an end entry when the daemon ends the stream (stream_end: the next then answers the
+ * code and message, and the batches it holds can still be released) and when the
+ * hand-off is closed under it. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 #include <uv.h>
 
@@ -297,6 +307,120 @@ static void test_tail_out_of_bounds(void **state)
     expect_refused(e, 0, 0, (uint64_t)e->hdr->capacity + 1, "release queue's tail");
 }
 
+/* A client asleep on the ready queue, as libloaderclient sleeps: client_waiting set, one
+ * more look, FUTEX_WAIT on ready_seq. It stops at the first entry past `head`. */
+struct sleeper {
+    struct env *e;
+    uint64_t head;
+    pthread_t thread;
+    atomic_bool done;
+    bool timed_out;             /* a wait of LOOP_MS ran out: nothing woke it */
+    struct ld_handoff_ready entry;
+};
+
+static void *sleeper_run(void *arg)
+{
+    struct sleeper *sl = arg;
+    struct ld_handoff_header *hdr = sl->e->hdr;
+    for (;;) {
+        uint32_t seq = __atomic_load_n(&hdr->ready_seq, __ATOMIC_ACQUIRE);
+        if (__atomic_load_n(&hdr->ready_tail, __ATOMIC_ACQUIRE) > sl->head)
+            break;
+        __atomic_store_n(&hdr->client_waiting, 1, __ATOMIC_SEQ_CST);
+        if (__atomic_load_n(&hdr->ready_tail, __ATOMIC_SEQ_CST) == sl->head) {
+            struct timespec ts = {LOOP_MS / 1000, 0};
+            if (syscall(SYS_futex, &hdr->ready_seq, FUTEX_WAIT, seq, &ts, NULL, 0) < 0 && errno == ETIMEDOUT) {
+                sl->timed_out = true;
+                break;
+            }
+        }
+        __atomic_store_n(&hdr->client_waiting, 0, __ATOMIC_RELAXED);
+    }
+    sl->entry = *ready_at(sl->e, sl->head);
+    atomic_store(&sl->done, true);
+    return NULL;
+}
+
+/* Kicks the hand-off, takes what it publishes until the daemon is idle (every slot
+ * leased to us), and starts a client that sleeps for the next entry. */
+static void sleep_on_idle_queue(struct env *e, struct sleeper *sl)
+{
+    handoff_kick(e->h);
+    /* Idle for good: both batches of the prefetch published (the ring's later slots are
+     * committed in the background, so an idle spell may come before that). */
+    uint64_t end = uv_hrtime() + (uint64_t)LOOP_MS * 1000000u;
+    while (!(idle_now(e) && e->hdr->ready_tail == 2) && uv_hrtime() < end) {
+        uv_run(&e->loop, UV_RUN_NOWAIT);
+        uv_sleep(1);
+    }
+    assert_true(idle_now(e));
+    assert_int_equal(e->hdr->ready_tail, 2);
+    *sl = (struct sleeper){.e = e, .head = e->hdr->ready_tail};
+    e->hdr->ready_head = sl->head;
+    assert_int_equal(pthread_create(&sl->thread, NULL, sleeper_run, sl), 0);
+    /* Asleep, or about to be: it has said it waits. */
+    while (!__atomic_load_n(&e->hdr->client_waiting, __ATOMIC_SEQ_CST) && uv_hrtime() < end)
+        uv_sleep(1);
+    assert_true(__atomic_load_n(&e->hdr->client_waiting, __ATOMIC_SEQ_CST) != 0);
+}
+
+/* Turns the loop until the sleeper has its entry; it must have been woken, not timed out. */
+static void wait_sleeper(struct env *e, struct sleeper *sl)
+{
+    while (!atomic_load(&sl->done))
+        uv_run(&e->loop, UV_RUN_NOWAIT);
+    assert_int_equal(pthread_join(sl->thread, NULL), 0);
+    assert_false(sl->timed_out);
+}
+
+static void no_callback(void *ctx, const struct stream_answer *a)
+{
+    (void)ctx;
+    (void)a;
+    fail_msg("an ended stream's next is answered at once");
+}
+
+static void test_end_wakes_a_sleeping_client(void **state)
+{
+    struct env *e = *state;
+    struct sleeper sl;
+    sleep_on_idle_queue(e, &sl);
+    stream_end(e->s, LD_EDENIED, "permission denied: a reload narrowed access.datasets.index");
+    assert_false(atomic_load(&sl.done)); /* answered from the loop, not inside the call */
+    wait_sleeper(e, &sl);
+    assert_int_equal(sl.entry.rows, 0);
+    /* The reason, as a `next` on the socket gets it; a later end does not replace it. */
+    stream_end(e->s, LD_ECLOSED, "another reason");
+    struct stream_answer a;
+    assert_int_equal(stream_next(e->s, no_callback, NULL, &a), 1);
+    assert_int_equal(a.rc, LD_EDENIED);
+    assert_string_equal(a.message, "permission denied: a reload narrowed access.datasets.index");
+    /* The batches leased before the end are still ours to give back. */
+    const ring *r = stream_ring(e->s);
+    assert_true(ring_count(r, RING_LEASED) >= 1);
+    for (uint64_t i = 0; i < sl.head; i++)
+        client_release(e, ready_at(e, i)->slot, ready_at(e, i)->generation);
+    e->hdr->ready_head = sl.head + 1;
+    handoff_poll(e->h);
+    assert_int_equal(ring_count(r, RING_LEASED), 0);
+    assert_int_equal(e->fails, 0);
+    /* Nothing more is published, and nothing is filled. */
+    uv_run(&e->loop, UV_RUN_NOWAIT);
+    assert_int_equal(e->hdr->ready_tail, sl.head + 1);
+}
+
+static void test_close_wakes_a_sleeping_client(void **state)
+{
+    struct env *e = *state;
+    struct sleeper sl;
+    sleep_on_idle_queue(e, &sl);
+    /* The connection goes (its last error is on the socket): the stream with it. */
+    handoff_close(e->h);
+    e->h = NULL;
+    wait_sleeper(e, &sl);
+    assert_int_equal(sl.entry.rows, 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -306,6 +430,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_slot_out_of_range, setup, teardown),
         cmocka_unit_test_setup_teardown(test_slot_not_leased, setup, teardown),
         cmocka_unit_test_setup_teardown(test_tail_out_of_bounds, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_end_wakes_a_sleeping_client, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_close_wakes_a_sleeping_client, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
