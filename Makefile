@@ -32,6 +32,9 @@ PKGS := libuv libcjson yaml-0.1 libsystemd libxxhash libturbojpeg libjpeg libpng
 # The object store client (daemon/s3.c): libcurl for HTTP, libcrypto for SigV4's
 # SHA-256 and HMAC, libxml2 for the listings and error documents.
 PKGS += libcurl libcrypto libxml-2.0
+# Cold storage's read-ahead (daemon/coldread.c) starts a group of reads with one
+# io_uring submission.
+PKGS += liburing
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 CMOCKA_LIBS := $(shell pkg-config --libs cmocka 2>/dev/null)

@@ -3,14 +3,17 @@
  * The counters are relaxed atomics bumped by workers and I/O threads and read by the
  * loop thread's decision: an approximate share is all the decision needs. A job is one
  * batch's sample indices; its items are shared out among the ioqueue's threads. Each
- * item opens the sample through the kind's callback, tries a RWF_NOWAIT read of its
- * first IOQUEUE_SCRATCH_BYTES (to learn whether it was cached) and asks the kernel for
- * what was not with POSIX_FADV_WILLNEED; it never waits for the data (coldread_item). */
+ * item is a group of samples: an I/O thread opens them through the kind's callback,
+ * starts RWF_NOWAIT reads of their first bytes in one io_uring submission (to learn
+ * whether they were cached, and to hand the disk the misses together) and asks the
+ * kernel for what was not with POSIX_FADV_WILLNEED; it never waits for the data
+ * (coldread_item). */
 #include "coldread.h"
 
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <liburing.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -45,8 +48,14 @@ struct coldread {
     atomic_uint_fast64_t samples, ahead_misses, failed, pending;
 };
 
+/* Samples an I/O thread takes at a time: opened one after another, then their reads
+ * started with one io_uring submission (coldread_item), each into its share of the
+ * thread's scratch buffer. */
+#define COLDREAD_GROUP 8u
+#define COLDREAD_FIRST_BYTES (IOQUEUE_SCRATCH_BYTES / COLDREAD_GROUP)
+
 struct coldread_job {
-    struct ioqueue_job job;         /* first */
+    struct ioqueue_job job;         /* first; its items are groups of COLDREAD_GROUP samples */
     coldread *ra;
     size_t count;                   /* samples (a cancel lowers job.n) */
     uint64_t idx[];
@@ -207,57 +216,182 @@ bool coldread_wanted(coldread *ra)
     return cold;
 }
 
-/* An I/O thread: start bringing one sample into the page cache, without waiting for
- * the disk. The open is the part that blocks (a cold directory block or inode); the
- * data is only asked for: a RWF_NOWAIT read that misses has already started the
- * kernel's read of those pages when it answers EAGAIN, and POSIX_FADV_WILLNEED makes
- * sure of the whole file. The thread then moves on to the next sample while the disk
- * works, so the data of a whole batch (and of the batches queued behind it) is in
- * flight at once, and the thread pays no sleep and wake-up per sample: measured on a
- * virtio disk, 20,000 cold 3 KiB files cost 24 us of CPU each this way against 45 us
- * with a blocking read per file. The worker's read then finds the pages, or waits for
- * the ones still in flight. */
-static void coldread_item(struct ioqueue_job *j, size_t i, void *scratch)
+/* Each I/O thread's io_uring, made on its first group and freed when the thread ends
+ * (the key's destructor). A thread where io_uring cannot be had (an old kernel, a
+ * seccomp filter, a memory limit) starts its reads with one preadv2 each instead. */
+static pthread_key_t coldread_ring_key;
+static pthread_once_t coldread_ring_once = PTHREAD_ONCE_INIT;
+static bool coldread_ring_key_made;
+static __thread int coldread_ring_state; /* 0: not tried yet; 1: made; -1: none */
+
+static void coldread_ring_free(void *p)
+{
+    io_uring_queue_exit(p);
+    free(p);
+}
+
+static void coldread_ring_key_make(void)
+{
+    coldread_ring_key_made = pthread_key_create(&coldread_ring_key, coldread_ring_free) == 0;
+}
+
+static struct io_uring *coldread_ring(void)
+{
+    if (coldread_ring_state)
+        return coldread_ring_state > 0 ? pthread_getspecific(coldread_ring_key) : NULL;
+    coldread_ring_state = -1;
+    pthread_once(&coldread_ring_once, coldread_ring_key_make);
+    struct io_uring *r = coldread_ring_key_made ? malloc(sizeof *r) : NULL;
+    if (!r)
+        return NULL;
+    if (io_uring_queue_init(COLDREAD_GROUP, r, 0) < 0) {
+        free(r);
+        return NULL;
+    }
+    if (pthread_setspecific(coldread_ring_key, r) != 0) {
+        coldread_ring_free(r);
+        return NULL;
+    }
+    coldread_ring_state = 1;
+    return r;
+}
+
+/* This thread's ring failed in a way that leaves it unusable: dropped, and the thread
+ * starts its reads one by one from now on. */
+static void coldread_ring_drop(struct io_uring *r)
+{
+    pthread_setspecific(coldread_ring_key, NULL);
+    coldread_ring_free(r);
+    coldread_ring_state = -1;
+}
+
+/* One sample of a group on an I/O thread. */
+struct coldread_file {
+    int fd;                         /* -1: could not be opened */
+    uint64_t bytes;                 /* to bring in */
+    ssize_t got;                    /* the RWF_NOWAIT read: bytes, or -errno (-EAGAIN: not cached) */
+    bool tried, counted;            /* got is set; it says whether the data was cached */
+};
+
+/* The RWF_NOWAIT reads of a group's opened files, all in one io_uring submission (one
+ * doorbell for the disk); those the ring could not take are left untried. */
+static void coldread_start_ring(coldread *ra, struct coldread_file *f, size_t m, char *scratch)
+{
+    struct io_uring *r = coldread_ring();
+    if (!r)
+        return;
+    unsigned queued = 0;
+    for (size_t s = 0; s < m; s++) {
+        if (f[s].fd < 0 || !f[s].bytes)
+            continue;
+        struct io_uring_sqe *sqe = io_uring_get_sqe(r);
+        if (!sqe)
+            break; /* cannot happen: the ring holds a group and is emptied after each */
+        size_t first = f[s].bytes < COLDREAD_FIRST_BYTES ? (size_t)f[s].bytes : COLDREAD_FIRST_BYTES;
+        io_uring_prep_read(sqe, f[s].fd, scratch + s * COLDREAD_FIRST_BYTES, (unsigned)first, 0);
+        sqe->rw_flags = RWF_NOWAIT;
+        sqe->user_data = s;
+        queued++;
+    }
+    if (!queued)
+        return;
+    int sub = io_uring_submit(r);
+    if (sub < 0) {
+        coldread_ring_drop(r);
+        return;
+    }
+    for (int done = 0; done < sub;) {
+        struct io_uring_cqe *cqe;
+        int e = io_uring_wait_cqe(r, &cqe);
+        if (e == -EINTR)
+            continue;
+        if (e < 0) {
+            coldread_ring_drop(r); /* the others stay untried: read one by one */
+            return;
+        }
+        size_t s = (size_t)cqe->user_data;
+        int res = cqe->res;
+        io_uring_cqe_seen(r, cqe);
+        done++;
+        if (s >= m)
+            continue;
+        if (res == -EOPNOTSUPP || res == -EINVAL) {
+            atomic_store(&ra->nowait_unsupported, true); /* as coldread_try: never cold */
+            continue; /* untried: the one-by-one path asks the kernel for it */
+        }
+        f[s].tried = true;
+        f[s].got = res;
+        f[s].counted = res >= 0 || res == -EAGAIN;
+    }
+    if ((unsigned)sub < queued)
+        coldread_ring_drop(r); /* the rest sit in its queue: not to be mixed with the next group */
+}
+
+/* An I/O thread: start bringing a group of samples into the page cache, without
+ * waiting for the disk. The opens are the part that blocks (a cold directory block or
+ * inode); the data is only asked for: a RWF_NOWAIT read that misses has already
+ * started the kernel's read of those pages when it answers EAGAIN, and
+ * POSIX_FADV_WILLNEED makes sure of the whole file. The thread then moves on while the
+ * disk works, so the data of a whole batch (and of the batches queued behind it) is in
+ * flight at once, and the thread pays no sleep and wake-up per sample. The group's
+ * reads go to the kernel in one io_uring submission, so the disk is handed
+ * COLDREAD_GROUP requests with one doorbell (on a virtual disk a doorbell is an exit to
+ * the hypervisor: a tenth of the CPU of a cold file when each has its own). Measured
+ * on a virtio disk, 20,000 cold 3 KiB files: 45 us of CPU each with a blocking read per
+ * file, 24-37 us starting the reads one by one, 20-23 us in groups of 8 (one thread
+ * per request, 32 threads). The worker's read then finds the pages, or waits for the
+ * ones still in flight. */
+static void coldread_item(struct ioqueue_job *j, size_t g, void *scratch)
 {
     struct coldread_job *k = (struct coldread_job *)j;
     coldread *ra = k->ra;
-    uint64_t bytes = 0;
-    int fd = -1;
+    size_t begin = g * COLDREAD_GROUP;
+    size_t m = k->count - begin < COLDREAD_GROUP ? k->count - begin : COLDREAD_GROUP;
+    struct coldread_file f[COLDREAD_GROUP];
 
-    if (ra->open(ra->ctx, k->idx[i], &fd, &bytes) < 0) {
-        atomic_fetch_add_explicit(&ra->failed, 1, memory_order_relaxed);
-        goto out;
-    }
-    size_t first = bytes < IOQUEUE_SCRATCH_BYTES ? (size_t)bytes : IOQUEUE_SCRATCH_BYTES;
-    bool counted = false, miss = false;
-    uint64_t have = 0;
-    if (first) {
-        ssize_t n = coldread_try(ra, fd, scratch, first, 0, &counted);
-        if (n < 0 && errno != EAGAIN) {
+    for (size_t s = 0; s < m; s++) {
+        f[s] = (struct coldread_file){.fd = -1};
+        if (ra->open(ra->ctx, k->idx[begin + s], &f[s].fd, &f[s].bytes) < 0) {
+            f[s].fd = -1;
             atomic_fetch_add_explicit(&ra->failed, 1, memory_order_relaxed);
-            goto out; /* the worker's read says what it is */
         }
-        miss = n < 0 && counted;
-        have = n < 0 ? 0 : (uint64_t)n;
     }
-    if (bytes > have)
-        posix_fadvise(fd, (off_t)have, (off_t)(bytes - have), POSIX_FADV_WILLNEED);
-    if (counted)
-        coldread_count(ra, miss);
-    atomic_fetch_add_explicit(&ra->samples, 1, memory_order_relaxed);
-    if (miss)
-        atomic_fetch_add_explicit(&ra->ahead_misses, 1, memory_order_relaxed);
-out:
-    if (fd >= 0)
-        close(fd);
-    atomic_fetch_sub_explicit(&ra->pending, 1, memory_order_relaxed);
+    if (!atomic_load_explicit(&ra->nowait_unsupported, memory_order_relaxed))
+        coldread_start_ring(ra, f, m, scratch);
+    for (size_t s = 0; s < m; s++) {
+        if (f[s].fd < 0)
+            continue;
+        size_t first = f[s].bytes < COLDREAD_FIRST_BYTES ? (size_t)f[s].bytes : COLDREAD_FIRST_BYTES;
+        if (first && !f[s].tried) {
+            ssize_t n = coldread_try(ra, f[s].fd, (char *)scratch + s * COLDREAD_FIRST_BYTES, first, 0, &f[s].counted);
+            f[s].got = n < 0 ? -errno : n;
+        }
+        if (first && f[s].got < 0 && f[s].got != -EAGAIN) {
+            atomic_fetch_add_explicit(&ra->failed, 1, memory_order_relaxed);
+            close(f[s].fd); /* the worker's read says what it is */
+            continue;
+        }
+        bool miss = first && f[s].got == -EAGAIN && f[s].counted;
+        uint64_t have = !first || f[s].got < 0 ? 0 : (uint64_t)f[s].got;
+        if (f[s].bytes > have)
+            posix_fadvise(f[s].fd, (off_t)have, (off_t)(f[s].bytes - have), POSIX_FADV_WILLNEED);
+        if (f[s].counted)
+            coldread_count(ra, miss);
+        atomic_fetch_add_explicit(&ra->samples, 1, memory_order_relaxed);
+        if (miss)
+            atomic_fetch_add_explicit(&ra->ahead_misses, 1, memory_order_relaxed);
+        close(f[s].fd);
+    }
+    atomic_fetch_sub_explicit(&ra->pending, m, memory_order_relaxed);
 }
 
 static void coldread_job_done(struct ioqueue_job *j, size_t items_run)
 {
     struct coldread_job *k = (struct coldread_job *)j;
-    /* Items dropped by a cancel were counted pending at submit. */
-    atomic_fetch_sub_explicit(&k->ra->pending, k->count - items_run, memory_order_relaxed);
+    /* The groups run are the first items_run (a cancel stops taking more); the samples
+     * of those dropped were counted pending at submit. */
+    size_t ran = items_run * COLDREAD_GROUP < k->count ? items_run * COLDREAD_GROUP : k->count;
+    atomic_fetch_sub_explicit(&k->ra->pending, k->count - ran, memory_order_relaxed);
     free(k);
 }
 
@@ -271,7 +405,7 @@ int coldread_submit(coldread *ra, const uint64_t *idx, size_t n)
     memset(&k->job, 0, sizeof k->job);
     k->job.run = coldread_item;
     k->job.done = coldread_job_done;
-    k->job.n = n;
+    k->job.n = (n + COLDREAD_GROUP - 1) / COLDREAD_GROUP;
     k->job.owner = ra;
     k->ra = ra;
     k->count = n;

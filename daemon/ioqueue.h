@@ -10,7 +10,8 @@
  * job has no result. Measured on a virtio disk (4 KiB random reads, O_DIRECT, fio):
  * 32 blocking threads 55.7k IOPS, io_uring at depth 32 42.6k, one thread 6.5k; small
  * files also need a path lookup and an inode per open, which io_uring would hand to
- * its own worker threads anyway.
+ * its own worker threads anyway. So the threads open, and what they start reading
+ * goes to the kernel through io_uring a group at a time (coldread.c).
  *
  * Threads start on the first submit, so a dataset that is never cold costs nothing. */
 #ifndef LD_IOQUEUE_H

@@ -26,9 +26,10 @@ if command -v pkg-config >/dev/null 2>&1; then
   need_pc libcurl libcurl4-openssl-dev
   need_pc libcrypto libssl-dev
   need_pc libxml-2.0 libxml2-dev
+  need_pc liburing liburing-dev
   if [ "$what" != build ]; then need_pc cmocka libcmocka-dev; fi
 else
-  pkgs+=(libuv1-dev libcjson-dev libyaml-dev libsystemd-dev libxxhash-dev libturbojpeg0-dev libjpeg62-turbo-dev libpng-dev libsqlite3-dev libpq-dev libcurl4-openssl-dev libssl-dev libxml2-dev libcmocka-dev)
+  pkgs+=(libuv1-dev libcjson-dev libyaml-dev libsystemd-dev libxxhash-dev libturbojpeg0-dev libjpeg62-turbo-dev libpng-dev libsqlite3-dev libpq-dev libcurl4-openssl-dev libssl-dev libxml2-dev liburing-dev libcmocka-dev)
 fi
 # The fuzzers (make fuzz, and briefly in make test): clang with libFuzzer's runtime and
 # llvm-symbolizer for readable sanitizer reports.
