@@ -7,7 +7,7 @@ torch = pytest.importorskip("torch")
 
 import support
 from conftest import REC, TOK, VAR
-from test_client import file_of, mapping_of
+from batch_checks import file_of, mapping_of
 
 import loaderclient
 from loaderclient.torch import LoaderdDataLoader
