@@ -21,7 +21,9 @@ JSON, the daemon's config and log) go to bench/results/cache-raw/. What is measu
 how: bench/README.md, "The cache benchmark". `make bench` runs it after bench.py.
 
 Shares bench.py's DataLoader child over the files by importing it, and bench/measure.py's
-process accounting (process-tree memory sampling, CPU time). Options: `--help`; the record dataset's options (`--quick`,
+process accounting (process-tree memory sampling, CPU time). The pickle recipe's and the
+memory bandwidth's child processes are in cache_children.py, the report (ratios, markdown,
+console) in cache_report.py. Options: `--help`; the record dataset's options (`--quick`,
 `--files`, ...) are also taken from BENCH_ARGS, as bench.py reads them, and options of
 this script alone from BENCH_CACHE_ARGS.
 """
@@ -30,7 +32,6 @@ import argparse
 import datetime
 import json
 import os
-import pickle
 import shlex
 import signal
 import subprocess
@@ -44,6 +45,8 @@ sys.path.insert(0, HERE)
 sys.dont_write_bytecode = True  # no bench/__pycache__ from the import below
 import bench  # noqa: E402  (bench.py, next to this file: helpers shared with it)
 import measure  # noqa: E402  (bench/measure.py: process accounting, reporting helpers)
+from cache_children import child_memcpy, child_pickle_build, child_pickle_load  # noqa: E402
+from cache_report import console, render, summarize  # noqa: E402  (bench/cache_report.py)
 
 REPO = measure.REPO
 MB = measure.MB
@@ -473,116 +476,6 @@ def run_cold(args, bins, paths, raw, errors):
 # ---------------------------------------------------------------------------------------
 # PyTorch: the pickle recipe (child processes) and the memory bandwidth
 
-def child_epochs(loader, spec):
-    """The DataLoader loop of bench.py's child: counts batches, samples and bytes."""
-    epochs = []
-    for epoch in range(spec["epochs"]):
-        samples = nbytes = batches = 0
-        t0 = time.perf_counter()
-        it = iter(loader)
-        first_ms, partial = None, False
-        for batch in it:
-            if first_ms is None:
-                first_ms = (time.perf_counter() - t0) * 1000
-            for t in batch:
-                t.clone()           # the trainer reads every byte, as in bench.py (--consume copy)
-            samples += batch[0].shape[0]
-            nbytes += sum(p.element_size() * p.numel() for p in batch)
-            batches += 1
-            if batches < len(loader) and (samples >= spec["max_samples"]
-                                          or time.perf_counter() - t0 >= spec["max_seconds"]):
-                partial = True
-                break
-        secs = time.perf_counter() - t0
-        del it
-        epochs.append({"epoch": epoch, "samples": samples, "batches": batches, "bytes": nbytes,
-                       "seconds": secs, "first_batch_ms": first_ms, "partial": partial,
-                       "samples_per_s": samples / secs if secs > 0 else 0.0})
-    return epochs
-
-
-def child_pickle_build(spec):
-    """The recipe's first half: read every file once into a list of (bytes, label) and
-    pickle the list into one file."""
-    root = spec["root"]
-    t0 = time.perf_counter()
-    files = bench.list_files(root, "*.bin")
-    classes = sorted({f.split(os.sep, 1)[0] for f in files if os.sep in f})
-    index = {c: i for i, c in enumerate(classes)}
-    items = []
-    for rel in files:
-        with open(os.path.join(root, rel), "rb") as f:
-            items.append((f.read(), index.get(rel.split(os.sep, 1)[0], 0) if os.sep in rel else 0))
-    t_read = time.perf_counter() - t0
-    t1 = time.perf_counter()
-    tmp = spec["path"] + ".tmp"
-    with open(tmp, "wb") as f:
-        pickle.dump(items, f, protocol=pickle.HIGHEST_PROTOCOL)
-    os.replace(tmp, spec["path"])
-    t_dump = time.perf_counter() - t1
-    print(json.dumps({"samples": len(items), "read_s": t_read, "dump_s": t_dump,
-                      "file_size": os.path.getsize(spec["path"]),
-                      "hwm_kib": measure.read_proc_kib(os.getpid(), "VmHWM")}))
-    return 0
-
-
-def child_pickle_load(spec):
-    """The recipe's second half: a Dataset that unpickles the whole file at start and
-    serves from memory, through a DataLoader."""
-    import warnings
-    import numpy as np
-    import torch
-    from torch.utils.data import DataLoader, Dataset
-    # np.frombuffer over bytes is read-only; the default collate copies it into the batch
-    warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-    torch.manual_seed(spec["seed"])
-
-    class PickledDataset(Dataset):
-        def __init__(self, path):
-            with open(path, "rb") as f:
-                self.items = pickle.load(f)
-
-        def __len__(self):
-            return len(self.items)
-
-        def __getitem__(self, i):
-            data, label = self.items[i]
-            return torch.from_numpy(np.frombuffer(data, dtype=np.uint8)), label
-
-    rss_before = measure.read_proc_kib(os.getpid(), "VmRSS")
-    t0 = time.perf_counter()
-    ds = PickledDataset(spec["path"])
-    load_s = time.perf_counter() - t0
-    rss_loaded = measure.read_proc_kib(os.getpid(), "VmRSS")
-    loader = DataLoader(ds, batch_size=spec["batch_size"], shuffle=True,
-                        num_workers=spec["workers"],
-                        **({"persistent_workers": True, "prefetch_factor": 4} if spec["workers"] else {}))
-    epochs = child_epochs(loader, spec)
-    print(json.dumps({"samples_per_epoch": len(ds), "load_s": load_s,
-                      "rss_before_load_kib": rss_before, "rss_after_load_kib": rss_loaded,
-                      "torch": torch.__version__, "epochs": epochs}))
-    return 0
-
-
-def child_memcpy(spec):
-    import numpy as np
-    n = spec["mib"] * MIB
-    a = np.ones(n, dtype=np.uint8)
-    b = np.zeros(n, dtype=np.uint8)     # written once so that its pages exist before timing
-    b[:] = 1
-    best = None
-    times = []
-    for _ in range(spec["repeat"]):
-        t0 = time.perf_counter()
-        np.copyto(b, a)
-        dt = time.perf_counter() - t0
-        times.append(dt)
-        best = dt if best is None else min(best, dt)
-    print(json.dumps({"bytes": n, "seconds": times, "best_gb_per_s": n / best / 1e9,
-                      "numpy": np.__version__}))
-    return 0
-
-
 def run_child(kind, spec, raw, tag, timeout_s):
     """This script as a child (its own process, so that its tree's memory is its own).
     Returns (parsed JSON, TreeMemory, pid) or (None, ...)."""
@@ -656,241 +549,6 @@ def run_torch(args, rec_dir, pkl_path, raw, failures):
     except OSError:
         pass
     return out
-
-
-# ---------------------------------------------------------------------------------------
-# Report
-
-def summarize(res):
-    """The ratios the issue asks for."""
-    s = {}
-    rec, large = res.get("warm", {}).get("records"), res.get("warm", {}).get("large")
-    t = res.get("torch") or {}
-    if rec:
-        c = rec["cached"]["samples_per_s"]
-        s["cached_vs_loaderd_files"] = ratio(c, rec["files"]["samples_per_s"])
-        best_dl = max((r["samples_per_s"] for r in t.get("files", [])), default=None)
-        best_pk = max((r["samples_per_s"] for r in t.get("pickle", [])), default=None)
-        s["cached_vs_dataloader_files_best"] = ratio(c, best_dl)
-        s["cached_vs_pickle_best"] = ratio(c, best_pk)
-        s["target_10x_met"] = (s["cached_vs_loaderd_files"] or 0) >= 10
-    if large and res.get("memcpy"):
-        bw = res["memcpy"]["best_gb_per_s"] * 1000       # MB/s
-        s["large_cached_fraction_of_memcpy"] = ratio(large["cached"]["mb_per_s"], bw)
-        s["large_files_fraction_of_memcpy"] = ratio(large["files"]["mb_per_s"], bw)
-        s["target_2x_memcpy_met"] = (s["large_cached_fraction_of_memcpy"] or 0) >= 0.5
-    cold = res.get("cold") or {}
-    if cold.get("cache") and cold.get("files"):
-        s["cold_cached_vs_files"] = ratio(cold["cache"]["samples_per_s"], cold["files"]["samples_per_s"])
-    return s
-
-
-def steady_desc(n):
-    """Which epochs of a DataLoader run of n epochs are measured: all but epoch 0."""
-    return "epoch 0 of 1" if n == 1 else "epoch 1 of 2" if n == 2 else f"epochs 1–{n - 1} of {n}"
-
-
-def epochs_desc(eps):
-    return f"epoch {eps[0]}" if len(eps) == 1 else f"epochs {eps[0]}–{eps[-1]}"
-
-
-def main_rows(res):
-    """(source, loader, workers, samples/s, MB/s, peak RSS, note) for the records table."""
-    rows = []
-    rec = res.get("warm", {}).get("records")
-    t = res.get("torch") or {}
-    if rec:
-        c = rec["cached"]
-        rows.append(["cache", "loaderd", f"{DAEMON_WORKERS} threads", c["samples_per_s"], c["mb_per_s"],
-                     c["peak_rss_mib"], f"stream 2, {epochs_desc(c['epochs'])} (steady)"])
-        f = rec["files"]
-        rows.append(["files", "loaderd", f"{DAEMON_WORKERS} threads", f["samples_per_s"], f["mb_per_s"],
-                     f["peak_rss_mib"], f"no cache, {epochs_desc(f['epochs'])} (steady)"])
-        e = rec["epoch0"]
-        rows.append(["files, cache building", "loaderd", f"{DAEMON_WORKERS} threads", e["samples_per_s"],
-                     e["mb_per_s"], e["peak_rss_mib"], "epoch 0 of the cached dataset"])
-    for r in t.get("files", []):
-        rows.append(["files", "DataLoader", str(r["workers"]), r["samples_per_s"], r["mb_per_s"],
-                     r["peak_rss_mib"], steady_desc(len(r["runs"][0]["child"]["epochs"]))
-                     + " (bench.py's trainer: open().read() per file; packed vs files, not like for like)"])
-    for r in t.get("pickle", []):
-        rows.append(["pickle, in memory", "DataLoader", str(r["workers"]), r["samples_per_s"], r["mb_per_s"],
-                     r["peak_rss_mib"], f"{steady_desc(len(r['child']['epochs']))}, after a {r['load_s']:.2f} s load"
-                     + (" (partial)" if r["partial"] else "")])
-    c = rec["cached"]["samples_per_s"] if rec else None
-    for row in rows:
-        row.append(ratio(c, row[3]))
-    return rows
-
-
-def render(res, meta):
-    L = []
-    m = meta["machine"]
-    p = meta["params"]
-    s = res["summary"]
-    L.append(f"# loaderd dataset cache — {m['date']}")
-    L.append("")
-    L.append(f"Machine: {m['nproc']} CPUs usable ({m['cpu_model']}), {m['mem_total_mib']} MiB RAM, "
-             f"Linux {m['kernel']}; Python {m['python']}, torch {m['torch']}, numpy {m['numpy']}.")
-    L.append(f"Command: `{meta['command']}` (`make bench` runs it after bench.py).")
-    L.append(f"Data{' (--quick)' if p['quick'] else ''}: records = {p['files']:,} files × {p['file_size']} B "
-             f"in {p['classes']} classes, batch {RECORDS_BATCH}; large = {p['large_files']:,} files × "
-             f"{p['large_size']:,} B, batch {LARGE_BATCH}. Shuffle on; loaderd with {DAEMON_WORKERS} worker "
-             "threads, cache mode auto (cache file removed before the run). Page cache warm unless "
-             "marked cold.")
-    L.append("")
-    rec = res.get("warm", {}).get("records")
-    L.append(f"## Records ({p['files']:,} × {p['file_size']} B): cached epochs against the files")
-    L.append("")
-    L.append("| source | loader | workers | samples/s | MB/s | peak RSS MiB | measured | cached ÷ this |")
-    L.append("|---|---|---:|---:|---:|---:|---|---:|")
-    for r in main_rows(res):
-        L.append(f"| {r[0]} | {r[1]} | {r[2]} | {fmt(r[3], ',.0f')} | {fmt(r[4], ',.1f')} | "
-                 f"{fmt(r[5], ',.0f')} | {r[6]} | {fmt(r[7], '.2f')}× |")
-    L.append("")
-    if rec:
-        L.append(f"- **cached ÷ loaderd files (same {DAEMON_WORKERS} workers): "
-                 f"{fmt(s.get('cached_vs_loaderd_files'), '.2f')}×** (target ≥ 10×: "
-                 f"{'met' if s.get('target_10x_met') else 'not met'}).")
-        L.append(f"- **Against PyTorch, like for like: ÷ the best pickle-everything recipe "
-                 f"{fmt(s.get('cached_vs_pickle_best'), '.2f')}×** — both read one packed file held in memory. "
-                 f"÷ the best DataLoader over the files: {fmt(s.get('cached_vs_dataloader_files_best'), '.2f')}× "
-                 "is not like for like: it sets an in-memory packed file against a DataLoader that opens a "
-                 "file per sample, so it measures the packing as much as the loader.")
-        b = rec["build"]
-        L.append(f"- Cache build: {fmt(b['seconds'], '.2f')} s (header build time to ready, polled every "
-                 f"{POLL_BUILD_S * 1000:.0f} ms after epoch 0; ready {b['ready_after_epoch0_s']:.2f} s after "
-                 f"epoch 0 ended), file {b['file_size']:,} bytes ({b['file_size'] / MIB:,.1f} MiB) for "
-                 f"{b['count']:,} samples.")
-        cf = rec["cached"]["stream_first_epoch"]
-        L.append(f"- The cached stream's own first epoch (epoch 1, stream start-up included): "
-                 f"{cf['samples_per_s']:,.0f} samples/s; the files stream's: "
-                 f"{rec['files']['stream_first_epoch']['samples_per_s']:,.0f}. Peak RSS of loaderd rows = "
-                 "daemon VmHWM over the read + loaderctl's; a cached read's includes the cache file's "
-                 "pages the daemon has mapped (page cache, shared).")
-    pb = (res.get("torch") or {}).get("pickle_build")
-    if pb:
-        L.append(f"- Pickle recipe: reading the {pb['samples']:,} files {pb['read_s']:.2f} s, pickling "
-                 f"{pb['dump_s']:.2f} s, file {pb['file_size'] / MIB:,.0f} MiB, builder peak RSS "
-                 f"{pb['peak_rss_mib']:,.0f} MiB; loading: "
-                 + ", ".join(f"{r['load_s']:.2f} s (+{r['load_rss_mib']:,.0f} MiB RSS) at num_workers={r['workers']}"
-                             for r in res["torch"]["pickle"])
-                 + "; peak PSS of the process tree (shared pages divided among its processes): "
-                 + ", ".join(f"{r['peak_pss_mib']:,.0f} MiB at num_workers={r['workers']}"
-                             for r in res["torch"]["pickle"])
-                 + " (forked workers touch the list's objects, so copy-on-write duplicates them).")
-    L.append("")
-    cold = res.get("cold") or {}
-    L.append("## Cold page cache (records, one epoch each, right after `echo 3 > /proc/sys/vm/drop_caches`)")
-    L.append("")
-    if not cold.get("measured"):
-        L.append(f"cold: not measured ({cold.get('reason', 'skipped')}).")
-    elif cold.get("cache") and cold.get("files"):
-        L.append("| source | samples/s | MB/s | epoch s | first batch ms |")
-        L.append("|---|---:|---:|---:|---:|")
-        for k in ("cache", "files"):
-            c = cold[k]
-            L.append(f"| {k} | {c['samples_per_s']:,.0f} | {c['mb_per_s']:,.1f} | {c['seconds']:.2f} | "
-                     f"{fmt(c['first_batch_ms'], ',.1f')} |")
-        L.append("")
-        L.append(f"Cold cached ÷ cold files: **{fmt(s.get('cold_cached_vs_files'), '.2f')}×**. A fresh daemon "
-                 "(its start-up scan not timed); the cached stream's open also re-checks the source's "
-                 "fingerprint (a stat per file, cold) in the background while it reads, and reads the "
-                 "files until that check has passed: "
-                 f"{cold['cache'].get('cache_hits', 0):,} of the epoch's samples came from the cache.")
-    else:
-        L.append("cold: failed (see FAILURES).")
-    L.append("")
-    large = res.get("warm", {}).get("large")
-    L.append(f"## Large samples ({p['large_files']:,} × {p['large_size']:,} B) and memory bandwidth")
-    L.append("")
-    mc = res.get("memcpy")
-    bw = mc["best_gb_per_s"] * 1000 if mc else None
-    if mc:
-        L.append(f"Memory bandwidth: numpy copy of {p['memcpy_mib']} MiB, best of {p['memcpy_repeat']}: "
-                 f"**{mc['best_gb_per_s']:.2f} GB/s** (bytes copied per second, **one thread**).")
-        L.append("")
-    if large:
-        L.append("| source | samples/s | MB/s | fraction of memcpy | measured |")
-        L.append("|---|---:|---:|---:|---|")
-        for k, src, note in (("cached", "cache", None), ("files", "files", None)):
-            c = large[k]
-            L.append(f"| {src} | {c['samples_per_s']:,.0f} | {c['mb_per_s']:,.0f} | "
-                     f"{fmt(ratio(c['mb_per_s'], bw), '.2f')} | {epochs_desc(c['epochs'])} (steady) |")
-        e = large["epoch0"]
-        L.append(f"| files, cache building | {e['samples_per_s']:,.0f} | {e['mb_per_s']:,.0f} | "
-                 f"{fmt(ratio(e['mb_per_s'], bw), '.2f')} | epoch 0 |")
-        L.append("")
-        L.append(f"Cached MB/s ÷ memcpy: **{fmt(s.get('large_cached_fraction_of_memcpy'), '.2f')}** "
-                 f"(target ≥ 0.5, within 2×: {'met' if s.get('target_2x_memcpy_met') else 'not met'}). "
-                 f"This sets loaderd's {DAEMON_WORKERS} worker threads copying against a one-thread copy: "
-                 "a figure above 1 means two threads together beat one, not that loaderd beats memcpy. "
-                 f"Cache build {fmt(large['build']['seconds'], '.2f')} s, file "
-                 f"{large['build']['file_size'] / MIB:,.0f} MiB. loaderctl maps each batch and releases "
-                 "it without reading it; the daemon copies every byte from the cache mapping into the "
-                 "ring slot, which is the copy compared with numpy's.")
-        L.append("")
-    L.append("## Per epoch (loaderd)")
-    L.append("")
-    for name in ("records", "large"):
-        d = res.get("warm", {}).get(name)
-        if not d:
-            continue
-        L.append(f"{name}: epoch 0 served from the files while the cache builds (stream 1), epochs 1.. "
-                 f"from the cache (stream 2); the no-cache stream alongside.")
-        L.append("")
-        L.append("| epoch | source | samples/s | MB/s | | no-cache epoch | samples/s | MB/s |")
-        L.append("|---:|---|---:|---:|---|---:|---:|---:|")
-        left = [d["epoch0"]] + d["cached_epochs"]
-        right = d["files_epochs"]
-        for i in range(max(len(left), len(right))):
-            a = left[i] if i < len(left) else None
-            b = right[i] if i < len(right) else None
-            L.append("| " + " | ".join([
-                str(a["epoch"]) if a else "", a["source"] if a else "",
-                fmt(a and a["samples_per_s"], ",.0f", ""), fmt(a and a["mb_per_s"], ",.1f", ""), "",
-                str(b["epoch"]) if b else "", fmt(b and b["samples_per_s"], ",.0f", ""),
-                fmt(b and b["mb_per_s"], ",.1f", "")]) + " |")
-        L.append("")
-    if meta.get("failures"):
-        L.append("**FAILURES:**")
-        for f in meta["failures"]:
-            L.append(f"- {f}")
-        L.append("")
-    return "\n".join(L)
-
-
-def console(res):
-    rows = main_rows(res)
-    hdr = ["source", "loader", "workers", "samples/s", "MB/s", "peak RSS MiB", "cached/this"]
-    body = [[r[0], r[1], r[2], fmt(r[3], ",.0f"), fmt(r[4], ",.1f"), fmt(r[5], ",.0f"),
-             fmt(r[7], ".2f", "-") + "x"] for r in rows]
-    widths = [max(len(h), *(len(b[i]) for b in body)) if body else len(h) for i, h in enumerate(hdr)]
-    out = ["  ".join(h.ljust(w) if i < 3 else h.rjust(w) for i, (h, w) in enumerate(zip(hdr, widths)))]
-    for b in body:
-        out.append("  ".join(c.ljust(w) if i < 3 else c.rjust(w) for i, (c, w) in enumerate(zip(b, widths))))
-    s = res["summary"]
-    rec = res.get("warm", {}).get("records")
-    if rec:
-        out.append(f"records: cached / loaderd files = {fmt(s.get('cached_vs_loaderd_files'), '.2f')}x "
-                   f"(target 10x), / pickle recipe best (like for like) = "
-                   f"{fmt(s.get('cached_vs_pickle_best'), '.2f', '-')}x, / DataLoader over the files best (packed "
-                   f"vs files, not like for like) = {fmt(s.get('cached_vs_dataloader_files_best'), '.2f', '-')}x; "
-                   f"cache built in "
-                   f"{fmt(rec['build']['seconds'], '.2f')} s, {rec['build']['file_size'] / MIB:,.1f} MiB")
-    cold = res.get("cold") or {}
-    if not cold.get("measured"):
-        out.append(f"cold: not measured ({cold.get('reason', 'skipped')})")
-    elif cold.get("cache") and cold.get("files"):
-        out.append(f"cold: cache {cold['cache']['samples_per_s']:,.0f} samples/s, files "
-                   f"{cold['files']['samples_per_s']:,.0f} samples/s = {fmt(s.get('cold_cached_vs_files'), '.2f')}x")
-    large = res.get("warm", {}).get("large")
-    if large and res.get("memcpy"):
-        out.append(f"large: cached {large['cached']['mb_per_s']:,.0f} MB/s, files {large['files']['mb_per_s']:,.0f} "
-                   f"MB/s; memcpy {res['memcpy']['best_gb_per_s']:.2f} GB/s; cached / memcpy = "
-                   f"{fmt(s.get('large_cached_fraction_of_memcpy'), '.2f')} (target >= 0.5; "
-                   f"{DAEMON_WORKERS} loaderd threads vs a one-thread copy)")
-    return "\n".join(out)
 
 
 # ---------------------------------------------------------------------------------------
@@ -1036,7 +694,7 @@ def main():
         "params": {"quick": args.quick, "files": args.files, "file_size": args.file_size,
                    "classes": args.classes, "large_files": args.large_files, "large_size": args.large_size,
                    "records_batch": RECORDS_BATCH, "large_batch": LARGE_BATCH,
-                   "daemon_workers": DAEMON_WORKERS, "cached_epochs": args.cached_epochs,
+                   "daemon_workers": DAEMON_WORKERS, "poll_build_s": POLL_BUILD_S, "cached_epochs": args.cached_epochs,
                    "files_epochs": args.files_epochs, "large_epochs": args.large_epochs,
                    "torch_workers": args.torch_workers, "torch_epochs": args.torch_epochs,
                    "max_samples": args.max_samples, "max_seconds": args.max_seconds,
@@ -1055,7 +713,7 @@ def main():
     print()
     m = meta["machine"]
     print(f"cache bench: {m['date']}  {m['nproc']} CPUs ({m['cpu_model']}), {meta['wall_s']:.0f} s")
-    print(console(res))
+    print(console(res, meta["params"]))
     print(f"results: {os.path.join(results_dir, 'cache.md')}, cache.json", flush=True)
     if failures:
         log("bench_cache: FAILED: " + "; ".join(failures))
