@@ -301,18 +301,28 @@ deps:
 
 # The test run: sanitized unit tests, then integration tests against a sanitized daemon,
 # then the concurrent parts again under ThreadSanitizer, then the Python client.
+# Its builds use every CPU unless make was given -j (the sub-makes then share its job
+# slots); run-tests.sh runs a group's programs TEST_JOBS at a time (default: the CPUs).
+# Under ThreadSanitizer only what the tsan group runs is built: the daemon, the
+# integration tests and the unit tests of the concurrent parts (run-tests.sh --tsan-units).
+NPROC := $(shell nproc 2>/dev/null || echo 1)
+TEST_J = $(if $(filter -j%,$(MAKEFLAGS)),,-j$(NPROC))
+TSAN_UNIT_BIN = $(patsubst %,$(BUILD)/test/%,$(shell scripts/run-tests.sh --tsan-units))
+.PHONY: tsan-tests
+tsan-tests: $(TSAN_UNIT_BIN) $(ITEST_BIN)
+
 test:
 	@scripts/deps.sh test
 	@mkdir -p build && rm -f build/test-summary
-	$(MAKE) --no-print-directory BUILD=build/asan SANITIZE=address,undefined all tests
+	@scripts/run-tests.sh --time "build build/asan" $(MAKE) --no-print-directory $(TEST_J) BUILD=build/asan SANITIZE=address,undefined all tests
 	scripts/run-tests.sh build/asan unit integration
-	$(MAKE) --no-print-directory BUILD=build/tsan SANITIZE=thread all tests
+	@scripts/run-tests.sh --time "build build/tsan" $(MAKE) --no-print-directory $(TEST_J) BUILD=build/tsan SANITIZE=thread all tsan-tests
 	scripts/run-tests.sh build/tsan tsan
-	$(MAKE) --no-print-directory all
+	@scripts/run-tests.sh --time "build build" $(MAKE) --no-print-directory $(TEST_J) all
 	scripts/run-tests.sh build python gpu
-	$(MAKE) --no-print-directory BUILD=build/fuzz CC=clang SANITIZE=$(FUZZ_SAN) fuzzers
+	@scripts/run-tests.sh --time "build build/fuzz" $(MAKE) --no-print-directory $(TEST_J) BUILD=build/fuzz CC=clang SANITIZE=$(FUZZ_SAN) fuzzers
 	FUZZ_SECONDS=$(TEST_FUZZ_SECONDS) scripts/run-tests.sh build/fuzz fuzz
-	$(MAKE) --no-print-directory BUILD=build/o0 OPT_LEVEL=-O0 CUDA=$(OTHER_CUDA) all tests
+	@scripts/run-tests.sh --time "build build/o0" $(MAKE) --no-print-directory $(TEST_J) BUILD=build/o0 OPT_LEVEL=-O0 CUDA=$(OTHER_CUDA) all tests
 	scripts/run-tests.sh build/o0 device
 	scripts/run-tests.sh build systemd
 	@scripts/run-tests.sh --total

@@ -63,6 +63,10 @@ if [ "$what" = bench ] || [ "$what" = test ]; then
   /usr/bin/python3 -c 'import numpy' 2>/dev/null || pkgs+=(python3-numpy)
   /usr/bin/python3 -c 'import pytest' 2>/dev/null || pkgs+=(python3-pytest)
 fi
+if [ "$what" = test ]; then
+  # pytest -n: the Python tests spread over the CPUs (scripts/run-tests.sh)
+  /usr/bin/python3 -c 'import xdist' 2>/dev/null || pkgs+=(python3-pytest-xdist)
+fi
 if [ "$what" = bench ] || [ "$what" = test ]; then
   /usr/bin/python3 -c 'import torch' 2>/dev/null || pkgs+=(python3-torch)   # the torch integration tests
   /usr/bin/python3 -c 'import PIL' 2>/dev/null || pkgs+=(python3-pil)       # image pixels against PIL's

@@ -25,7 +25,7 @@ deb_version=$(dpkg-parsechangelog -l "$repo/debian/changelog" -S Version)
 
 mkdir -p "$tmp/src"
 (cd "$repo" && git ls-files -z --cached --others --exclude-standard | tar --null -T - -cf -) | tar -x -C "$tmp/src"
-(cd "$tmp/src" && dpkg-buildpackage -us -uc >"$tmp/build.log" 2>&1) || { tail -40 "$tmp/build.log"; fail "dpkg-buildpackage"; }
+(cd "$tmp/src" && dpkg-buildpackage -us -uc -j"$(nproc)" >"$tmp/build.log" 2>&1) || { tail -40 "$tmp/build.log"; fail "dpkg-buildpackage"; }
 deb=$tmp/loaderd_${version}_$(dpkg --print-architecture).deb
 [ -f "$deb" ] || fail "no $deb"
 contents=$(dpkg-deb -c "$deb" | awk '{print $6}')
