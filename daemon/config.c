@@ -96,6 +96,7 @@ static const struct config_key s3_keys[] = {
     {.name = "retries", .type = CONFIG_KEY_INT, .min = 0, .max = 20, .def = 3, DATASET_AT(s3_retries)},
     {.name = "timeout", .type = CONFIG_KEY_INT, .min = 1, .max = 3600, .def = 20, DATASET_AT(s3_timeout)},
     {.name = "connect_timeout", .type = CONFIG_KEY_INT, .min = 1, .max = 600, .def = 5, DATASET_AT(s3_connect_timeout)},
+    {.name = "list_ttl", .type = CONFIG_KEY_INT, .min = 0, .max = 86400, .def = 30, DATASET_AT(s3_list_ttl)},
 };
 
 /* server.metrics: the optional HTTP scrape endpoint. */

@@ -111,6 +111,7 @@ struct config_dataset {
     uint32_t s3_retries;            /* attempts after the first */
     uint32_t s3_timeout;            /* seconds per attempt */
     uint32_t s3_connect_timeout;    /* seconds */
+    uint32_t s3_list_ttl;           /* seconds a listing proves the cache's fingerprint; 0: each check lists */
     /* token_windows */
     int token_dtype;                /* LD_DTYPE_UINT16 or LD_DTYPE_UINT32 */
     uint32_t context;               /* N: a sample is N+1 tokens */

@@ -16,7 +16,11 @@
  * node-local cache is not one round trip per sample. After that the packed cache
  * serves later epochs and later runs locally (cache.h), and the store is only listed
  * again for the fingerprint: per object its key, size and ETag (and in stat mode its
- * LastModified), so an object added, removed or rewritten makes the cache stale.
+ * LastModified), so an object added, removed or rewritten makes the cache stale. A
+ * listing proves the fingerprint for s3.list_ttl seconds: a check within that time of
+ * the last listing (the one at open included) reuses its digest instead of listing a
+ * prefix of a million objects again for each rank that opens a stream; the first check
+ * after it lists again and sees any change.
  *
  * A missing object (deleted since the listing), or one shorter than listed, is a bad
  * sample (on_error); a store that refuses the credentials or cannot be reached after
@@ -29,6 +33,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <xxhash.h>
 
 #include "arena.h"
@@ -40,6 +45,9 @@
 /* The read-ahead window of read_raw: at most this many bytes at once. */
 #define S3_READAHEAD_BYTES (64u << 20)
 #define S3_FULL_KEY_MAX 1100
+/* The listing's digests: without LastModified (content mode), with it (stat mode). */
+#define S3_DIGEST_CONTENT 0
+#define S3_DIGEST_STAT 1
 
 /* One object: its relative key in the arena, its listed size, its label. */
 struct files_entry {
@@ -161,6 +169,13 @@ struct s3_dataset {
     uint64_t *ra_off;
     struct s3_get *ra_gets;
     char (*ra_err)[LD_ERRMSG_MAX];
+    uint64_t entries_digest;        /* the samples as laid out at open: keys and sizes */
+    /* The last listing's digests and when it was taken (CLOCK_MONOTONIC), under fp_lock. */
+    pthread_mutex_t fp_lock;
+    uint64_t listed_digest[2];
+    uint64_t listed_at_ns;
+    bool listed;
+    uint64_t list_ttl_ns;
 };
 
 /* What a listing collects: the matching objects, before they are sorted. */
@@ -173,8 +188,8 @@ struct s3_scan {
     struct files_entry *entries;
     size_t n, cap;
     uint64_t skipped_empty;
-    XXH3_state_t *hash;             /* fingerprint listings: hash instead of keeping */
-    bool with_time;
+    XXH3_state_t *hash[2];          /* the digests of the listing (S3_DIGEST_*) */
+    bool keep;                      /* collect the entries (open) */
 };
 
 /* The relative key of an object that is a sample, or NULL. */
@@ -203,19 +218,73 @@ static int s3_scan_object(void *ctx, const char *key, uint64_t size, const char 
         s->skipped_empty++;
         return 0;
     }
-    if (s->hash) {
-        XXH3_64bits_update(s->hash, rel, strlen(rel) + 1);
-        XXH3_64bits_update(s->hash, &size, sizeof size);
-        XXH3_64bits_update(s->hash, etag, strlen(etag) + 1);
-        if (s->with_time)
-            XXH3_64bits_update(s->hash, mod, strlen(mod) + 1);
-        return 0;
+    for (int k = 0; k < 2; k++) {
+        XXH3_64bits_update(s->hash[k], rel, strlen(rel) + 1);
+        XXH3_64bits_update(s->hash[k], &size, sizeof size);
+        XXH3_64bits_update(s->hash[k], etag, strlen(etag) + 1);
+        if (k == S3_DIGEST_STAT)
+            XXH3_64bits_update(s->hash[k], mod, strlen(mod) + 1);
     }
+    if (!s->keep)
+        return 0;
     struct files_entry e = {.size = size, .label = -1};
     if (arena_grow((void **)&s->entries, &s->cap, s->n + 1, sizeof *s->entries) < 0 ||
         arena_push(&s->arena, &s->arena_len, &s->arena_cap, rel, strlen(rel), &e.path_off) < 0)
         return LD_ENOMEM;
     s->entries[s->n++] = e;
+    return 0;
+}
+
+static int s3_scan_hash_new(struct s3_scan *s)
+{
+    for (int k = 0; k < 2; k++) {
+        if (!(s->hash[k] = XXH3_createState()))
+            return LD_ENOMEM;
+        XXH3_64bits_reset(s->hash[k]);
+    }
+    return 0;
+}
+
+static void s3_scan_hash_free(struct s3_scan *s)
+{
+    for (int k = 0; k < 2; k++) {
+        XXH3_freeState(s->hash[k]);
+        s->hash[k] = NULL;
+    }
+}
+
+static uint64_t s3_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* Records a complete listing's digests as the last one. Under fp_lock, or before the
+ * dataset is shared (open). */
+static void s3_listed(struct s3_dataset *sd, struct s3_scan *s)
+{
+    for (int k = 0; k < 2; k++)
+        sd->listed_digest[k] = XXH3_64bits_digest(s->hash[k]);
+    sd->listed_at_ns = s3_now_ns();
+    sd->listed = true;
+}
+
+/* The list the samples were laid out by: a listing that differs from it now (an object
+ * resized since open) must not match the cache built from the old one. */
+static int s3_entries_digest(struct s3_dataset *sd)
+{
+    XXH3_state_t *st = XXH3_createState();
+    if (!st)
+        return LD_ENOMEM;
+    XXH3_64bits_reset(st);
+    for (uint64_t i = 0; i < sd->base.count; i++) {
+        const char *rel = sd->arena + sd->entries[i].path_off;
+        XXH3_64bits_update(st, rel, strlen(rel) + 1);
+        XXH3_64bits_update(st, &sd->entries[i].size, sizeof sd->entries[i].size);
+    }
+    sd->entries_digest = XXH3_64bits_digest(st);
+    XXH3_freeState(st);
     return 0;
 }
 
@@ -229,6 +298,7 @@ static void s3_free(dataset *d)
         free(d->class_names[k]);
     free(d->class_names);
     pthread_mutex_destroy(&sd->ra_lock);
+    pthread_mutex_destroy(&sd->fp_lock);
     free(sd->ra_buf);
     free(sd->ra_off);
     free(sd->ra_gets);
@@ -252,7 +322,7 @@ void source_s3_options(const struct config_dataset *cfg, struct s3_options *ret_
 
 static int s3_open(const struct config_dataset *cfg, dataset **ret_dataset, char *errbuf)
 {
-    struct s3_scan scan = {.pattern = cfg->pattern ? cfg->pattern : "*"};
+    struct s3_scan scan = {.pattern = cfg->pattern ? cfg->pattern : "*", .keep = true};
     struct s3_dataset *sd = calloc(1, sizeof *sd);
     char what[LD_NAME_MAX + 16];
     const char *prefix;
@@ -263,6 +333,7 @@ static int s3_open(const struct config_dataset *cfg, dataset **ret_dataset, char
         return LD_ENOMEM;
     }
     pthread_mutex_init(&sd->ra_lock, NULL);
+    pthread_mutex_init(&sd->fp_lock, NULL);
     dataset *d = &sd->base;
     d->ops = &source_s3_ops;
     snprintf(d->name, sizeof d->name, "%s", cfg->name);
@@ -283,6 +354,12 @@ static int s3_open(const struct config_dataset *cfg, dataset **ret_dataset, char
     scan.prefix = sd->prefix;
     scan.prefix_len = sd->prefix_len;
     sd->parallel = cfg->s3_parallel ? cfg->s3_parallel : 16;
+    sd->list_ttl_ns = (uint64_t)cfg->s3_list_ttl * 1000000000u;
+    if (s3_scan_hash_new(&scan) < 0) {
+        r = LD_ENOMEM;
+        ld_errorf(errbuf, "dataset '%s': out of memory", cfg->name);
+        goto fail;
+    }
     struct s3_options opt;
     source_s3_options(cfg, &opt);
     if ((r = s3_client_new(what, sd->bucket, &opt, &sd->client, errbuf)) < 0)
@@ -305,6 +382,7 @@ static int s3_open(const struct config_dataset *cfg, dataset **ret_dataset, char
         goto fail;
     }
     qsort_r(scan.entries, scan.n, sizeof *scan.entries, s3_entry_cmp, scan.arena);
+    s3_listed(sd, &scan);
     sd->arena = scan.arena;
     sd->entries = scan.entries;
     scan.arena = NULL;
@@ -313,10 +391,11 @@ static int s3_open(const struct config_dataset *cfg, dataset **ret_dataset, char
     /* A GET is a round trip: about what a 1 MiB memcpy takes, at the least. */
     d->sample_overhead = 1u << 20;
     s3_fields(d, sd->entries, d->count);
-    if ((r = s3_labels(d, sd->arena, sd->entries, d->count)) < 0) {
+    if ((r = s3_entries_digest(sd)) < 0 || (r = s3_labels(d, sd->arena, sd->entries, d->count)) < 0) {
         ld_errorf(errbuf, "dataset '%s': out of memory", cfg->name);
         goto fail;
     }
+    s3_scan_hash_free(&scan);
     ld_log(LD_LOG_INFO, "dataset '%s': %" PRIu64 " objects in %" PRIu64 " classes under %s at %s (%s)%s", d->name,
            d->count, (uint64_t)d->n_classes, cfg->path, s3_client_describe(sd->client),
            d->fields[FIELD_DATA].ragged ? "ragged" : "fixed size",
@@ -325,6 +404,7 @@ static int s3_open(const struct config_dataset *cfg, dataset **ret_dataset, char
     return 0;
 
 fail:
+    s3_scan_hash_free(&scan);
     free(scan.arena);
     free(scan.entries);
     s3_free(d);
@@ -466,40 +546,46 @@ static int s3_read_raw(const dataset *d, uint64_t index, void *buf, uint64_t cap
 
 static int s3_fingerprint(const dataset *d, int mode, uint64_t *ret_fingerprint, char *errbuf)
 {
-    const struct s3_dataset *sd = (const struct s3_dataset *)d;
-    /* Bump "v1" when what is hashed changes. */
-    static const char tag[] = "loaderd s3 fingerprint v1";
-    struct s3_scan scan = {.prefix = sd->prefix, .prefix_len = sd->prefix_len, .pattern = sd->pattern,
-                           .with_time = mode == DATASET_FINGERPRINT_STAT};
+    struct s3_dataset *sd = (struct s3_dataset *)d;
+    /* Bump "v2" when what is hashed changes. */
+    static const char tag[] = "loaderd s3 fingerprint v2";
+    struct s3_scan scan = {.prefix = sd->prefix, .prefix_len = sd->prefix_len, .pattern = sd->pattern};
     char err[LD_ERRMSG_MAX];
-    int r;
+    int r = 0;
 
     if (mode != DATASET_FINGERPRINT_STAT && mode != DATASET_FINGERPRINT_CONTENT) {
         ld_errorf(errbuf, "dataset '%s': unknown fingerprint mode %d", d->name, mode);
         return LD_EINVAL;
     }
-    if (!(scan.hash = XXH3_createState())) {
+    pthread_mutex_lock(&sd->fp_lock);
+    if (!sd->listed || sd->list_ttl_ns == 0 || s3_now_ns() - sd->listed_at_ns >= sd->list_ttl_ns) {
+        if (s3_scan_hash_new(&scan) < 0) {
+            ld_errorf(errbuf, "dataset '%s': out of memory", d->name);
+            r = LD_ENOMEM;
+        } else if ((r = s3_list(sd->client, sd->prefix, s3_scan_object, &scan, err)) < 0) {
+            ld_errorf(errbuf, "dataset '%s': fingerprint: %s", d->name, err);
+        } else {
+            s3_listed(sd, &scan);
+        }
+        s3_scan_hash_free(&scan);
+    }
+    uint64_t rec[2] = {sd->entries_digest, sd->listed_digest[mode == DATASET_FINGERPRINT_STAT ? S3_DIGEST_STAT
+                                                                                               : S3_DIGEST_CONTENT]};
+    pthread_mutex_unlock(&sd->fp_lock);
+    if (r < 0)
+        return r;
+    XXH3_state_t *st = XXH3_createState();
+    if (!st) {
         ld_errorf(errbuf, "dataset '%s': out of memory", d->name);
         return LD_ENOMEM;
     }
-    XXH3_64bits_reset(scan.hash);
-    XXH3_64bits_update(scan.hash, tag, sizeof tag);
-    /* The list the samples were laid out by: a listing that differs from it now (an
-     * object resized since open) must not match the cache built from the old one. */
-    for (uint64_t i = 0; i < d->count; i++) {
-        const char *rel = sd->arena + sd->entries[i].path_off;
-        XXH3_64bits_update(scan.hash, rel, strlen(rel) + 1);
-        XXH3_64bits_update(scan.hash, &sd->entries[i].size, sizeof sd->entries[i].size);
-    }
-    r = s3_list(sd->client, sd->prefix, s3_scan_object, &scan, err);
-    if (r < 0)
-        ld_errorf(errbuf, "dataset '%s': fingerprint: %s", d->name, err);
-    else {
-        uint64_t h = XXH3_64bits_digest(scan.hash);
-        *ret_fingerprint = h ? h : 1;
-    }
-    XXH3_freeState(scan.hash);
-    return r;
+    XXH3_64bits_reset(st);
+    XXH3_64bits_update(st, tag, sizeof tag);
+    XXH3_64bits_update(st, rec, sizeof rec);
+    uint64_t h = XXH3_64bits_digest(st);
+    XXH3_freeState(st);
+    *ret_fingerprint = h ? h : 1;
+    return 0;
 }
 
 const struct dataset_ops source_s3_ops = {

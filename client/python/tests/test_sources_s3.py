@@ -89,6 +89,8 @@ def store():
                     "train/class_001/zero.bin": empty, "trainee/x.bin": extra})
     for i in range(6):
         objects["miss/%d.bin" % i] = extra
+    for i in range(3):
+        objects["ttla/%d.bin" % i] = objects["ttlb/%d.bin" % i] = extra
     # Shards: three of tartest's (bytes, arrays, labels), JPEG shards also read from a
     # local folder, and a corrupt one. Not shards: one in a folder below, a hidden one.
     tartest._write_shards(os.path.join(d, "shards"))
@@ -120,7 +122,9 @@ def _datasets(srv, creds):
             "  miss:\n    kind: files\n    path: s3://%s/miss/\n    on_error: fail\n    s3: %s\n"
             "  missr:\n    kind: files\n    path: s3://%s/miss/\n    s3: %s\n"
             "  tars:\n    kind: tar_shards\n    path: s3://%s/shards\n    index: tars.idx\n    s3: %s\n"
-            ) % (BUCKET, ep, BUCKET, ep, BUCKET, ep, BUCKET, ep, BUCKET, ep) + (
+            ) % (BUCKET, ep, BUCKET, ep, BUCKET, ep, BUCKET, ep, BUCKET, ep) + "".join(
+            "  %s:\n    kind: files\n    path: s3://%s/%s/\n    cache: {path: %s.ldc}\n    s3: %s, list_ttl: %d}\n" % (
+                name, BUCKET, name, name, ep[:-1], ttl) for name, ttl in (("ttla", 3600), ("ttlb", 0))) + (
             "  wdss3:\n    kind: tar_shards\n    path: s3://%s/wds/\n    cache: {path: wdss3.ldc}\n    s3: %s\n%s"
             "  wdsloc:\n    kind: tar_shards\n    path: wds\n%s" % (BUCKET, ep, PIPE, PIPE) if _have_pil() else "")
 
@@ -286,6 +290,34 @@ def test_tar_shards_refused(store, scratch):
     rc, err = _run_check(dm, {"AWS_ACCESS_KEY_ID": srv.key_id, "AWS_SECRET_ACCESS_KEY": "x" + srv.secret[1:]})
     assert rc != 0 and "403 SignatureDoesNotMatch" in err and srv.secret[1:] not in err, err
     assert not os.path.exists(os.path.join(d, "y.idx.shards"))
+
+
+def _listings(d, prefix):
+    """The ListObjectsV2 requests for `prefix` the store has answered (its request log)."""
+    with open(os.path.join(d, "moto.log"), errors="replace") as f:
+        return sum(1 for line in f if "list-type=2" in line and "prefix=" + prefix in line)
+
+
+def test_listing_reused_within_list_ttl(s3_daemon):
+    """Each stream open checks the cache's fingerprint: within s3.list_ttl of the last
+    listing (the one at open) the check reuses it; with list_ttl 0 every check lists."""
+    dm, _, d = s3_daemon
+    with loaderclient.Client(dm.socket, timeout=20) as c:
+        before = {p: _listings(d, p) for p in ("ttla", "ttlb")}
+        for _ in range(3):
+            for name in ("ttla", "ttlb"):
+                with c.open(name, 3, seed=1, epochs=1) as s:
+                    assert sum(b.rows for b in s) == 3
+        for name in ("ttla", "ttlb"):
+            deadline = time.monotonic() + 30
+            info = c.request({"op": "cache_info", "dataset": name})
+            while info["state"] != "ready" and time.monotonic() < deadline:
+                time.sleep(0.02)
+                info = c.request({"op": "cache_info", "dataset": name})
+            assert info["state"] == "ready", info
+        after = {p: _listings(d, p) for p in ("ttla", "ttlb")}
+    assert before["ttla"] == after["ttla"] == 1, (before, after)     # the open's listing only
+    assert after["ttlb"] >= before["ttlb"] + 1, (before, after)
 
 
 def test_missing_object_is_a_bad_sample(s3_daemon):
