@@ -1354,7 +1354,7 @@ static void test_s3_keys(void **state)
     struct config *c = load_ok("datasets:\n  a:\n    kind: files\n    path: s3://bkt/train/\n"
                                "    s3: {endpoint: \"http://127.0.0.1:9000\", region: eu-west-3, addressing: path,\n"
                                "         profile: work, credentials_file: creds, part_size: 1MiB, parallel: 4,\n"
-                               "         retries: 0, timeout: 7, connect_timeout: 2}\n"
+                               "         retries: 0, timeout: 7, connect_timeout: 2, list_ttl: 0}\n"
                                "  b: {kind: files, path: s3://bkt}\n", path, sizeof path);
     const struct config_dataset *a = &c->datasets[0], *b = &c->datasets[1];
     assert_string_equal(a->path, "s3://bkt/train/");
@@ -1368,12 +1368,14 @@ static void test_s3_keys(void **state)
     assert_int_equal(a->s3_retries, 0);
     assert_int_equal(a->s3_timeout, 7);
     assert_int_equal(a->s3_connect_timeout, 2);
+    assert_int_equal(a->s3_list_ttl, 0);
     assert_string_equal(b->path, "s3://bkt");
     assert_null(b->s3_endpoint);
     assert_int_equal(b->s3_addressing, S3_ADDRESSING_AUTO);
     assert_int_equal(b->s3_retries, 3);
     assert_int_equal(b->s3_parallel, 16);
     assert_int_equal(b->s3_part_size, 8 << 20);
+    assert_int_equal(b->s3_list_ttl, 30);
     config_free(c);
 
     expect_error_at("datasets:\n  a: {kind: files, path: x, s3: {region: r}}\n", 2, 29, "datasets.a.s3: applies to "
