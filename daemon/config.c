@@ -353,11 +353,8 @@ static int check_s3(const struct config_loader *l, const yaml_node_t *v, const c
                                 "config (a declared dataset would read the store with the daemon's credentials)",
                                 where);
     if (url && d->manifest_path)
-        return config_yaml_fail(l, value_mark(l, v, "manifest"), "%s.manifest: does not apply to an s3:// location",
-                                where);
-    if (url && d->format != CONFIG_FORMAT_RAW)
-        return config_yaml_fail(l, value_mark(l, v, "format"), "%s.format: an s3:// location serves raw objects "
-                                "only (format: raw)", where);
+        return config_yaml_fail(l, value_mark(l, v, "manifest"), "%s.manifest: does not apply to an s3:// location "
+                                "(a manifest's paths are files of this node)", where);
     if (url) {
         char bucket[64], msg[LD_ERRMSG_MAX];
         const char *prefix;

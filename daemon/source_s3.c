@@ -22,6 +22,12 @@
  * prefix of a million objects again for each rank that opens a stream; the first check
  * after it lists again and sees any change.
  *
+ * With `format: npy` each object is a .npy array and "data" a typed field with the dtype
+ * and shape of the first object (of the first S3_NPY_PROBE) whose header parses, read at
+ * open with one ranged GET of its head; a read gets the whole object and checks its
+ * header against that layout as a local file's is checked (npy.h), the cache holding the
+ * arrays.
+ *
  * A missing object (deleted since the listing), or one shorter than listed, is a bad
  * sample (on_error); a store that refuses the credentials or cannot be reached after
  * the retries fails the read with LD_EDATASET, which is never blamed on a sample. */
@@ -38,6 +44,7 @@
 
 #include "arena.h"
 #include "log.h"
+#include "npy.h"
 #include "s3.h"
 
 #define FIELD_DATA 0
@@ -45,6 +52,8 @@
 /* The read-ahead window of read_raw: at most this many bytes at once. */
 #define S3_READAHEAD_BYTES (64u << 20)
 #define S3_FULL_KEY_MAX 1100
+/* format: npy: how many objects open() tries for the layout (as source_files.c). */
+#define S3_NPY_PROBE 16
 /* The listing's digests: without LastModified (content mode), with it (stat mode). */
 #define S3_DIGEST_CONTENT 0
 #define S3_DIGEST_STAT 1
@@ -176,6 +185,8 @@ struct s3_dataset {
     uint64_t listed_at_ns;
     bool listed;
     uint64_t list_ttl_ns;
+    bool npy;                       /* format: npy; every sample's array is like npy_layout */
+    struct npy_header npy_layout;
 };
 
 /* What a listing collects: the matching objects, before they are sorted. */
@@ -288,6 +299,95 @@ static int s3_entries_digest(struct s3_dataset *sd)
     return 0;
 }
 
+/* The array of the .npy object whose bytes are buf[0..len), checked against the layout
+ * as npy_read checks a file, copied into dst. LD_ESAMPLE with the reason. */
+static int s3_npy_data(const struct npy_header *layout, const uint8_t *buf, uint64_t len, void *dst, char *reason)
+{
+    struct npy_header h;
+    uint64_t total;
+    char want[128], have[128];
+    int r = npy_header_length(buf, (size_t)len, &total, reason);
+    if (r < 0)
+        return LD_ESAMPLE;
+    if (total > len) {
+        ld_errorf(reason, ".npy object has %" PRIu64 " bytes, its header claims %" PRIu64, len, total);
+        return LD_ESAMPLE;
+    }
+    if (npy_parse(buf, (size_t)total, &h, reason) < 0)
+        return LD_ESAMPLE;
+    if (!npy_same(&h, layout)) {
+        ld_errorf(reason, ".npy array is %s, the dataset's field is %s", npy_describe(&h, have, sizeof have),
+                  npy_describe(layout, want, sizeof want));
+        return LD_ESAMPLE;
+    }
+    if (h.data_offset + h.data_bytes != len) {
+        ld_errorf(reason, ".npy object has %" PRIu64 " bytes, its header promises %" PRIu64 " (%" PRIu64
+                  " of header and %" PRIu64 " of data)", len, h.data_offset + h.data_bytes, h.data_offset,
+                  h.data_bytes);
+        return LD_ESAMPLE;
+    }
+    memcpy(dst, buf + h.data_offset, (size_t)h.data_bytes);
+    return 0;
+}
+
+static void s3_full_key(const struct s3_dataset *sd, uint64_t index, char *key);
+
+/* format: npy: the layout from the head of the first objects (see the top). */
+static int s3_npy_layout(struct s3_dataset *sd, char *errbuf)
+{
+    dataset *d = &sd->base;
+    char first[LD_ERRMSG_MAX] = "", reason[LD_ERRMSG_MAX], key[S3_FULL_KEY_MAX], ebuf[128];
+    int first_rc = 0;
+    uint8_t *head = malloc(NPY_PREFIX_MAX + NPY_HEADER_MAX);
+    if (!head) {
+        ld_errorf(errbuf, "dataset '%s': out of memory", d->name);
+        return LD_ENOMEM;
+    }
+    for (uint64_t i = 0; i < d->count && i < S3_NPY_PROBE; i++) {
+        uint64_t want = sd->entries[i].size, total = 0;
+        struct npy_header h;
+        if (want > NPY_PREFIX_MAX + NPY_HEADER_MAX)
+            want = NPY_PREFIX_MAX + NPY_HEADER_MAX;
+        s3_full_key(sd, i, key);
+        struct s3_get g = {.key = key, .len = want, .dst = head, .errmsg = reason};
+        int r = s3_get_many(sd->client, &g, 1);
+        if (r == 0 && (r = npy_header_length(head, (size_t)want, &total, reason)) == 0) {
+            if (total > want) {
+                ld_errorf(reason, ".npy object has %" PRIu64 " bytes, its header claims %" PRIu64, want, total);
+                r = LD_ESAMPLE;
+            } else if ((r = npy_parse(head, (size_t)total, &h, reason)) == 0 && h.data_bytes == 0) {
+                ld_errorf(reason, ".npy array %s holds no element", npy_describe(&h, ebuf, sizeof ebuf));
+                r = LD_ESAMPLE;
+            }
+        }
+        if (r == 0) {
+            struct dataset_field *data = &d->fields[FIELD_DATA];
+            sd->npy = true;
+            sd->npy_layout = h;
+            data->dtype = h.dtype;
+            data->ndim = h.ndim;
+            memcpy(data->shape, h.shape, sizeof data->shape);
+            data->ragged = false;
+            data->max_item_bytes = h.data_bytes;
+            free(head);
+            return 0;
+        }
+        if (r == LD_EDATASET || r == LD_ENOMEM) {   /* the store, not the object */
+            ld_errorf(errbuf, "dataset '%s': format npy: %s", d->name, reason);
+            free(head);
+            return r;
+        }
+        if (!first[0]) {
+            ld_errorf(first, "'%s': %s", sd->arena + sd->entries[i].path_off, reason);
+            first_rc = r;
+        }
+    }
+    free(head);
+    ld_errorf(errbuf, "dataset '%s': format npy: no .npy array among its first objects to take the layout from; "
+              "the first: %s", d->name, first);
+    return first_rc == LD_ENOMEM ? LD_ENOMEM : LD_EDATASET;
+}
+
 static void s3_free(dataset *d)
 {
     struct s3_dataset *sd = (struct s3_dataset *)d;
@@ -395,6 +495,8 @@ static int s3_open(const struct config_dataset *cfg, dataset **ret_dataset, char
         ld_errorf(errbuf, "dataset '%s': out of memory", cfg->name);
         goto fail;
     }
+    if (cfg->format == CONFIG_FORMAT_NPY && (r = s3_npy_layout(sd, errbuf)) < 0)
+        goto fail;
     s3_scan_hash_free(&scan);
     ld_log(LD_LOG_INFO, "dataset '%s': %" PRIu64 " objects in %" PRIu64 " classes under %s at %s (%s)%s", d->name,
            d->count, (uint64_t)d->n_classes, cfg->path, s3_client_describe(sd->client),
@@ -417,7 +519,7 @@ static uint64_t s3_item_bytes(const dataset *d, uint64_t index, int field)
     if (index >= d->count)
         return 0;
     if (field == FIELD_DATA)
-        return sd->entries[index].size;
+        return sd->npy ? sd->npy_layout.data_bytes : sd->entries[index].size;
     return field == FIELD_LABEL ? sizeof(int64_t) : 0;
 }
 
@@ -449,8 +551,17 @@ static int s3_read(const dataset *d, uint64_t index, void *const dst[], char *er
         return LD_EINVAL;
     }
     s3_full_key(sd, index, key);
-    struct s3_get g = {.key = key, .len = sd->entries[index].size, .dst = dst[FIELD_DATA], .errmsg = msg};
+    uint64_t size = sd->entries[index].size;
+    uint8_t *obj = sd->npy ? malloc(size) : NULL;
+    if (sd->npy && !obj) {
+        ld_errorf(errbuf, "sample %" PRIu64 " (%s): out of memory", index, s3_sample_name(d, index));
+        return LD_ENOMEM;
+    }
+    struct s3_get g = {.key = key, .len = size, .dst = sd->npy ? obj : dst[FIELD_DATA], .errmsg = msg};
     int rc = s3_get_many(sd->client, &g, 1);
+    if (rc == 0 && sd->npy)
+        rc = s3_npy_data(&sd->npy_layout, obj, size, dst[FIELD_DATA], msg);
+    free(obj);
     if (rc < 0)
         return s3_sample_error(sd, index, rc, msg, errbuf);
     memcpy(dst[FIELD_LABEL], &sd->entries[index].label, sizeof(int64_t));
@@ -510,7 +621,7 @@ static int s3_read_raw(const dataset *d, uint64_t index, void *buf, uint64_t cap
         ld_errorf(errbuf, "sample %" PRIu64 ": out of range (dataset '%s' has %" PRIu64 ")", index, d->name, d->count);
         return LD_EINVAL;
     }
-    uint64_t len = sd->entries[index].size;
+    uint64_t len = s3_item_bytes(d, index, FIELD_DATA);
     if (len > cap) {
         ld_errorf(errbuf, "sample %" PRIu64 " (%s): %" PRIu64 " bytes do not fit a buffer of %" PRIu64, index,
                   s3_sample_name(d, index), len, cap);
@@ -525,10 +636,12 @@ static int s3_read_raw(const dataset *d, uint64_t index, void *buf, uint64_t cap
     } else {
         uint64_t k = index - sd->ra_first;
         rc = sd->ra_gets[k].rc;
+        if (rc == 0 && sd->npy)
+            rc = s3_npy_data(&sd->npy_layout, sd->ra_buf + sd->ra_off[k], sd->entries[index].size, buf, sd->ra_err[k]);
+        else if (rc == 0)
+            memcpy(buf, sd->ra_buf + sd->ra_off[k], len);
         if (rc < 0)
             s3_sample_error(sd, index, rc, sd->ra_err[k], errbuf);
-        else
-            memcpy(buf, sd->ra_buf + sd->ra_off[k], len);
     }
     /* The last sample of the dataset: the window is not needed any more. */
     if (index + 1 == d->count) {
@@ -569,8 +682,10 @@ static int s3_fingerprint(const dataset *d, int mode, uint64_t *ret_fingerprint,
         }
         s3_scan_hash_free(&scan);
     }
-    uint64_t rec[2] = {sd->entries_digest, sd->listed_digest[mode == DATASET_FINGERPRINT_STAT ? S3_DIGEST_STAT
-                                                                                               : S3_DIGEST_CONTENT]};
+    /* An npy dataset's cache holds the arrays, not the objects: never the same cache. */
+    uint64_t rec[3] = {sd->entries_digest, sd->listed_digest[mode == DATASET_FINGERPRINT_STAT ? S3_DIGEST_STAT
+                                                                                               : S3_DIGEST_CONTENT],
+                       sd->npy};
     pthread_mutex_unlock(&sd->fp_lock);
     if (r < 0)
         return r;

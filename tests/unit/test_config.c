@@ -1395,8 +1395,12 @@ static void test_s3_keys(void **state)
                     "to an s3://BUCKET/PREFIX path only", NULL);
     expect_error_at("datasets:\n  a: {kind: files, path: \"s3://b/x\"}\n", 2, 26, "datasets.a.path",
                     "'s3://b/x'", "bucket name of 3 to 63", NULL);
-    expect_error_at("datasets:\n  a: {kind: files, path: s3://bkt/x, format: npy}\n", 2, 46, "datasets.a.format",
-                    "raw objects only", NULL);
+    /* .npy objects are typed samples; a manifest names files of this node. */
+    c = load_ok("datasets:\n  a: {kind: files, path: s3://bkt/x, format: npy}\n", path, sizeof path);
+    assert_int_equal(c->datasets[0].format, CONFIG_FORMAT_NPY);
+    config_free(c);
+    expect_error_at("datasets:\n  a: {kind: files, path: s3://bkt/x, manifest: {path: m.csv, columns: {p: file}}}\n",
+                    2, 48, "datasets.a.manifest: does not apply to an s3:// location", NULL);
     expect_error_at("datasets:\n  a: {kind: files, path: s3://bkt/x, s3: {addressing: dns}}\n", 2, 55,
                     "datasets.a.s3.addressing: expected one of auto, path, virtual, got 'dns'", NULL);
 

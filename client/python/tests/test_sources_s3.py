@@ -33,6 +33,11 @@ pytestmark = pytest.mark.deadline(600)   # the first use may install the server 
 
 
 BAD = {}
+NPY_N = 10
+
+
+def _npy_array(i):
+    return np.arange(12, dtype=np.float32).reshape(3, 4) + 100 * i
 PIPE = ("    transforms:\n      - random_resized_crop: {size: 24}\n      - random_flip: {}\n"
         "      - to_dtype: {dtype: uint8, layout: HWC}\n")
 
@@ -91,6 +96,14 @@ def store():
         objects["miss/%d.bin" % i] = extra
     for i in range(3):
         objects["ttla/%d.bin" % i] = objects["ttlb/%d.bin" % i] = extra
+    # .npy objects: float32[3,4] in two folders; in npybad/ one of another shape.
+    os.makedirs(os.path.join(d, "npy"))
+    for i in range(NPY_N):
+        p = os.path.join(d, "npy", "%02d.npy" % i)
+        np.save(p, _npy_array(i))
+        objects["npy/c%d/%02d.npy" % (i % 2, i)] = objects["npybad/%02d.npy" % i] = p
+    np.save(os.path.join(d, "npy", "odd.npy"), np.zeros(2, np.float32))
+    objects["npybad/05.npy"] = os.path.join(d, "npy", "odd.npy")
     # Shards: three of tartest's (bytes, arrays, labels), JPEG shards also read from a
     # local folder, and a corrupt one. Not shards: one in a folder below, a hidden one.
     tartest._write_shards(os.path.join(d, "shards"))
@@ -125,6 +138,10 @@ def _datasets(srv, creds):
             ) % (BUCKET, ep, BUCKET, ep, BUCKET, ep, BUCKET, ep, BUCKET, ep) + "".join(
             "  %s:\n    kind: files\n    path: s3://%s/%s/\n    cache: {path: %s.ldc}\n    s3: %s, list_ttl: %d}\n" % (
                 name, BUCKET, name, name, ep[:-1], ttl) for name, ttl in (("ttla", 3600), ("ttlb", 0))) + (
+            "  npy:\n    kind: files\n    path: s3://%s/npy\n    format: npy\n    s3: %s\n"
+            "  npyc:\n    kind: files\n    path: s3://%s/npy\n    format: npy\n    cache: {path: npyc.ldc}\n    s3: %s\n"
+            "  npybad:\n    kind: files\n    path: s3://%s/npybad\n    format: npy\n    on_error: fail\n    s3: %s\n"
+            % (BUCKET, ep, BUCKET, ep, BUCKET, ep)) + (
             "  wdss3:\n    kind: tar_shards\n    path: s3://%s/wds/\n    cache: {path: wdss3.ldc}\n    s3: %s\n%s"
             "  wdsloc:\n    kind: tar_shards\n    path: wds\n%s" % (BUCKET, ep, PIPE, PIPE) if _have_pil() else "")
 
@@ -290,6 +307,45 @@ def test_tar_shards_refused(store, scratch):
     rc, err = _run_check(dm, {"AWS_ACCESS_KEY_ID": srv.key_id, "AWS_SECRET_ACCESS_KEY": "x" + srv.secret[1:]})
     assert rc != 0 and "403 SignatureDoesNotMatch" in err and srv.secret[1:] not in err, err
     assert not os.path.exists(os.path.join(d, "y.idx.shards"))
+
+
+def _npy_rows(b):
+    got = []
+    for r in range(b.rows):
+        a = np.array(b["data"][r])
+        i = int(a[0, 0]) // 100
+        assert np.array_equal(a, _npy_array(i)) and b["label"][r] == i % 2
+        got.append(i)
+    return got
+
+
+def test_npy_objects_typed_and_cached(s3_daemon):
+    dm, _, _ = s3_daemon
+    with loaderclient.Client(dm.socket, timeout=20) as c:
+        with c.open("npy", 4, seed=3, epochs=2) as s:
+            assert s.fields[0] == {"name": "data", "dtype": "float32", "shape": [3, 4], "ragged": False}
+            seen = {0: [], 1: []}
+            for b in s:
+                seen[b.epoch] += _npy_rows(b)
+        assert sorted(seen[0]) == sorted(seen[1]) == list(range(NPY_N))
+        # The cache holds the arrays: its epochs equal the store's.
+        with c.open("npyc", 4, seed=3, epochs=1) as s:
+            assert sorted(i for b in s for i in _npy_rows(b)) == list(range(NPY_N))
+        deadline = time.monotonic() + 30
+        info = c.request({"op": "cache_info", "dataset": "npyc"})
+        while info["state"] != "ready" and time.monotonic() < deadline:
+            time.sleep(0.02)
+            info = c.request({"op": "cache_info", "dataset": "npyc"})
+        assert info["state"] == "ready" and info["file"]["count"] == NPY_N, info
+        with c.open("npyc", 4, seed=3, epochs=1) as s:
+            assert sorted(i for b in s for i in _npy_rows(b)) == list(range(NPY_N))
+        assert c.request({"op": "cache_info", "dataset": "npyc"})["hits"] > 0
+        # An object of another shape is a bad sample named by its key.
+        with pytest.raises(loaderclient.LoaderdError) as e:
+            with c.open("npybad", 5, shuffle=False, epochs=1) as s:
+                for _ in s:
+                    pass
+        assert "05.npy" in str(e.value) and ".npy array is float32[2]" in str(e.value), str(e.value)
 
 
 def _listings(d, prefix):
