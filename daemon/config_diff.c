@@ -62,7 +62,7 @@ bool config_dataset_same(const struct config_dataset *a, const struct config_dat
         a->s3_addressing != b->s3_addressing || !config_diff_str_same(a->s3_profile, b->s3_profile) ||
         !config_diff_str_same(a->s3_credentials_file, b->s3_credentials_file) || a->s3_part_size != b->s3_part_size ||
         a->s3_parallel != b->s3_parallel || a->s3_retries != b->s3_retries || a->s3_timeout != b->s3_timeout ||
-        a->s3_connect_timeout != b->s3_connect_timeout)
+        a->s3_connect_timeout != b->s3_connect_timeout || a->s3_list_ttl != b->s3_list_ttl)
         return false;
     for (size_t k = 0; k < a->n_columns; k++)
         if (!config_diff_str_same(a->columns[k].name, b->columns[k].name) || a->columns[k].type != b->columns[k].type)
