@@ -13,7 +13,9 @@
  * pending_closes), as a reload's does.
  *
  * The scan reads srv->cfg as it was when the open came: a reload keeps the configs it
- * replaced until the daemon stops (server_reload.c), so that one stays valid.
+ * replaced until the daemon stops (server_reload.c), so that one stays valid. A scan
+ * that a reload overtook is answered `busy` (open again): its checks were made against
+ * the rules the reload replaced.
  *
  * The caches. A declared dataset with a cache gets a cache keeper of its own
  * (cache_keeper_new_at, in the directory declare_cache.h chose), which holds the
@@ -70,6 +72,7 @@ struct server_declared_cache {
     server *srv;
     cache_keeper *k;
     dataset *d;
+    uint32_t uid;                   /* whose: status lists it to them and to operators */
     bool closing;
     struct server_declared_cache *next;
 };
@@ -121,6 +124,13 @@ static void server_declare_scanned(struct hub_completion *hc)
     if (!c || srv->stopping) {
         ld_log(LD_LOG_INFO, "client %" PRIu64 ": declared dataset dropped after its scan (%.1f ms): %s",
                job->conn_id, (double)job->scan_ns / 1e6, srv->stopping ? "the daemon is stopping" : "the client is gone");
+    } else if (job->rc == 0 && job->cfg != srv->cfg) {
+        /* A reload during the scan may have taken the grant away: the scan's checks were
+         * against the config it replaced, so the open is not finished under them. */
+        ld_log(LD_LOG_INFO, "client %" PRIu64 " (%s, uid %u, pid %d): declared dataset dropped after its scan: the "
+               "config was reloaded meanwhile", c->id, c->name, c->uid, c->pid);
+        server_reply_fill(c, job->reply, proto_reply_error(job->id, LD_EBUSY, "the daemon's config was reloaded "
+                                                           "while this dataset was being scanned: open it again"));
     } else if (job->rc < 0) {
         ld_log(job->rc == LD_EDENIED ? LD_LOG_WARN : LD_LOG_INFO, "client %" PRIu64 " (%s, uid %u, pid %d): declared "
                "dataset refused: %s", c->id, c->name, c->uid, c->pid, job->err);
@@ -205,7 +215,7 @@ void server_declare_start(conn *c, const cJSON *req, int64_t id, const char *tem
 
 /* ---- the caches of declared datasets ----------------------------------------------- */
 
-int server_declare_keep_cache(server *srv, dataset *d, struct declare_cache *place, char *errbuf)
+int server_declare_keep_cache(server *srv, dataset *d, uint32_t uid, struct declare_cache *place, char *errbuf)
 {
     struct server_declared_cache *e = calloc(1, sizeof *e);
     if (!e) {
@@ -224,6 +234,7 @@ int server_declare_keep_cache(server *srv, dataset *d, struct declare_cache *pla
     dataset_hold(d); /* the keeper's: released when it stops */
     e->srv = srv;
     e->d = d;
+    e->uid = uid;
     e->next = srv->declared_caches;
     srv->declared_caches = e;
     return 0;
@@ -282,10 +293,24 @@ void server_declare_free(server *srv)
     }
 }
 
-void server_declare_report(const server *srv, cJSON *caches)
+/* Whether `c` may see the declared caches of other users: root, the daemon's own user,
+ * and the peers an access.operators rule names (not everyone, as an unset rule would
+ * let through: a cache's name and state tell what another user trains on). */
+static bool server_declare_sees_all(const conn *c)
 {
+    uint32_t self = (uint32_t)getuid();
+    const struct access_rule *ops = &c->srv->cfg->access.operators;
+    if (c->uid == 0 || c->uid == self)
+        return true;
+    struct access_peer peer = server_conn_peer(c);
+    return ops->set && access_allows(ops, &peer, self);
+}
+
+void server_declare_report(const server *srv, const conn *c, cJSON *caches)
+{
+    bool all = server_declare_sees_all(c);
     for (const struct server_declared_cache *e = srv->declared_caches; e; e = e->next) {
-        if (e->closing)
+        if (e->closing || (!all && e->uid != c->uid))
             continue;
         cJSON *jc = cJSON_CreateObject();
         if (!jc)

@@ -261,7 +261,7 @@ void server_declare_start(conn *c, const cJSON *req, int64_t id, const char *tem
 /* Starts the cache keeper of declared dataset d in `place` (taken) and keeps it until
  * the dataset's last stream is gone; sets d->keeper. 0, or a code with errbuf (the
  * dataset then has no cache). */
-int server_declare_keep_cache(server *srv, dataset *d, struct declare_cache *place, char *errbuf);
+int server_declare_keep_cache(server *srv, dataset *d, uint32_t uid, struct declare_cache *place, char *errbuf);
 /* From the tick: stops the keepers of declared datasets no stream holds any more. */
 void server_declare_reap(server *srv);
 /* At stop: closes every declared dataset's keeper (each counts towards `done`). */
@@ -269,7 +269,7 @@ void server_declare_close(server *srv);
 /* In server_free, after the streams: frees the keepers and their datasets. */
 void server_declare_free(server *srv);
 /* Adds the declared datasets' caches to status's `caches`. */
-void server_declare_report(const server *srv, cJSON *caches);
+void server_declare_report(const server *srv, const conn *c, cJSON *caches);
 
 /* ---- server_reload_access.c ---- */
 /* After a reload is applied: ends the connections whose peer the new access.connect no

@@ -307,7 +307,7 @@ static void server_open_run(conn *c, const cJSON *req, int64_t id, dataset **pde
         p.client_weight = cc->weight;
         p.client_max_share = cc->max_share;
     }
-    if (declared && place && place->dirfd >= 0 && server_declare_keep_cache(srv, declared, place, err) < 0)
+    if (declared && place && place->dirfd >= 0 && server_declare_keep_cache(srv, declared, c->uid, place, err) < 0)
         ld_log(LD_LOG_WARN, "client %" PRIu64 " (%s): declared dataset '%s' has no cache: %s", c->id, c->name,
                declared->name, err);
     uint64_t sid = ++srv->next_stream_id;

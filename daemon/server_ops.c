@@ -465,7 +465,7 @@ static void server_op_status(conn *c, const cJSON *req, int64_t id)
         cJSON_DeleteItemFromObjectCaseSensitive(jc, "file");
         cJSON_AddItemToArray(caches, jc);
     }
-    server_declare_report(srv, caches);
+    server_declare_report(srv, c, caches);
     server_reply_send(c, r);
 }
 

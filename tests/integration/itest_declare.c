@@ -462,6 +462,78 @@ static void expect_as(struct harness *h, uid_t uid, gid_t gid, const char *spec,
     }
 }
 
+/* How many declared caches `status` shows to uid/gid (run in a child). */
+static int declared_seen_as(struct harness *h, uid_t uid, gid_t gid)
+{
+    int fds[2];
+    assert_int_equal(pipe(fds), 0);
+    pid_t child = fork();
+    assert_true(child >= 0);
+    if (child == 0) {
+        close(fds[0]);
+        harness_become(uid, gid);
+        lc_client *c = NULL;
+        char err[1024], *json = NULL;
+        int n = -1;
+        if (lc_connect(h->socket, 5000, "looker", &c, err, sizeof err) == 0 &&
+            lc_request_json(c, "{\"op\":\"status\"}", &json) == 0) {
+            cJSON *st = cJSON_Parse(json);
+            const cJSON *it;
+            n = 0;
+            cJSON_ArrayForEach(it, cJSON_GetObjectItemCaseSensitive(st, "caches"))
+                n += cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(it, "declared"));
+            cJSON_Delete(st);
+            lc_free(json);
+        }
+        dprintf(fds[1], "%d", n);
+        lc_client_close(c);
+        _exit(0);
+    }
+    close(fds[1]);
+    char buf[32] = "";
+    ssize_t got = read(fds[0], buf, sizeof buf - 1);
+    buf[got > 0 ? got : 0] = '\0';
+    close(fds[0]);
+    int wst;
+    waitpid(child, &wst, 0);
+    assert_true(WIFEXITED(wst));
+    return atoi(buf);
+}
+
+/* Holds a stream on `spec` open as uid/gid in a child until *go is written; returns
+ * the child (ready once this returns). */
+static pid_t hold_as(struct harness *h, uid_t uid, gid_t gid, const char *spec, int go[2])
+{
+    int ready[2];
+    assert_int_equal(pipe(ready), 0);
+    assert_int_equal(pipe(go), 0);
+    pid_t child = fork();
+    assert_true(child >= 0);
+    if (child == 0) {
+        close(ready[0]);
+        close(go[1]);
+        harness_become(uid, gid);
+        setenv("LOADERD_UID", "0", 1);
+        lc_client *c = NULL;
+        lc_stream *s = NULL;
+        char err[1024], byte = 'x';
+        if (lc_connect(h->socket, 5000, "holder", &c, err, sizeof err) < 0 ||
+            harness_declare_open(c, NULL, spec, &s) < 0)
+            byte = 'e';
+        assert_int_equal(write(ready[1], &byte, 1), 1);
+        (void)!read(go[0], &byte, 1);
+        lc_client_close(c);
+        _exit(0);
+    }
+    close(ready[1]);
+    close(go[0]);
+    char byte = 0;
+    assert_int_equal(read(ready[0], &byte, 1), 1);
+    close(ready[0]);
+    assert_int_equal(byte, 'x');
+    return child;
+}
+
 static void test_as_trainer(void **state)
 {
     (void)state;
@@ -503,6 +575,18 @@ static void test_as_trainer(void **state)
     assert_int_equal(stat(p, &st), 0);
     assert_int_equal(st.st_mode & 0777, 0700);
     assert_int_equal(st.st_uid, getuid());
+    /* Which caches a user trains on is theirs: status lists a declared cache to its
+     * user and to root (and access.operators), not to another user of the socket. */
+    int go[2];
+    pid_t holder = hold_as(h, uid, gid, "{\"kind\":\"files\",\"path\":\"train\",\"cache\":{}}", go);
+    /* (the earlier open's cache may still be listed until the tick reaps its keeper) */
+    assert_true(declared_seen_as(h, uid, gid) >= 1);
+    assert_int_equal(declared_seen_as(h, other, ogid), 0);
+    assert_true(declared_seen_as(h, 0, 0) >= 1);
+    assert_int_equal(write(go[1], "g", 1), 1);
+    close(go[1]);
+    int wst;
+    waitpid(holder, &wst, 0);
     harness_stop_clean(h);
     harness_free(h);
 }
