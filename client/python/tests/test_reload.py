@@ -10,6 +10,7 @@ stream on `open` and root's stream on `records` read on; the stop is clean (noth
 import grp
 import os
 import pwd
+import shutil
 import subprocess
 import sys
 import time
@@ -75,6 +76,27 @@ def _test_user():
     pytest.fail("cannot create the test user %s in group %s" % (USER, GROUP))
 
 
+def _package_copy(where):
+    """The package and the library under test copied where the second user can read them
+    (the checkout may lie in a directory only its owner enters); the environment that
+    imports that copy."""
+    import loaderclient
+    from loaderclient import _lib
+    pkg = os.path.join(where, "loaderclient")
+    shutil.copytree(os.path.dirname(loaderclient.__file__), pkg,
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    lib = os.path.join(pkg, os.path.basename(_lib.find_library()[1]))
+    shutil.copy(_lib.find_library()[1], lib)
+    for top, dirs, files in os.walk(where):
+        os.chmod(top, 0o755)
+        for f in files:
+            os.chmod(os.path.join(top, f), 0o644)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = where
+    env["LOADERCLIENT_LIB"] = lib
+    return env
+
+
 @pytest.fixture(scope="module")
 def acl_daemon():
     uid, gid = _test_user()
@@ -83,6 +105,7 @@ def acl_daemon():
     support.gen_files(os.path.join(d, "rec"), 200, 64, 4)
     dm = support.Daemon(d, DATASETS, server_extra=HEAD)
     dm.start()
+    dm.trainer_env = _package_copy(os.path.join(d, "py"))
     yield dm, uid, gid
     dm.stop_clean()
     support.rmtree(d)
@@ -108,8 +131,8 @@ def test_reload_narrows_a_dataset(acl_daemon, handoff):
     root = loaderclient.Client(dm.socket, timeout=10, name="py-root")
     rs = root.open("records", batch_size=10, handoff=handoff)
     rs.next()
-    env = support._python_env(None)
-    p = subprocess.Popen([sys.executable, "-c", TRAINER, dm.socket, handoff], env=env, user=uid, group=gid,
+    p = subprocess.Popen([sys.executable, "-c", TRAINER, dm.socket, handoff], env=dm.trainer_env, user=uid,
+                         group=gid,
                          extra_groups=[], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          text=True)
     try:
