@@ -232,25 +232,13 @@ def sched_seconds(pid):
     """The summed run times of a process's live threads (/proc/PID/task/*/schedstat, in
     ns), or None where the kernel does not keep them. Exact, but blind to threads that
     have ended."""
-    try:
-        tids = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return None
-    total = 0
-    for tid in tids:
-        try:
-            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
-                total += int(f.read().split()[0])
-        except FileNotFoundError:
-            continue            # a thread that ended between the listing and the read
-        except (OSError, ValueError, IndexError):
-            return None
-    return total / 1e9
+    return thread_cpu_seconds(pid, None)
 
 
 def thread_cpu_seconds(pid, prefix):
     """The summed run times (schedstat) of the live threads of pid whose name starts with
-    prefix (a daemon's worker threads), in seconds; None when the kernel keeps none."""
+    prefix (a daemon's worker threads; None: every thread), in seconds; None when the
+    kernel keeps none."""
     try:
         tids = os.listdir(f"/proc/{pid}/task")
     except OSError:
@@ -258,9 +246,10 @@ def thread_cpu_seconds(pid, prefix):
     total = 0
     for tid in tids:
         try:
-            with open(f"/proc/{pid}/task/{tid}/comm") as f:
-                if not f.read().startswith(prefix):
-                    continue
+            if prefix is not None:
+                with open(f"/proc/{pid}/task/{tid}/comm") as f:
+                    if not f.read().startswith(prefix):
+                        continue
             with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
                 total += int(f.read().split()[0])
         except FileNotFoundError:
