@@ -358,24 +358,32 @@ out:
     return r;
 }
 
-int npy_read(int fd, uint64_t file_size, const struct npy_header *expect, void *dst, char *errbuf)
+int npy_check(const struct npy_header *h, const struct npy_header *expect, uint64_t size, const char *what,
+              char *errbuf)
 {
-    struct npy_header h;
     char want[128], have[128];
-    int r = npy_read_header(fd, file_size, &h, errbuf);
-    if (r < 0)
-        return r == LD_ENOTSUP ? LD_ESAMPLE : r;
-    if (!npy_same(&h, expect)) {
-        ld_errorf(errbuf, ".npy array is %s, the dataset's field is %s", npy_describe(&h, have, sizeof have),
+    if (!npy_same(h, expect)) {
+        ld_errorf(errbuf, ".npy array is %s, the dataset's field is %s", npy_describe(h, have, sizeof have),
                   npy_describe(expect, want, sizeof want));
         return LD_ESAMPLE;
     }
-    if (h.data_offset + h.data_bytes != file_size) {
-        ld_errorf(errbuf, ".npy file has %" PRIu64 " bytes, its header promises %" PRIu64 " (%" PRIu64
-                  " of header and %" PRIu64 " of data)", file_size, h.data_offset + h.data_bytes, h.data_offset,
-                  h.data_bytes);
+    if (h->data_offset + h->data_bytes != size) {
+        ld_errorf(errbuf, ".npy %s has %" PRIu64 " bytes, its header promises %" PRIu64 " (%" PRIu64
+                  " of header and %" PRIu64 " of data)", what, size, h->data_offset + h->data_bytes, h->data_offset,
+                  h->data_bytes);
         return LD_ESAMPLE;
     }
+    return 0;
+}
+
+int npy_read(int fd, uint64_t file_size, const struct npy_header *expect, void *dst, char *errbuf)
+{
+    struct npy_header h;
+    int r = npy_read_header(fd, file_size, &h, errbuf);
+    if (r < 0)
+        return r == LD_ENOTSUP ? LD_ESAMPLE : r;
+    if ((r = npy_check(&h, expect, file_size, "file", errbuf)) < 0)
+        return r;
     size_t got;
     if ((r = npy_pread(fd, dst, (size_t)h.data_bytes, h.data_offset, &got, errbuf)) < 0)
         return r;

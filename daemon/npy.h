@@ -47,6 +47,11 @@ int npy_parse(const void *buf, size_t len, struct npy_header *ret_header, char *
 bool npy_same(const struct npy_header *a, const struct npy_header *b);
 /* "float32[3,32,32]" ("int64[]" for a scalar), into buf. */
 const char *npy_describe(const struct npy_header *h, char *buf, size_t size);
+/* Whether the array h describes is the dataset's (expect: dtype, order, shape) and fills
+ * exactly `size` bytes with its header (a "file" or an "object", as `what` says in the
+ * message). LD_ESAMPLE with the reason in errbuf. */
+int npy_check(const struct npy_header *h, const struct npy_header *expect, uint64_t size, const char *what,
+              char *errbuf);
 /* Reads the array of the .npy file open at fd (file_size bytes long) into dst, which
  * holds expect->data_bytes: the header must describe the same dtype and shape as
  * expect (LD_ESAMPLE otherwise) and the file must hold exactly its data. Blocking

@@ -305,7 +305,6 @@ static int s3_npy_data(const struct npy_header *layout, const uint8_t *buf, uint
 {
     struct npy_header h;
     uint64_t total;
-    char want[128], have[128];
     int r = npy_header_length(buf, (size_t)len, &total, reason);
     if (r < 0)
         return LD_ESAMPLE;
@@ -315,17 +314,8 @@ static int s3_npy_data(const struct npy_header *layout, const uint8_t *buf, uint
     }
     if (npy_parse(buf, (size_t)total, &h, reason) < 0)
         return LD_ESAMPLE;
-    if (!npy_same(&h, layout)) {
-        ld_errorf(reason, ".npy array is %s, the dataset's field is %s", npy_describe(&h, have, sizeof have),
-                  npy_describe(layout, want, sizeof want));
+    if (npy_check(&h, layout, len, "object", reason) < 0)
         return LD_ESAMPLE;
-    }
-    if (h.data_offset + h.data_bytes != len) {
-        ld_errorf(reason, ".npy object has %" PRIu64 " bytes, its header promises %" PRIu64 " (%" PRIu64
-                  " of header and %" PRIu64 " of data)", len, h.data_offset + h.data_bytes, h.data_offset,
-                  h.data_bytes);
-        return LD_ESAMPLE;
-    }
     memcpy(dst, buf + h.data_offset, (size_t)h.data_bytes);
     return 0;
 }
