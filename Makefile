@@ -147,6 +147,9 @@ TEST_FUZZ_SECONDS ?= 10
 FUZZ_SAN  := address,undefined,fuzzer-no-link
 
 .PHONY: all deps test demo bench bench-peers clean tests fuzz fuzzers fuzz-seeds soak
+# Keep the objects of test programs (make would delete them as intermediates, and build
+# them again on the next run).
+.SECONDARY:
 # The GPU check's program (scripts/gpu-check.sh), in CUDA builds without sanitizers.
 GPU_CHECK := $(if $(and $(filter 1,$(HAVE_CUDA)),$(if $(SANITIZE),,1)),$(BUILD)/bin/ld-gpu-check)
 all: $(LOADERD) $(LOADERCTL) $(GENDATA) $(GENIMAGES) $(IMGFLOOR) $(CLIENT_SO) $(CLIENT_A) $(PLUGINS) $(GPU_CHECK)

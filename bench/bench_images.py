@@ -604,7 +604,7 @@ def render(rows, floor, summary, meta):
         L.append("|---|---:|---:|---:|---:|---|")
         desc = {"decode": "whole image, full size (what PIL decodes)",
                 "decode_resize": f"whole image, full size + resize to {SIZE}×{SIZE} (context)",
-                "crop": f"crop region only, at the scale the daemon plans + resize, flip, CHW (**the floor**)"}
+                "crop": "crop region only, at the scale the daemon plans + resize, flip, CHW (**the floor**)"}
         for name, fm in floor["modes"].items():
             sc = fm["scales"]
             L.append(f"| {desc.get(name, name)} | {fm['ms_per_image']:.3f} | {fm['cpu_ms_per_image']:.3f} | "
