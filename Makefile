@@ -126,6 +126,7 @@ LOADERCTL := $(BUILD)/bin/loaderctl
 GENDATA   := $(BUILD)/bin/ld-gendata
 GENIMAGES := $(BUILD)/bin/ld-genimages
 IMGFLOOR  := $(BUILD)/bin/ld-imgfloor
+COPYFLOOR := $(BUILD)/bin/ld-copyfloor
 # The client library: the real file carries the full version, the soname the major
 # (a trainer links against libloaderclient.so.MAJOR), and the .so link is for -l.
 CLIENT_SONAME := libloaderclient.so.$(VERSION_MAJOR)
@@ -152,7 +153,7 @@ FUZZ_SAN  := address,undefined,fuzzer-no-link
 .SECONDARY:
 # The GPU check's program (scripts/gpu-check.sh), in CUDA builds without sanitizers.
 GPU_CHECK := $(if $(and $(filter 1,$(HAVE_CUDA)),$(if $(SANITIZE),,1)),$(BUILD)/bin/ld-gpu-check)
-all: $(LOADERD) $(LOADERCTL) $(GENDATA) $(GENIMAGES) $(IMGFLOOR) $(CLIENT_SO) $(CLIENT_A) $(PLUGINS) $(GPU_CHECK)
+all: $(LOADERD) $(LOADERCTL) $(GENDATA) $(GENIMAGES) $(IMGFLOOR) $(COPYFLOOR) $(CLIENT_SO) $(CLIENT_A) $(PLUGINS) $(GPU_CHECK)
 tests: $(UNIT_BIN) $(ITEST_BIN)
 
 # Rebuild everything when the flags change.
@@ -214,6 +215,12 @@ $(BUILD)/bin/ld-gpu-check: tests/gpu/gpu_check.cu $(CLIENT_A) $(FLAGS_FILE)
 $(IMGFLOOR): $(call obj,bench/ld-imgfloor.c) $(CORE_A)
 	@mkdir -p $(dir $@)
 	$(CC) -o $@ $^ $(LDFLAGS_ALL) $(PKG_LIBS) -ldl -lm
+
+# The floor of the pre-decoded workloads (bench-only): a file read or a window copied per
+# sample on one core, no loader around it.
+$(COPYFLOOR): $(call obj,bench/ld-copyfloor.c)
+	@mkdir -p $(dir $@)
+	$(CC) -o $@ $^ $(LDFLAGS_ALL)
 
 # Unit tests link the daemon's modules (no socket, no process); integration tests link
 # only the public client library and drive a real loaderd.

@@ -675,6 +675,18 @@ def render(rows, meta):
                          f"num_workers={r['best_per_cpu_dataloader_workers']}); CPU split per 1,000 samples: "
                          + ", ".join(f"{k} {v:.3f} s" for k, v in r["cpu_split_s_per_1000"].items()
                                      if k != "workers") + ".")
+    floor = meta.get("floor") or {}
+    what = {"records": "open + pread + close of each file", "tokens": "a copy of each window from the mapped file"}
+    for ds, f in floor.items():
+        line = (f"- {ds} floor (`bench/ld-copyfloor.c`, one core, no loader: {what[ds]}, "
+                f"{f['mean_sample_bytes']:,} B a sample): {f['cpu_us_per_sample']:.3f} µs of CPU a sample "
+                f"({f['samples_per_cpu_s']:,.0f} a CPU-second)")
+        for r in rows:
+            if r["dataset"] == ds and r["loader"] == "loaderd" and r.get("cpu_s_per_1000"):
+                us = r["cpu_s_per_1000"] * 1000
+                line += (f"; loaderd ({'Python' if r['client'] == 'python' else 'C'} client) "
+                         f"{us:.2f} µs, {us / f['cpu_us_per_sample']:.1f}× the floor")
+        lines.append(line + ".")
     if meta.get("failures"):
         lines.append("")
         lines.append("**FAILURES:**")
@@ -758,6 +770,30 @@ def parse_args(argv):
     return a
 
 
+def run_floor(args, rec_dir, tok_file, failures):
+    """The floor of each workload on one core (bench/ld-copyfloor.c): a file opened, read
+    and closed per sample, a window copied from the mapped token file per sample. None
+    when the program is not built."""
+    prog = os.path.join(args.build_abs, "bin", "ld-copyfloor")
+    if not os.access(prog, os.X_OK):
+        failures.append(f"{prog} not found: the floor is not measured (make all builds it)")
+        return None
+    out = {}
+    for ds, cmd in (("records", [prog, "files", rec_dir, "--batch", str(RECORDS_BATCH), "--json"]),
+                    ("tokens", [prog, "windows", tok_file, "--context", str(CONTEXT), "--dtype-bytes", "2",
+                                "--batch", str(TOKENS_BATCH), "--json"])):
+        try:
+            r = subprocess.run(cmd, capture_output=True, timeout=300)
+        except subprocess.TimeoutExpired:
+            failures.append(f"ld-copyfloor {ds} ran past 300 s")
+            continue
+        if r.returncode != 0:
+            failures.append(f"ld-copyfloor {ds} exited {r.returncode}: {r.stderr.decode(errors='replace').strip()}")
+            continue
+        out[ds] = {**json.loads(r.stdout), "command": " ".join(shlex.quote(c) for c in cmd)}
+    return out
+
+
 def main():
     argv = sys.argv[1:]
     if "--child" not in argv:
@@ -825,6 +861,7 @@ def main():
         if daemon is not None:
             daemon.stop()
             failures.extend("loaderd: " + e for e in daemon.info["errors"])
+    floor = run_floor(args, rec_dir, tok_file, failures)
 
     rows = []
     for c in configs:
@@ -846,6 +883,7 @@ def main():
                    "consume": args.consume,
                    "daemon_workers": 2, "build_dir": args.build_dir},
         "page_cache_warm": warm,
+        "floor": floor,
         "loaderd": daemon.info if daemon is not None else None,
         "seconds": time.perf_counter() - t_start,
         "failures": failures,
