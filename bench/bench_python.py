@@ -69,6 +69,10 @@ def parse_args(argv):
     p.add_argument("--max-seconds", type=float, default=15.0, help="bound on one measured DataLoader epoch")
     p.add_argument("--results-dir", default=os.path.join(HERE, "results"))
     p.add_argument("--quick", action="store_true", help="fewer epochs and steps (about a minute)")
+    p.add_argument("--overhead-only", action="store_true", help="only the Python overhead per batch (no data "
+                   "path, no training; the report's other sections are left out)")
+    p.add_argument("--client-dir", help="the loaderclient package's parent folder to measure (default: "
+                   "client/python of this tree; e.g. another checkout's, to compare two versions)")
     a = p.parse_args(argv)
     if a.quick:
         a.epochs, a.train_steps, a.overhead_batches, a.max_seconds = 1, 100, 1000, 5.0
@@ -304,17 +308,22 @@ def training(args, sock, files, classes):
 
 
 class _TimedLib:
-    """The C library with its two working calls timed (wall and this thread's CPU time), so
-    that what remains of a loop's time is the Python side's."""
+    """The C library with its working calls timed (wall and this thread's CPU time), so
+    that what remains of a loop's time is the Python side's: lc_stream_next (or
+    lc_stream_next_info, which the package calls since it exists) and lc_batch_release.
+    Other functions are looked up once and then found as attributes, as on the library."""
 
     def __init__(self, real):
         self._real = real
         self.wall = self.cpu = 0.0
         self._next = real.lc_stream_next
+        self._next_info = getattr(real, "lc_stream_next_info_sized", None)
         self._rel = real.lc_batch_release
 
     def __getattr__(self, name):
-        return getattr(self._real, name)
+        v = getattr(self._real, name)
+        setattr(self, name, v)
+        return v
 
     def _timed(self, fn, a):
         w, c = time.perf_counter(), time.thread_time()
@@ -325,6 +334,9 @@ class _TimedLib:
 
     def lc_stream_next(self, *a):
         return self._timed(self._next, a)
+
+    def lc_stream_next_info_sized(self, *a):
+        return self._timed(self._next_info, a)
 
     def lc_batch_release(self, *a):
         return self._timed(self._rel, a)
@@ -414,9 +426,10 @@ def overhead(args, sock):
 
 
 class _ReadyLib:
-    """The C library with lc_stream_next answering at once with a batch already in hand and
-    lc_batch_release doing nothing: a loop over it runs only the Python side, with hot
-    caches (no socket, no daemon, no context switch)."""
+    """The C library with lc_stream_next (and lc_stream_next_info) answering at once with
+    a batch already in hand and lc_batch_release doing nothing: a loop over it runs only
+    the Python side, with hot caches (no socket, no daemon, no context switch). The other
+    calls are the library's, looked up once."""
 
     def __init__(self, real, bptr):
         import ctypes
@@ -424,13 +437,20 @@ class _ReadyLib:
         self._bptr = bptr
         self._ptr = ctypes.POINTER(ctypes.c_void_p)
         self._cast = ctypes.cast
+        self._describe = real.lc_batch_describe_sized
 
     def __getattr__(self, name):
-        return getattr(self._real, name)
+        v = getattr(self._real, name)
+        setattr(self, name, v)
+        return v
 
     def lc_stream_next(self, h, ms, ref):
         self._cast(ref, self._ptr)[0] = self._bptr
         return 0
+
+    def lc_stream_next_info_sized(self, h, ms, ref, info, size):
+        self._cast(ref, self._ptr)[0] = self._bptr
+        return self._describe(self._bptr, info, size)   # what the library does after its next
 
     def lc_batch_release(self, b):
         return 0
@@ -478,6 +498,113 @@ def overhead_ready(args, sock):
     return out
 
 
+def _wait_ahead(client, stream_id, depth):
+    """Waits (up to 30 s) until the daemon has `depth` batches of the stream ready or
+    handed ahead (`prefetch_depth` in the `streams` reply, none of them still filling or
+    being copied)."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < 30:
+        row = next(r for r in client.streams() if r["id"] == stream_id)
+        if row["filling"] == 0 and row["copying"] == 0 and row["prefetch_depth"] >= depth:
+            return
+        time.sleep(0.002)
+    log("   stream %d: %d batches ahead not reached within 30 s" % (stream_id, depth))
+
+
+def overhead_ahead(args, sock, rounds=40, depth=32):
+    """This thread's CPU time per batch over batches the daemon has ready (handed `depth`
+    ahead, waited for between rounds): the whole client, Python and the C library, with
+    no wait in the measured loop. Stream with two numpy views, and LoaderdDataLoader's
+    (data, label). Median over rounds."""
+    import loaderclient
+    clock = time.thread_time
+    out = {"depth": depth, "rounds": rounds}
+    with loaderclient.Client(sock) as c:
+        st = c.open("records", BATCH, seed=3, prefetch=depth)
+        keep = st.next()["data"]
+        per = []
+        for _ in range(rounds):
+            _wait_ahead(c, st.id, depth)
+            c0 = clock()
+            for _ in range(depth):
+                b = st.next()
+                keep = b["data"], b["label"]   # alive until the next batch, like a loop's variables
+            per.append((clock() - c0) / depth)
+        del b, keep
+        st.close()
+        out["numpy_us"] = statistics.median(per) * 1e6
+        ld = loaderd_loader(sock, prefetch=depth)
+        it = iter(ld)
+        keep = next(it)
+        per = []
+        for _ in range(rounds):
+            _wait_ahead(c, ld.stream.id, depth)
+            c0 = clock()
+            n = 0
+            while n < depth:
+                try:
+                    keep = next(it)
+                except StopIteration:
+                    it = iter(ld)
+                    continue
+                n += 1
+            per.append((clock() - c0) / depth)
+        del keep
+        ld.close()
+        out["torch_us"] = statistics.median(per) * 1e6
+    return out
+
+
+def overhead_c(args, sock, rounds=60, depth=32):
+    """The C library's own CPU time per batch over ready batches: a stream opened with
+    prefetch `depth` is left alone until the daemon has handed that many batches ahead
+    (the `streams` reply: nothing filling, `depth` leased beyond the one held), then
+    lc_stream_next_info + lc_batch_release are called for each, timed on this thread's CPU
+    clock; less the same two calls answered at once (a NULL stream and batch: the same
+    ctypes conversions), which is the cost of calling from Python. Median over rounds."""
+    import ctypes
+    import loaderclient
+    from loaderclient import _lib
+    lib = ctypes.CDLL(_lib.library_path)    # bound here: the package measured may predate the call
+    P = ctypes.c_void_p
+    lib.lc_stream_next_info_sized.argtypes = [P, ctypes.c_int, ctypes.POINTER(P), P, ctypes.c_size_t]
+    lib.lc_stream_next_info_sized.restype = ctypes.c_int
+    lib.lc_batch_release.argtypes = [P]
+    lib.lc_batch_release.restype = ctypes.c_int
+    info = (ctypes.c_uint8 * 64)()           # lc_batch_info and room beyond it
+    bp = ctypes.c_void_p()
+    ref_b, ref_i, size = ctypes.byref(bp), ctypes.byref(info), ctypes.sizeof(_lib.LcBatchInfo)
+    nxt, rel, clock = lib.lc_stream_next_info_sized, lib.lc_batch_release, time.thread_time
+
+    def empty(n):
+        c0 = clock()
+        for _ in range(n):
+            nxt(None, 1000, ref_b, ref_i, size)
+            rel(None)
+        return (clock() - c0) / n
+
+    per, calls = [], []
+    with loaderclient.Client(sock) as c:
+        st = c.open("records", BATCH, seed=2, prefetch=depth)
+        h = st._h
+        held = st.next()                     # the stream's first batch, kept: the ring stays busy
+        for _ in range(rounds):
+            _wait_ahead(c, st.id, depth)
+            calls.append(empty(depth))
+            c0 = clock()
+            for _ in range(depth):
+                rc = nxt(h, 1000, ref_b, ref_i, size)
+                if rc < 0:
+                    raise loaderclient.errors.make_error(rc, "lc_stream_next_info")
+                rel(bp.value)
+            per.append((clock() - c0) / depth)
+        held.release()
+        st.close()
+    call = statistics.median(calls)
+    return {"depth": depth, "rounds": rounds, "call_us": call * 1e6,
+            "c_us": statistics.median(per) * 1e6 - call * 1e6, "with_calls_us": statistics.median(per) * 1e6}
+
+
 # ---------------------------------------------------------------------------------------
 # report
 
@@ -504,20 +631,24 @@ def render(res):
                                           m["kernel"], m["python"], m["torch"], m["torch_threads"], m["numpy"],
                                           m["date"]),
          "", "Records: %d files of 3072 bytes, %d classes, batch %d, shuffled; page cache warm." %
-         (res["files"], res["classes"], BATCH), "", "## Data path alone (no training)", "",
-         "| loader | workers | samples/s | vs best DataLoader |", "| --- | ---: | ---: | ---: |"]
-    best = max((r["samples_per_s"] for r in res["data_path"] if r["loader"] == "torch DataLoader"), default=None)
-    for r in res["data_path"]:
-        ratio = "%.2f×" % (r["samples_per_s"] / best) if best else "—"
-        L.append("| %s%s | %s | %.0f | %s |" % (r["loader"], " (partial epochs)" if r.get("partial") else "",
-                                               r["workers"], r["samples_per_s"], ratio))
-    L += ["", "## Training a tiny MLP (3072→%d→%d, SGD) from each loader" % (res["hidden"], res["classes"]), "",
-          "| loader | workers | samples/s | ms/step | waiting for data | wait ms/step | loss first→last |",
-          "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
-    for r in res["training"]:
-        L.append("| %s | %s | %.0f | %.2f | %.1f%% | %.3f | %.2f→%.2f |" % (
-            r["loader"], r["workers"], r["samples_per_s"], r["step_ms"], 100 * r["wait_fraction"],
-            r["wait_ms_per_step"], r["loss_first"], r["loss_last"]))
+         (res["files"], res["classes"], BATCH)]
+    if "data_path" in res:
+        L += ["", "## Data path alone (no training)", "",
+              "| loader | workers | samples/s | vs best DataLoader |", "| --- | ---: | ---: | ---: |"]
+        best = max((r["samples_per_s"] for r in res["data_path"] if r["loader"] == "torch DataLoader"),
+                   default=None)
+        for r in res["data_path"]:
+            ratio = "%.2f×" % (r["samples_per_s"] / best) if best else "—"
+            L.append("| %s%s | %s | %.0f | %s |" % (r["loader"], " (partial epochs)" if r.get("partial") else "",
+                                                   r["workers"], r["samples_per_s"], ratio))
+    if "training" in res:
+        L += ["", "## Training a tiny MLP (3072→%d→%d, SGD) from each loader" % (res["hidden"], res["classes"]),
+              "", "| loader | workers | samples/s | ms/step | waiting for data | wait ms/step | loss first→last |",
+              "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+        for r in res["training"]:
+            L.append("| %s | %s | %.0f | %.2f | %.1f%% | %.3f | %.2f→%.2f |" % (
+                r["loader"], r["workers"], r["samples_per_s"], r["step_ms"], 100 * r["wait_fraction"],
+                r["wait_ms_per_step"], r["loss_first"], r["loss_last"]))
     o = res["overhead"]
     L += ["", "## Python overhead per batch (median of 5 × %d batches)" % res["overhead_batches"], "",
           "Per batch: the loop's time, the time inside lc_stream_next + lc_batch_release (the C "
@@ -538,6 +669,18 @@ def render(res):
           "alone, hot caches, best of 3 × 20000): next() + 2 numpy views + release **%.1f µs**; next() + "
           "LoaderdDataLoader's tensors (data shared, label copied) + release **%.1f µs**."
           % (r["numpy_us"], r["torch_us"])]
+    r = res.get("overhead_ahead")
+    if r:
+        L += ["", "Over batches the daemon has ready (%d handed ahead, waited for between rounds; the real "
+              "library, this thread's CPU time per batch, Python and C, median of %d rounds): next() + 2 numpy "
+              "views + release **%.1f µs**; LoaderdDataLoader's (data, label) **%.1f µs**."
+              % (r["depth"], r["rounds"], r["numpy_us"], r["torch_us"])]
+    r = res.get("overhead_c")
+    if r:
+        L += ["", "The C library over ready batches (the daemon %d batches ahead; median of %d rounds, this "
+              "thread's CPU time): lc_stream_next_info + lc_batch_release **%.2f µs** per batch, less %.2f µs "
+              "for the two calls from Python (the same calls answered at once)."
+              % (r["depth"], r["rounds"], r["c_us"], r["call_us"])]
     return "\n".join(L) + "\n"
 
 
@@ -545,8 +688,9 @@ def main(argv):
     args = parse_args(argv)
     build_lib = os.path.join(REPO, args.build_dir, "lib", "libloaderclient.so")
     os.environ.setdefault("LOADERCLIENT_LIB", build_lib)
-    sys.path.insert(0, os.path.join(REPO, "client", "python"))
+    sys.path.insert(0, os.path.abspath(args.client_dir) if args.client_dir else os.path.join(REPO, "client", "python"))
     import loaderclient
+    log("== loaderclient from %s, %s" % (os.path.dirname(loaderclient.__file__), loaderclient._lib.library_path))
     os.makedirs(args.results_dir, exist_ok=True)
     daemon = None
     sock = args.socket
@@ -576,13 +720,16 @@ def main(argv):
             sock = daemon.socket
         with loaderclient.Client(sock) as c:
             DAEMON_WORKERS[0] = "%d (daemon)" % c.status()["workers"]
-        log("== data path")
-        result["data_path"] = data_path(args, sock, files)
-        log("== training")
-        result["training"] = training(args, sock, files, classes)
+        if not args.overhead_only:
+            log("== data path")
+            result["data_path"] = data_path(args, sock, files)
+            log("== training")
+            result["training"] = training(args, sock, files, classes)
         log("== Python overhead per batch")
         result["overhead"] = overhead(args, sock)
         result["overhead_ready"] = overhead_ready(args, sock)
+        result["overhead_ahead"] = overhead_ahead(args, sock)
+        result["overhead_c"] = overhead_c(args, sock)
         result["overhead_batches"] = args.overhead_batches
     finally:
         if daemon is not None:
@@ -596,9 +743,11 @@ def main(argv):
     result["machine"] = machine()
     result["failures"] = failed
     md = render(result)
-    with open(os.path.join(args.results_dir, "python.md"), "w") as f:
+    # An overhead-only run keeps the full report of the last complete run.
+    stem = "python-overhead" if args.overhead_only else "python"
+    with open(os.path.join(args.results_dir, stem + ".md"), "w") as f:
         f.write(md)
-    with open(os.path.join(args.results_dir, "python.json"), "w") as f:
+    with open(os.path.join(args.results_dir, stem + ".json"), "w") as f:
         json.dump(result, f, indent=2)
     print(md)
     if failed:

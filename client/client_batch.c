@@ -80,6 +80,7 @@ LC_EXPORT int lc_batch_describe_sized(const lc_batch *b, lc_batch_info *ret_info
     r.epoch = b->epoch;
     r.index = b->index;
     r.slot_offset = b->slot_offset;
+    r.reopens = b->reopens;
     return client_copy_struct_out(ret_info, info_size, &r, sizeof r, CLIENT_BATCH_INFO_V0_SIZE);
 }
 

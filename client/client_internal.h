@@ -78,6 +78,7 @@ struct lc_batch {
     uint64_t index;
     uint32_t rows;
     uint64_t slot_offset;       /* of the slot in its ring */
+    uint64_t reopens;           /* the stream's reopens when handed out (its ring's) */
     const uint8_t *base;        /* the slot's first byte (its struct ld_slot_header) */
     lc_field fields[LD_MAX_FIELDS];
     void *dev_stream;           /* device streams: the CUDA stream lc_batch_device_wait was given */

@@ -148,6 +148,7 @@ hand_out:
     b->index = (uint64_t)batch;
     b->rows = (uint32_t)rows;
     b->slot_offset = s->slot_offset + (uint64_t)b->slot * s->slot_size;
+    b->reopens = s->reopens;
     b->base = (const uint8_t *)client_stream_slot(s, b->slot);
     /* Release semantics: the slot's contents were written before the generation. */
     const struct ld_slot_header *h = client_stream_slot(s, b->slot);
@@ -204,4 +205,23 @@ out:
     }
     cJSON_Delete(reply);
     return ret;
+}
+
+LC_EXPORT int lc_stream_next_info_sized(lc_stream *s, int timeout_ms, lc_batch **ret_batch, lc_batch_info *ret_info,
+                                        size_t info_size)
+{
+    lc_batch *b;
+    if (!s)
+        return LC_EINVAL;
+    if (!ret_batch || !ret_info || info_size < CLIENT_BATCH_INFO_V0_SIZE) {
+        client_seterr(s->client, "lc_stream_next_info: ret_batch and ret_info (%zu bytes, at least %zu) are required",
+                      info_size, (size_t)CLIENT_BATCH_INFO_V0_SIZE);
+        return LC_EINVAL;
+    }
+    int ret = lc_stream_next(s, timeout_ms, &b);
+    if (ret < 0)
+        return ret;
+    lc_batch_describe_sized(b, ret_info, info_size); /* cannot fail: b and the size were checked */
+    *ret_batch = b;
+    return 0;
 }

@@ -312,9 +312,17 @@ typedef struct lc_batch_info {
     uint64_t epoch;
     uint64_t index;               /* batch number within its epoch */
     uint64_t slot_offset;         /* lc_stream_slot_offset(stream, slot) */
+    uint64_t reopens;             /* lc_stream_reopens(stream) when it was handed out: a batch
+                                   * of the ring after that many reopens (new in 0.1.1) */
 } lc_batch_info;
 LC_EXPORT int lc_batch_describe_sized(const lc_batch *b, lc_batch_info *ret_info, size_t info_size);
 #define lc_batch_describe(b, r) lc_batch_describe_sized((b), (r), sizeof *(r))
+/* lc_stream_next, then lc_batch_describe of the batch it hands out, in one call (a
+ * binding that pays per call makes one per batch). On success *ret_batch and *ret_info
+ * are set; on failure neither is touched and the code is lc_stream_next's. */
+LC_EXPORT int lc_stream_next_info_sized(lc_stream *s, int timeout_ms, lc_batch **ret_batch, lc_batch_info *ret_info,
+                                        size_t info_size);
+#define lc_stream_next_info(s, ms, b, r) lc_stream_next_info_sized((s), (ms), (b), (r), sizeof *(r))
 LC_EXPORT int lc_batch_field_count(const lc_batch *b);
 /* Field i (0 <= i < count) or, by name, lc_batch_field_by_name. LC_EINVAL when absent.
  * Both are macros that pass the caller's sizeof(lc_field) to the _sized functions,

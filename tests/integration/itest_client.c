@@ -493,11 +493,24 @@ static void test_ring_layout(void **state)
             munmap(mine, ri.size);
             assert_int_equal(lc_batch_release(b), 0);
             b = NULL;
-            assert_int_equal(lc_stream_next(s, 0, &b), 0);
+            /* lc_stream_next_info: the batch and what lc_batch_describe says of it, in one call. */
+            lc_batch_info ni;
+            memset(&ni, 0xff, sizeof ni);
+            assert_int_equal(lc_stream_next_info(s, 0, &b, &ni), 0);
+            assert_int_equal(lc_batch_describe(b, &bi), 0);
+            assert_memory_equal(&ni, &bi, sizeof bi);
+            assert_int_equal(ni.reopens, 0);
         }
         lc_batch_info small;
         assert_int_equal(lc_batch_describe_sized(b, &small, 4), LC_EINVAL);
         assert_int_equal(lc_batch_describe(NULL, &small), LC_EINVAL);
+        /* No batch is taken when there is nowhere to put it. */
+        lc_batch *none = NULL;
+        assert_int_equal(lc_stream_next_info_sized(s, 0, &none, &small, 4), LC_EINVAL);
+        assert_non_null(strstr(lc_client_error(c), "lc_stream_next_info"));
+        assert_int_equal(lc_stream_next_info(s, 0, NULL, &small), LC_EINVAL);
+        assert_int_equal(lc_stream_next_info(NULL, 0, &none, &small), LC_EINVAL);
+        assert_null(none);
         close(fd);
         assert_int_equal(lc_batch_release(b), 0);
         assert_int_equal(lc_stream_close(s), 0);

@@ -122,14 +122,22 @@ static void account(struct reader *r, lc_batch *b)
 static lc_batch *read_one(struct reader *r, lc_client *c, int timeout_ms)
 {
     lc_batch *b = NULL;
+    lc_batch_info bi;
     int64_t t0 = now_ms();
     int rc;
-    while ((rc = lc_stream_next(r->s, timeout_ms, &b)) == LC_ETIMEDOUT && lc_client_reconnecting(c) &&
+    /* lc_stream_next_info: lc_stream_next and lc_batch_describe in one call, reopens included. */
+    while ((rc = lc_stream_next_info(r->s, timeout_ms, &b, &bi)) == LC_ETIMEDOUT && lc_client_reconnecting(c) &&
            now_ms() - t0 < 20000)
         ;
     if (rc != 0)
         fail_msg("batch %llu of epoch %llu: %s: %s", (unsigned long long)r->index, (unsigned long long)r->epoch,
                  lc_strerror(rc), lc_client_error(c));
+    assert_int_equal(bi.slot, lc_batch_slot(b));
+    assert_int_equal(bi.rows, lc_batch_rows(b));
+    assert_int_equal(bi.generation, lc_batch_generation(b));
+    assert_int_equal(bi.epoch, lc_batch_epoch(b));
+    assert_int_equal(bi.index, lc_batch_index(b));
+    assert_int_equal(bi.reopens, lc_stream_reopens(r->s));
     account(r, b);
     return b;
 }

@@ -132,8 +132,8 @@ class Batch(_Closes):
         self._state = state
         self._lease = lease
         self._ro = None
-        self._views = {}
-        self._tensors = {}
+        self._views = None     # {name: numpy view}, made at the first one
+        self._tensors = None   # {name: tensor}, likewise
         self.epoch = epoch
         self.index = index
         self.rows = rows
@@ -214,14 +214,18 @@ class Batch(_Closes):
         view of this batch only (read-only where the ring's file cannot be mapped privately)."""
         if self._lease is None or self._state.given_back:
             self._check()
-        v = self._views.get(name)
-        if v is not None:
-            return v
+        views = self._views
+        if views is None:
+            views = self._views = {}
+        else:
+            v = views.get(name)
+            if v is not None:
+                return v
         f = self._field(name)
         if self._ro is None:
             self._ro = self._lease
         v = self._make(f, self._ro)
-        self._views[name] = v
+        views[name] = v
         return v
 
     def torch(self, name: str, copy: bool = False, device: Any = None) -> Any:
@@ -241,8 +245,11 @@ class Batch(_Closes):
         t = _import_torch()
         if self._lease is None or self._state.given_back:
             self._check()
-        if not copy:
-            v = self._tensors.get(name)
+        tensors = self._tensors
+        if tensors is None:
+            tensors = self._tensors = {}
+        elif not copy:
+            v = tensors.get(name)
             if v is not None:
                 return v
         f = self._field(name)
@@ -262,7 +269,7 @@ class Batch(_Closes):
             v = RaggedField(t.from_numpy(v.offsets), t.from_numpy(v.data), f.name)
         else:
             v = t.from_numpy(v)
-        self._tensors[name] = v
+        tensors[name] = v
         return v
 
     def _torch_device(self, name, device):
@@ -301,14 +308,16 @@ class Batch(_Closes):
 
     def _torch_plan(self, plan):
         """Tensors for [(field layout, copy?)] in one go: LoaderdDataLoader's per-batch path
-        (the checks of torch() done once per batch, no per-field cache)."""
+        (the checks of torch() done once per batch, no per-field cache). Only for a batch
+        just handed out: lc_stream_next_info has checked its slot's generation, and the
+        daemon writes no slot leased to us."""
         t = _torch or _import_torch()
-        self._check()
-        if not lib.lc_batch_valid(self._state.bptr):
-            self._field(plan[0][0].name)   # raises the stale-generation error
         lease = self._lease
+        if lease is None or self._state.given_back:
+            self._check()
         base = self._state.ring.delta[self.slot]
         rows = self.rows
+        from_numpy = t.from_numpy
         out = []
         for f, own in plan:
             if f.ragged:
@@ -317,7 +326,7 @@ class Batch(_Closes):
             a = np.ndarray((rows,) + f.shape, f.dtype, buffer=lease, offset=base + f.offset)
             if own:
                 a = a.copy() if f.dtype in _TORCH_DTYPES else a.astype(np.int64)
-            out.append(t.from_numpy(a))
+            out.append(from_numpy(a))
         return out
 
     def as_dict(self) -> Dict[str, FieldValue]:

@@ -101,7 +101,8 @@ class LcBatchInfo(ctypes.Structure):
                 ("generation", ctypes.c_uint64),
                 ("epoch", ctypes.c_uint64),
                 ("index", ctypes.c_uint64),
-                ("slot_offset", ctypes.c_uint64)]
+                ("slot_offset", ctypes.c_uint64),
+                ("reopens", ctypes.c_uint64)]
 
 
 class LcStreamOptions(ctypes.Structure):
@@ -175,6 +176,7 @@ def _bind(l):
         "lc_stream_slot_offset": (ctypes.c_int64, [P, i]),
         "lc_stream_ring_fd": (i, [P]),
         "lc_stream_next": (i, [P, i, ctypes.POINTER(P)]),
+        "lc_stream_next_info_sized": (i, [P, i, ctypes.POINTER(P), ctypes.POINTER(LcBatchInfo), sz]),
         "lc_stream_close": (i, [P]),
         "lc_batch_rows": (u32, [P]),
         "lc_batch_epoch": (u64, [P]),

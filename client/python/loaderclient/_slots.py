@@ -93,29 +93,44 @@ _DTYPES = {
 }
 _TORCH_DTYPES = frozenset(np.dtype(t) for t in (np.uint8, np.int32, np.int64, np.float16, np.float32))
 
-_pagemap = {"pid": None, "fd": -1}
+_pagemap_fd = None   # this process's /proc/self/pagemap (-1: not readable), opened at first use
 _pagemap_lock = threading.Lock()
 
 
-def _pagemap_fd():
-    # /proc/self is resolved when opened: a forked child must open its own.
-    pid = os.getpid()
-    if _pagemap["pid"] != pid:
-        with _pagemap_lock:
-            if _pagemap["pid"] != pid:
-                try:
-                    fd = os.open("/proc/self/pagemap", os.O_RDONLY | os.O_CLOEXEC)
-                except OSError:
-                    fd = -1
-                _pagemap["fd"], _pagemap["pid"] = fd, pid
-    return _pagemap["fd"]
+def _open_pagemap():
+    global _pagemap_fd
+    with _pagemap_lock:
+        if _pagemap_fd is None:
+            try:
+                _pagemap_fd = os.open("/proc/self/pagemap", os.O_RDONLY | os.O_CLOEXEC)
+            except OSError:
+                _pagemap_fd = -1
+        return _pagemap_fd
+
+
+def _forget_pagemap():
+    # In a forked child: the descriptor reads the parent's page tables (/proc/self was
+    # resolved when it was opened); the child opens its own at its first use.
+    global _pagemap_fd, _pagemap_lock
+    fd, _pagemap_fd = _pagemap_fd, None
+    _pagemap_lock = threading.Lock()
+    if fd is not None and fd >= 0:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
+os.register_at_fork(after_in_child=_forget_pagemap)
 
 
 def _written_pages(addr, size):
     """(first, end) page numbers within [addr, addr + size) spanning every page this
     process wrote (a private copy), (0, 0) if none; every page when it cannot be told."""
     n = size // _PAGE
-    fd = _pagemap_fd()
+    fd = _pagemap_fd
+    if fd is None:
+        fd = _open_pagemap()
     if fd < 0:
         return 0, n
     try:
@@ -282,9 +297,9 @@ class SlotRing:
         return layout
 
     def lease(self, stream, bptr, slot):
-        """(LeaseState, pages dropped) for a batch just leased in `slot`: the slot's warm
-        mapping, its written pages dropped, or a new one. Raises without releasing bptr."""
-        dropped = 0
+        """The LeaseState of a batch just leased in `slot`: the slot's warm mapping, its
+        written pages dropped (counted in stream.dropped_pages), or a new one. Raises
+        without releasing bptr."""
         if self.keep_views_safe:
             addr = self.alias[slot]
             if addr is None:
@@ -296,13 +311,17 @@ class SlotRing:
                 except BaseException:
                     libc.munmap(addr, self.alias_len)
                     raise
-            return LeaseState(stream, self, bptr, slot, addr, self.alias_len, True), dropped
+                if dropped:
+                    stream.dropped_pages += dropped
+            return LeaseState(stream, self, bptr, slot, addr, self.alias_len, True)
         m = self.slot_maps[slot]
         if m is None:
             m = self.slot_maps[slot] = _SlotMapping(self.map_slot(slot), self.alias_len)
         else:
             dropped = _drop_written(m.addr, self.alias_len)
-        return LeaseState(stream, self, bptr, slot, m.addr, self.alias_len, False, m), dropped
+            if dropped:
+                stream.dropped_pages += dropped
+        return LeaseState(stream, self, bptr, slot, m.addr, self.alias_len, False, m)
 
     def map_slot(self, slot):
         # A new mapping of a slot (its pages, from the page holding the slot's start): private

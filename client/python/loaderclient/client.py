@@ -131,7 +131,7 @@ class Stream(_ContextManaged):
         self.dropped_pages = 0                                   # pages given to MADV_DONTNEED
         self._ring = SlotRing(handle, self.id, keep_views_safe)  # the current ring's slot mappings
         self._reopens = lib.lc_stream_reopens(handle)
-        self._held = collections.OrderedDict()                   # id(state) -> state, not given back
+        self._held = {}                                          # id(state) -> state, not given back (in order)
         self._current = None
         self._closed = False
         self._bp = ctypes.c_void_p()
@@ -205,6 +205,12 @@ class Stream(_ContextManaged):
         within the client's reconnect time (time spent waiting for it to come back does not
         count against `timeout`), LoaderdError ``bad_dataset`` when it came back with
         another dataset under the name."""
+        return self._next(self._client._timeout_ms if timeout is None else _ms(timeout, "timeout"))
+
+    def _next(self, total_ms):
+        # next() with the timeout in milliseconds (LoaderdDataLoader's per-batch path). In the
+        # steady state: one call into the library (lc_stream_next_info: the batch and its
+        # slot, rows, epoch, index, generation and ring), the slot's mapping, the Batch.
         if self._closed:
             raise ReleasedError("stream %d is closed" % self.id)
         cur = self._current
@@ -213,8 +219,6 @@ class Stream(_ContextManaged):
             if self.auto_release:
                 cur.release()
         client = self._client
-        total_ms = _ms(timeout, "timeout") if timeout is not None else client._timeout_ms
-        bp = self._bp
         with client._lock:
             if client._deferred:
                 client._run_deferred()
@@ -222,37 +226,19 @@ class Stream(_ContextManaged):
                 raise ReleasedError("stream %d is closed" % self.id)
             if len(self._held) > MAX_DEFERRED:
                 self._make_room()
-            step = min(total_ms, _WAIT_SLICE_MS)
-            rc = lib.lc_stream_next(self._h, step, self._bp_ref)
-            waited = 0 if lib.lc_client_reconnecting(client._h) else step
-            while rc == errors.ETIMEDOUT and waited < total_ms:
-                # Short slices, and the signal handlers run between them, so that Ctrl-C
-                # ends a long wait (explicitly: a signal caught by another thread is
-                # otherwise only noticed by the main thread's next eval-breaker check).
-                # A slice spent while the daemon is away does not count: the library
-                # bounds that by the reconnect time.
-                client._lock.release()
-                client._lock.acquire()
-                _check_signals()
-                if self._closed:
-                    raise ReleasedError("stream %d is closed" % self.id)
-                step = min(total_ms - waited, _WAIT_SLICE_MS)
-                rc = lib.lc_stream_next(self._h, step, self._bp_ref)
-                if not lib.lc_client_reconnecting(client._h):
-                    waited += step
-            if rc < 0:
-                if rc == errors.ETIMEDOUT:
-                    raise Timeout(rc, "no batch from loaderd within %.3g s (stream %d of %r); the request stays "
-                                  "outstanding: call next() again to keep waiting" % (total_ms / 1000, self.id,
-                                                                                       self.dataset))
-                raise client._error(rc)
-            if lib.lc_stream_reopens(self._h) != self._reopens:
+            rc = lib.lc_stream_next_info_sized(self._h, total_ms if total_ms < _WAIT_SLICE_MS else _WAIT_SLICE_MS,
+                                               self._bp_ref, self._binfo_ref, _BATCH_INFO_SIZE)
+            if rc:
+                self._wait(rc, total_ms)
+            bptr = self._bp.value
+            info = self._binfo
+            if info.reopens != self._reopens:
                 try:
                     self._remap()
                 except BaseException:
-                    lib.lc_batch_release(bp.value)
+                    lib.lc_batch_release(bptr)
                     raise
-            b = self._wrap(bp.value)
+            b = self._wrap(bptr, info)
         if client._deferred:
             client._run_deferred_unlocked()
         if b.index + 1 >= self.batches_per_epoch:
@@ -261,6 +247,34 @@ class Stream(_ContextManaged):
             self.position = (b.epoch, b.index + 1)
         self._current = b
         return b
+
+    def _wait(self, rc, total_ms):
+        # Under the client lock: the first slice of the wait ended with `rc`. Waits on in
+        # slices until a batch comes (returns) or `total_ms` ran out (raises Timeout), or
+        # raises the library's error. Short slices, and the signal handlers run between
+        # them, so that Ctrl-C ends a long wait (explicitly: a signal caught by another
+        # thread is otherwise only noticed by the main thread's next eval-breaker check).
+        # A slice spent while the daemon is away does not count: the library bounds that
+        # by the reconnect time.
+        client = self._client
+        step = min(total_ms, _WAIT_SLICE_MS)
+        waited = 0 if lib.lc_client_reconnecting(client._h) else step
+        while rc == errors.ETIMEDOUT and waited < total_ms:
+            client._lock.release()
+            client._lock.acquire()
+            _check_signals()
+            if self._closed:
+                raise ReleasedError("stream %d is closed" % self.id)
+            step = min(total_ms - waited, _WAIT_SLICE_MS)
+            rc = lib.lc_stream_next_info_sized(self._h, step, self._bp_ref, self._binfo_ref, _BATCH_INFO_SIZE)
+            if not lib.lc_client_reconnecting(client._h):
+                waited += step
+        if rc < 0:
+            if rc == errors.ETIMEDOUT:
+                raise Timeout(rc, "no batch from loaderd within %.3g s (stream %d of %r); the request stays "
+                              "outstanding: call next() again to keep waiting" % (total_ms / 1000, self.id,
+                                                                                   self.dataset))
+            raise client._error(rc)
 
     def _remap(self):
         # Under the client lock. The library reopened the stream on a restarted daemon: a
@@ -272,20 +286,18 @@ class Stream(_ContextManaged):
         self.id = lib.lc_stream_id(self._h)
         self._reopens = lib.lc_stream_reopens(self._h)
 
-    def _wrap(self, bptr):
+    def _wrap(self, bptr, info):
         # Under the client lock. The batch's slot and header, which the library has just
-        # checked against the daemon's reply: one call.
-        info = self._binfo
-        lib.lc_batch_describe_sized(bptr, self._binfo_ref, _BATCH_INFO_SIZE)
+        # checked against the daemon's announcement (`info`, lc_stream_next_info's).
         slot = info.slot
+        ring = self._ring
         try:
-            st, dropped = self._ring.lease(self, bptr, slot)
+            st = ring.lease(self, bptr, slot)
         except BaseException:
             lib.lc_batch_release(bptr)
             raise
-        self.dropped_pages += dropped
         self._held[id(st)] = st
-        lease = st.ring.lease_type.from_address(st.addr)
+        lease = ring.lease_type.from_address(st.addr)
         lease.state = st
         return Batch(self, st, lease, info.epoch, info.index, info.rows, slot, info.generation)
 
@@ -320,7 +332,19 @@ class Stream(_ContextManaged):
             st.ring.views_dead_after_give_back(st)
             return
         if st.batch_released:
-            self._client._defer_or_run(self, st)
+            # Client._defer_or_run, inline: the steady state of a training loop comes here
+            # for every batch.
+            client = self._client
+            lock = client._lock
+            if lock.acquire(False):
+                try:
+                    self._give_back_locked(st)
+                    if client._deferred:
+                        client._run_deferred()
+                finally:
+                    lock.release()
+            else:
+                client._deferred.append((self, st))
 
     def _give_back_locked(self, st):
         # Under the client lock. A batch of a ring from before a daemon restart is released

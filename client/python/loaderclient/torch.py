@@ -22,8 +22,8 @@ torch lacks (uint16, uint32 tokens) are converted to int64 copies.
 """
 from __future__ import annotations
 
-import time
 import warnings
+from time import perf_counter as _clock
 from typing import Any, Callable, Dict, Iterator, Optional, Sequence, Union
 
 import torch
@@ -198,9 +198,9 @@ class LoaderdDataLoader(_Closes):
                        "batches are not pinned (loaderd's slots are shared host memory)")
             pin_memory = False
         if timeout is None or timeout == 0:
-            timeout, self._next_timeout = 30.0, float(2**31 // 1000)   # DataLoader's 0: no limit
+            timeout, self._next_ms = 30.0, 2**31 - 1   # DataLoader's 0: no limit
         else:
-            self._next_timeout = None
+            self._next_ms = None                       # the client's timeout, set when it connects
         self.dataset = dataset if dataset is not None else "spec:%s" % str(root or "").rstrip("/").split("/")[-1]
         self.batch_size = batch_size
         self.shuffle = shuffle
@@ -272,6 +272,8 @@ class LoaderdDataLoader(_Closes):
     def _open(self, epoch, share):
         if self._client is None:
             self._client = Client(self._socket, timeout=self._timeout, name=self._name, reconnect=self._reconnect)
+            if self._next_ms is None:
+                self._next_ms = self._client._timeout_ms
         if self._stream is not None:
             self._stream.close()
             self._stream = None
@@ -419,12 +421,12 @@ class _EpochIterator:
             raise StopIteration
         if ld._active is not self or ld._stream is not self._stream:
             raise RuntimeError("this epoch's iterator was superseded by a newer iter(loader) or close()")
-        t0 = time.perf_counter()
-        b = self._stream.next(ld._next_timeout)
-        ld.wait_s += time.perf_counter() - t0
+        t0 = _clock()
+        b = self._stream._next(ld._next_ms)
+        ld.wait_s += _clock() - t0
         ld.batches += 1
         ld._delivered = ld._share
-        if b.epoch != self.epoch or b.index != self._n:
+        if b.index != self._n or b.epoch != self.epoch:
             raise LoaderdError(errors.EPROTO, "expected batch %d of epoch %d, loaderd sent batch %d of epoch %d"
                                % (self._n, self.epoch, b.index, b.epoch))
         self._n += 1

@@ -1,4 +1,6 @@
 """LoaderdDataLoader against a real loaderd."""
+import os
+import signal
 import time
 
 import pytest
@@ -56,6 +58,10 @@ def test_len_types_and_zero_copy(make_loader, rec_index):
         assert not in_ring(label)       # labels are copied (safe to keep)
         n += data.shape[0]
     assert n == REC["n"] and ld.batches == 16
+    # The last batch of the epoch is short (1000 = 15 x 64 + 40), views and copies alike.
+    assert data.shape[0] == label.shape[0] == REC["n"] - 15 * 64
+    ids = [file_of(data[r].numpy(), rec_index) for r in range(data.shape[0])]
+    assert label.tolist() == [i % REC["classes"] for i in ids]
 
 
 def test_one_stream_across_epochs(make_loader, rec_index):
@@ -258,6 +264,25 @@ def test_loader_close(make_loader):
     ld.close()
     # Usable again: a new connection and stream.
     assert len(ld) == 16
+
+
+def test_daemon_killed_mid_epoch(spare_daemon, rec_index):
+    # reconnect=0: the loop raises ConnectionLost at once; the tensors it had stay readable.
+    ld = LoaderdDataLoader("rec", 16, socket=spare_daemon.socket, timeout=5, reconnect=0)
+    try:
+        it = iter(ld)
+        data, label = next(it)
+        os.kill(spare_daemon.pid, signal.SIGKILL)
+        spare_daemon.proc.wait()
+        with pytest.raises(loaderclient.ConnectionLost):
+            for _ in range(100):
+                data, label = next(it)     # the batches handed over before the death come first
+        assert data.shape[0] == 16
+        for r in range(16):
+            i = file_of(data[r].numpy(), rec_index)
+            assert (data[r].numpy() == support.file_bytes(i, REC["size"])).all() and label[r] == i % REC["classes"]
+    finally:
+        ld.close()
 
 
 # -- DataLoader's arguments and early errors ---------------------------------------------------------

@@ -1,6 +1,7 @@
 """Batch views against a real loaderd: zero copy, writes that stay in this process, and
 when a batch's slot goes back to the daemon (release, views dying, views kept)."""
 import ctypes
+import os
 import time
 
 import numpy as np
@@ -77,6 +78,32 @@ def test_in_place_writes_stay_private(daemon, rec_index, safe):
             del x, t, lab
         assert n == 48 and len(slots) == s.slot_count     # every slot written and reused
         assert s.dropped_pages >= n - s.slot_count        # each reuse of a written slot dropped pages
+
+
+def test_writes_dropped_in_a_forked_child(daemon, rec_index):
+    """A process forked after this one read batches finds its own written pages (the
+    descriptor of /proc/self/pagemap is the parent's until the child opens its own): every
+    batch it reads in a slot it wrote before shows the daemon's bytes."""
+    with loaderclient.Client(daemon.socket, timeout=10) as c, c.open("rec", 64, seed=3, epochs=1) as s:
+        for b in s:                            # slots reused: this process reads its pagemap
+            b["data"][0, 0] ^= 1
+        assert s.slot_count < 16 and s.dropped_pages > 0
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            with loaderclient.Client(daemon.socket, timeout=10) as c, \
+                    c.open("rec", 64, seed=4, epochs=2) as s:
+                n = 0
+                for b in s:
+                    check_rec_batch(b, rec_index)
+                    b["data"][:, :16] ^= 0xFF
+                    n += 1
+                code = 0 if n == 32 and s.dropped_pages >= n - s.slot_count else 2
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
 
 
 def test_written_kept_view_keeps_its_writes(client, rec_index):
