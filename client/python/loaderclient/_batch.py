@@ -156,9 +156,19 @@ class Batch(_Closes):
         self._ro = None
         st.batch_released = True
         self._lease = None     # may run the lease's finalizer right here (no view left)
-        self._stream._batch_released(st)
+        stream = self._stream
+        if not stream.keep_views_safe:
+            stream._batch_released(st)
 
     close = release
+
+    def __del__(self):
+        # _Closes.__del__ without its two calls: every batch of a training loop ends here.
+        try:
+            if self._lease is not None:
+                self.release()
+        except Exception:
+            pass
 
     def _check(self):
         if self._lease is None or self._state.given_back:

@@ -124,36 +124,31 @@ def _forget_pagemap():
 os.register_at_fork(after_in_child=_forget_pagemap)
 
 
-def _written_pages(addr, size):
-    """(first, end) page numbers within [addr, addr + size) spanning every page this
-    process wrote (a private copy), (0, 0) if none; every page when it cannot be told."""
+def _drop_written(addr, size):
+    """Drops the private copies of the pages this process wrote in a private file mapping
+    of a slot: the next reads see the shared memory's (the daemon's) bytes. Returns the
+    number of pages given to madvise. Which pages were written is read from
+    /proc/self/pagemap (every page is dropped when it cannot be told); once per batch, so
+    it is one function."""
     n = size // _PAGE
     fd = _pagemap_fd
     if fd is None:
         fd = _open_pagemap()
-    if fd < 0:
-        return 0, n
-    try:
-        raw = os.pread(fd, 8 * n, addr // _PAGE * 8)
-    except OSError:
-        return 0, n
-    if len(raw) != 8 * n:
-        return 0, n
-    # Each entry's top byte (little-endian) holds bits 56-63: one marker byte per page.
-    marks = raw[7::8].translate(_WRITTEN_BY_TOP_BYTE)
-    first = marks.find(1)
-    if first < 0:
-        return 0, 0
-    return first, marks.rfind(1) + 1
-
-
-def _drop_written(addr, size):
-    """Drops the private copies of the pages this process wrote in a private file mapping
-    of a slot: the next reads see the shared memory's (the daemon's) bytes. Returns the
-    number of pages given to madvise."""
-    first, end = _written_pages(addr, size)
-    if end == first:
-        return 0
+    raw = None
+    if fd >= 0:
+        try:
+            raw = os.pread(fd, 8 * n, addr // _PAGE * 8)
+        except OSError:
+            pass
+    if raw is not None and len(raw) == 8 * n:
+        # Each entry's top byte (little-endian) holds bits 56-63: one marker byte per page.
+        marks = raw[7::8].translate(_WRITTEN_BY_TOP_BYTE)
+        first = marks.find(1)
+        if first < 0:
+            return 0
+        end = marks.rfind(1) + 1
+    else:
+        first, end = 0, n
     if libc.madvise(addr + first * _PAGE, (end - first) * _PAGE, _MADV_DONTNEED) != 0:
         e = ctypes.get_errno()
         raise LoaderdError(-e if e else errors.EINVAL, "cannot drop the pages written in a slot's mapping: %s"
