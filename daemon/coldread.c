@@ -7,7 +7,17 @@
  * starts RWF_NOWAIT reads of their first bytes in one io_uring submission (to learn
  * whether they were cached, and to hand the disk the misses together) and asks the
  * kernel for what was not with POSIX_FADV_WILLNEED; it never waits for the data
- * (coldread_item). */
+ * (coldread_item).
+ *
+ * Read once (coldread.h): each sample of a job has an entry, made at submit and found
+ * by sample index in a hash table under the coldread's lock, so a worker can tell
+ * whether its sample is queued, in flight or read. Who frees an entry: while it is
+ * QUEUED or unlinked before its read, its job (the I/O thread that reaches it, or the
+ * job's done when it is dropped); while INFLIGHT, the I/O thread reading it (which
+ * frees it at the end instead of publishing it when it was unlinked meanwhile);
+ * once READY, whoever unlinks it (coldread_take, coldread_forget, coldread_free). A
+ * worker that finds its sample QUEUED unlinks it and reads the file itself, and the
+ * I/O thread skips it; one that finds it INFLIGHT waits on `ready`. */
 #include "coldread.h"
 
 #include <errno.h>
@@ -37,11 +47,35 @@ static struct {
     unsigned users;                 /* coldreads alive */
 } coldread_pool = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
+/* Read once: hash buckets by sample index (a prefetch depth of batches is a few
+ * thousand entries at most). */
+#define COLDREAD_BUCKETS 4096u
+
+enum coldread_state { COLDREAD_QUEUED, COLDREAD_INFLIGHT, COLDREAD_READY };
+
+struct coldread_entry {
+    struct coldread_entry *next;    /* in its bucket, while linked */
+    const void *owner;              /* the stream that asked for it */
+    uint64_t index;
+    uint8_t *buf;                   /* set by the I/O thread: the sample's bytes */
+    uint64_t bytes;                 /* of buf, counted in held_bytes */
+    struct coldread_stamp stamp;
+    enum coldread_state state;
+    bool linked;
+};
+
 struct coldread {
     ioqueue *io;                    /* coldread_pool.io */
     unsigned threads;
     coldread_open_fn open;
+    coldread_same_fn same;          /* NULL: no read once */
     const void *ctx;
+    pthread_mutex_t lock;           /* the entries' table and states */
+    pthread_cond_t ready;           /* an INFLIGHT entry's read is back */
+    unsigned waiters;
+    struct coldread_entry **buckets;
+    atomic_uint_fast64_t linked;    /* entries in the table: 0 makes coldread_take free */
+    atomic_uint_fast64_t held_bytes, taken, changed;
     atomic_bool on;
     atomic_bool nowait_unsupported; /* the file system refuses RWF_NOWAIT: never cold */
     atomic_uint_fast64_t reads, misses; /* since the last decision */
@@ -58,16 +92,96 @@ struct coldread_job {
     struct ioqueue_job job;         /* first; its items are groups of COLDREAD_GROUP samples */
     coldread *ra;
     size_t count;                   /* samples (a cancel lowers job.n) */
+    struct coldread_entry **ent;    /* read once: count entries (after idx), NULL each that could not be had */
     uint64_t idx[];
 };
 
-int coldread_new(unsigned threads, coldread_open_fn open, const void *ctx, coldread **ret_ra)
+void coldread_stamp_of(const struct stat *st, struct coldread_stamp *ret_stamp)
+{
+    *ret_stamp = (struct coldread_stamp){
+        .dev = (uint64_t)st->st_dev,
+        .ino = (uint64_t)st->st_ino,
+        .size = (uint64_t)st->st_size,
+        .ctime_sec = (int64_t)st->st_ctim.tv_sec,
+        .ctime_nsec = (int64_t)st->st_ctim.tv_nsec,
+    };
+}
+
+static size_t coldread_bucket(uint64_t index)
+{
+    return (size_t)((index * 0x9E3779B97F4A7C15ull) >> 52) & (COLDREAD_BUCKETS - 1);
+}
+
+/* Under the lock. */
+static void coldread_link(coldread *ra, struct coldread_entry *e)
+{
+    struct coldread_entry **b = &ra->buckets[coldread_bucket(e->index)];
+    e->next = *b;
+    *b = e;
+    e->linked = true;
+    atomic_fetch_add_explicit(&ra->linked, 1, memory_order_relaxed);
+}
+
+/* Under the lock; e is linked. */
+static void coldread_unlink(coldread *ra, struct coldread_entry *e)
+{
+    struct coldread_entry **link = &ra->buckets[coldread_bucket(e->index)];
+    while (*link != e)
+        link = &(*link)->next;
+    *link = e->next;
+    e->next = NULL;
+    e->linked = false;
+    atomic_fetch_sub_explicit(&ra->linked, 1, memory_order_relaxed);
+}
+
+/* Under the lock: sample index's entry, READY first, then INFLIGHT, then QUEUED (a
+ * sample asked for twice, by two streams or two epochs, has two). */
+static struct coldread_entry *coldread_find(coldread *ra, uint64_t index)
+{
+    struct coldread_entry *best = NULL;
+    for (struct coldread_entry *e = ra->buckets[coldread_bucket(index)]; e; e = e->next)
+        if (e->index == index && (!best || e->state > best->state))
+            best = e;
+    return best;
+}
+
+/* Unlinked, not on an I/O thread's hands: its buffer and itself go. */
+static void coldread_entry_free(coldread *ra, struct coldread_entry *e)
+{
+    if (!e)
+        return;
+    if (e->buf) {
+        free(e->buf);
+        atomic_fetch_sub_explicit(&ra->held_bytes, e->bytes, memory_order_relaxed);
+    }
+    free(e);
+}
+
+static void coldread_entries_free(coldread *ra, struct coldread_entry *list)
+{
+    while (list) {
+        struct coldread_entry *next = list->next;
+        coldread_entry_free(ra, list);
+        list = next;
+    }
+}
+
+int coldread_new(unsigned threads, coldread_open_fn open, coldread_same_fn same, const void *ctx,
+                 coldread **ret_ra)
 {
     coldread *ra = calloc(1, sizeof *ra);
     if (!ra)
         return LD_ENOMEM;
+    ra->buckets = same ? calloc(COLDREAD_BUCKETS, sizeof *ra->buckets) : NULL;
+    if (same && !ra->buckets) {
+        free(ra);
+        return LD_ENOMEM;
+    }
+    pthread_mutex_init(&ra->lock, NULL);
+    pthread_cond_init(&ra->ready, NULL);
     ra->threads = threads ? threads : IOQUEUE_DEFAULT_THREADS;
     ra->open = open;
+    ra->same = same;
     ra->ctx = ctx;
     pthread_mutex_lock(&coldread_pool.lock);
     int r = coldread_pool.io ? 0 : ioqueue_new(ra->threads, &coldread_pool.io);
@@ -78,6 +192,9 @@ int coldread_new(unsigned threads, coldread_open_fn open, const void *ctx, coldr
     }
     pthread_mutex_unlock(&coldread_pool.lock);
     if (r < 0) {
+        pthread_cond_destroy(&ra->ready);
+        pthread_mutex_destroy(&ra->lock);
+        free(ra->buckets);
         free(ra);
         return r;
     }
@@ -98,6 +215,12 @@ void coldread_free(coldread *ra)
     }
     pthread_mutex_unlock(&coldread_pool.lock);
     ioqueue_free(last); /* nobody else's jobs are left in it */
+    /* Every job is back: what is left in the table is READY and nobody else's. */
+    for (size_t b = 0; ra->buckets && b < COLDREAD_BUCKETS; b++)
+        coldread_entries_free(ra, ra->buckets[b]);
+    free(ra->buckets);
+    pthread_cond_destroy(&ra->ready);
+    pthread_mutex_destroy(&ra->lock);
     free(ra);
 }
 
@@ -267,35 +390,59 @@ static void coldread_ring_drop(struct io_uring *r)
 
 /* One sample of a group on an I/O thread. */
 struct coldread_file {
-    int fd;                         /* -1: could not be opened */
+    struct coldread_entry *e;       /* read once (its buffer: e->buf); NULL: read ahead only */
+    int fd;                         /* -1: not opened (failed, or a worker reads it) */
     uint64_t bytes;                 /* to bring in */
-    ssize_t got;                    /* the RWF_NOWAIT read: bytes, or -errno (-EAGAIN: not cached) */
+    uint64_t have;                  /* read once: bytes in e->buf so far */
+    struct coldread_stamp stamp;
+    ssize_t got;                    /* the last read: bytes, or -errno (-EAGAIN: not cached) */
     bool tried, counted;            /* got is set; it says whether the data was cached */
+    bool whole;                     /* read once: e->buf holds the whole sample */
 };
 
-/* The RWF_NOWAIT reads of a group's opened files, all in one io_uring submission (one
- * doorbell for the disk); those the ring could not take are left untried. */
-static void coldread_start_ring(coldread *ra, struct coldread_file *f, size_t m, char *scratch)
+/* Where a sample's read goes: read once, the rest of its buffer; read ahead only, its
+ * share of the scratch buffer (first bytes: the rest is advised). */
+static size_t coldread_target(struct coldread_file *f, char *scratch, size_t s, void **ret_dst, off_t *ret_off)
+{
+    if (f->e && f->e->buf) {
+        *ret_dst = f->e->buf + f->have;
+        *ret_off = (off_t)f->have;
+        return (size_t)(f->bytes - f->have);
+    }
+    *ret_dst = scratch + s * COLDREAD_FIRST_BYTES;
+    *ret_off = 0;
+    return f->bytes < COLDREAD_FIRST_BYTES ? (size_t)f->bytes : COLDREAD_FIRST_BYTES;
+}
+
+/* The reads of a group's opened files, all in one io_uring submission (one doorbell for
+ * the disk), then waited for: RWF_NOWAIT reads (nowait: each answers at once, -EAGAIN
+ * when not cached), or the plain reads of what read once still lacks. Those the ring
+ * could not take are left untried. */
+static void coldread_ring_reads(coldread *ra, struct coldread_file *f, size_t m, char *scratch, bool nowait)
 {
     struct io_uring *r = coldread_ring();
     if (!r)
         return;
     unsigned queued = 0;
     for (size_t s = 0; s < m; s++) {
-        if (f[s].fd < 0 || !f[s].bytes)
+        f[s].tried = false;
+        if (f[s].fd < 0 || !f[s].bytes || (!nowait && (!f[s].e || !f[s].e->buf || f[s].whole)))
             continue;
+        void *dst;
+        off_t off;
+        size_t len = coldread_target(&f[s], scratch, s, &dst, &off);
         struct io_uring_sqe *sqe = io_uring_get_sqe(r);
         if (!sqe)
             break; /* cannot happen: the ring holds a group and is emptied after each */
-        size_t first = f[s].bytes < COLDREAD_FIRST_BYTES ? (size_t)f[s].bytes : COLDREAD_FIRST_BYTES;
-        io_uring_prep_read(sqe, f[s].fd, scratch + s * COLDREAD_FIRST_BYTES, (unsigned)first, 0);
-        sqe->rw_flags = RWF_NOWAIT;
+        io_uring_prep_read(sqe, f[s].fd, dst, (unsigned)len, (uint64_t)off);
+        sqe->rw_flags = nowait ? RWF_NOWAIT : 0;
         sqe->user_data = s;
         queued++;
     }
     if (!queued)
         return;
-    int sub = io_uring_submit(r);
+    /* The plain reads are waited for in the same call that submits them. */
+    int sub = nowait ? io_uring_submit(r) : io_uring_submit_and_wait(r, queued);
     if (sub < 0) {
         coldread_ring_drop(r);
         return;
@@ -315,16 +462,45 @@ static void coldread_start_ring(coldread *ra, struct coldread_file *f, size_t m,
         done++;
         if (s >= m)
             continue;
-        if (res == -EOPNOTSUPP || res == -EINVAL) {
+        if (nowait && (res == -EOPNOTSUPP || res == -EINVAL)) {
             atomic_store(&ra->nowait_unsupported, true); /* as coldread_try: never cold */
             continue; /* untried: the one-by-one path asks the kernel for it */
         }
         f[s].tried = true;
         f[s].got = res;
-        f[s].counted = res >= 0 || res == -EAGAIN;
+        if (nowait)
+            f[s].counted = res >= 0 || res == -EAGAIN;
     }
     if ((unsigned)sub < queued)
         coldread_ring_drop(r); /* the rest sit in its queue: not to be mixed with the next group */
+}
+
+/* Read once: what the last read brought; false when the sample cannot be kept (an
+ * error, or the end of the file before the recorded size: the worker's read says so). */
+static bool coldread_got(struct coldread_file *f)
+{
+    if (f->got == -EAGAIN)
+        return true; /* not cached: the plain read follows */
+    if (f->got <= 0)
+        return false;
+    f->have += (uint64_t)f->got;
+    f->whole = f->have >= f->bytes;
+    return true;
+}
+
+/* Read once: a buffer for f's sample within the dataset's budget, or none (then it is
+ * only read ahead). */
+static void coldread_buffer(coldread *ra, struct coldread_file *f)
+{
+    if (!f->e || !f->bytes || f->bytes > COLDREAD_ONCE_MAX_FILE)
+        return;
+    uint64_t held = atomic_fetch_add_explicit(&ra->held_bytes, f->bytes, memory_order_relaxed);
+    if (held + f->bytes <= COLDREAD_ONCE_BUDGET && (f->e->buf = malloc(f->bytes))) {
+        f->e->bytes = f->bytes;
+        f->e->stamp = f->stamp;
+        return;
+    }
+    atomic_fetch_sub_explicit(&ra->held_bytes, f->bytes, memory_order_relaxed);
 }
 
 /* An I/O thread: start bringing a group of samples into the page cache, without
@@ -340,7 +516,12 @@ static void coldread_start_ring(coldread *ra, struct coldread_file *f, size_t m,
  * on a virtio disk, 20,000 cold 3 KiB files: 45 us of CPU each with a blocking read per
  * file, 24-37 us starting the reads one by one, 20-23 us in groups of 8 (one thread
  * per request, 32 threads). The worker's read then finds the pages, or waits for the
- * ones still in flight. */
+ * ones still in flight.
+ *
+ * Read once changes the end of it: the group's reads land in the samples' own buffers,
+ * and what RWF_NOWAIT did not find is read with a second submission that the thread
+ * waits for (one sleep per group, not per file), so that the worker copies the bytes
+ * instead of opening and reading the file again. */
 static void coldread_item(struct ioqueue_job *j, size_t g, void *scratch)
 {
     struct coldread_job *k = (struct coldread_job *)j;
@@ -348,39 +529,116 @@ static void coldread_item(struct ioqueue_job *j, size_t g, void *scratch)
     size_t begin = g * COLDREAD_GROUP;
     size_t m = k->count - begin < COLDREAD_GROUP ? k->count - begin : COLDREAD_GROUP;
     struct coldread_file f[COLDREAD_GROUP];
+    struct coldread_entry *gone = NULL;
+    bool skip[COLDREAD_GROUP] = {false};
 
+    if (k->ent) { /* samples a worker took meanwhile are its to read */
+        pthread_mutex_lock(&ra->lock);
+        for (size_t s = 0; s < m; s++) {
+            struct coldread_entry *e = k->ent[begin + s];
+            if (e && !e->linked) {
+                skip[s] = true;
+                e->next = gone;
+                gone = e;
+                k->ent[begin + s] = NULL;
+            } else if (e) {
+                e->state = COLDREAD_INFLIGHT;
+            }
+        }
+        pthread_mutex_unlock(&ra->lock);
+    }
     for (size_t s = 0; s < m; s++) {
-        f[s] = (struct coldread_file){.fd = -1};
-        if (ra->open(ra->ctx, k->idx[begin + s], &f[s].fd, &f[s].bytes) < 0) {
+        f[s] = (struct coldread_file){.fd = -1, .e = k->ent ? k->ent[begin + s] : NULL};
+        if (skip[s])
+            continue;
+        if (ra->open(ra->ctx, k->idx[begin + s], &f[s].fd, &f[s].bytes, &f[s].stamp) < 0) {
             f[s].fd = -1;
             atomic_fetch_add_explicit(&ra->failed, 1, memory_order_relaxed);
+            continue;
         }
+        coldread_buffer(ra, &f[s]);
     }
     if (!atomic_load_explicit(&ra->nowait_unsupported, memory_order_relaxed))
-        coldread_start_ring(ra, f, m, scratch);
+        coldread_ring_reads(ra, f, m, scratch, true);
     for (size_t s = 0; s < m; s++) {
         if (f[s].fd < 0)
             continue;
-        size_t first = f[s].bytes < COLDREAD_FIRST_BYTES ? (size_t)f[s].bytes : COLDREAD_FIRST_BYTES;
+        void *dst;
+        off_t off;
+        size_t first = coldread_target(&f[s], scratch, s, &dst, &off);
         if (first && !f[s].tried) {
-            ssize_t n = coldread_try(ra, f[s].fd, (char *)scratch + s * COLDREAD_FIRST_BYTES, first, 0, &f[s].counted);
+            ssize_t n = coldread_try(ra, f[s].fd, dst, first, off, &f[s].counted);
             f[s].got = n < 0 ? -errno : n;
         }
+        bool once = f[s].e && f[s].e->buf;
         if (first && f[s].got < 0 && f[s].got != -EAGAIN) {
             atomic_fetch_add_explicit(&ra->failed, 1, memory_order_relaxed);
             close(f[s].fd); /* the worker's read says what it is */
+            f[s].fd = -1;
             continue;
         }
         bool miss = first && f[s].got == -EAGAIN && f[s].counted;
-        uint64_t have = !first || f[s].got < 0 ? 0 : (uint64_t)f[s].got;
-        if (f[s].bytes > have)
-            posix_fadvise(f[s].fd, (off_t)have, (off_t)(f[s].bytes - have), POSIX_FADV_WILLNEED);
         if (f[s].counted)
             coldread_count(ra, miss);
         atomic_fetch_add_explicit(&ra->samples, 1, memory_order_relaxed);
         if (miss)
             atomic_fetch_add_explicit(&ra->ahead_misses, 1, memory_order_relaxed);
+        if (once) {
+            if (!coldread_got(&f[s])) { /* cut short: the worker's read says so */
+                close(f[s].fd);
+                f[s].fd = -1;
+            }
+            continue; /* read below, into its buffer */
+        }
+        uint64_t have = !first || f[s].got < 0 ? 0 : (uint64_t)f[s].got;
+        if (f[s].bytes > have)
+            posix_fadvise(f[s].fd, (off_t)have, (off_t)(f[s].bytes - have), POSIX_FADV_WILLNEED);
         close(f[s].fd);
+        f[s].fd = -1;
+    }
+
+    if (k->ent) {
+        /* Read once: the rest, waited for, one submission for the group; what the ring
+         * did not take (or brought short) with plain reads. */
+        coldread_ring_reads(ra, f, m, scratch, false);
+        for (size_t s = 0; s < m; s++) {
+            if (f[s].fd < 0)
+                continue;
+            if (f[s].tried && !coldread_got(&f[s])) {
+                close(f[s].fd);
+                f[s].fd = -1;
+                continue;
+            }
+            while (!f[s].whole) {
+                ssize_t n = coldread_blocking(f[s].fd, f[s].e->buf + f[s].have, (size_t)(f[s].bytes - f[s].have),
+                                              (off_t)f[s].have);
+                f[s].got = n < 0 ? -errno : n;
+                if (!coldread_got(&f[s]) || f[s].got == -EAGAIN)
+                    break;
+            }
+            close(f[s].fd);
+            f[s].fd = -1;
+        }
+        /* Published: a whole buffer becomes READY; anything else goes, and the worker
+         * reads the sample itself. */
+        pthread_mutex_lock(&ra->lock);
+        for (size_t s = 0; s < m; s++) {
+            struct coldread_entry *e = f[s].e;
+            if (!e)
+                continue;
+            if (e->linked && f[s].whole) {
+                e->state = COLDREAD_READY;
+                continue;
+            }
+            if (e->linked)
+                coldread_unlink(ra, e);
+            e->next = gone;
+            gone = e;
+        }
+        if (ra->waiters)
+            pthread_cond_broadcast(&ra->ready);
+        pthread_mutex_unlock(&ra->lock);
+        coldread_entries_free(ra, gone);
     }
     atomic_fetch_sub_explicit(&ra->pending, m, memory_order_relaxed);
 }
@@ -388,18 +646,35 @@ static void coldread_item(struct ioqueue_job *j, size_t g, void *scratch)
 static void coldread_job_done(struct ioqueue_job *j, size_t items_run)
 {
     struct coldread_job *k = (struct coldread_job *)j;
+    coldread *ra = k->ra;
     /* The groups run are the first items_run (a cancel stops taking more); the samples
-     * of those dropped were counted pending at submit. */
+     * of those dropped were counted pending at submit, and their entries are the job's. */
     size_t ran = items_run * COLDREAD_GROUP < k->count ? items_run * COLDREAD_GROUP : k->count;
-    atomic_fetch_sub_explicit(&k->ra->pending, k->count - ran, memory_order_relaxed);
+    atomic_fetch_sub_explicit(&ra->pending, k->count - ran, memory_order_relaxed);
+    if (k->ent && ran < k->count) {
+        struct coldread_entry *gone = NULL;
+        pthread_mutex_lock(&ra->lock);
+        for (size_t i = ran; i < k->count; i++) {
+            struct coldread_entry *e = k->ent[i];
+            if (!e)
+                continue;
+            if (e->linked)
+                coldread_unlink(ra, e);
+            e->next = gone;
+            gone = e;
+        }
+        pthread_mutex_unlock(&ra->lock);
+        coldread_entries_free(ra, gone);
+    }
     free(k);
 }
 
-int coldread_submit(coldread *ra, const uint64_t *idx, size_t n)
+int coldread_submit(coldread *ra, const void *owner, const uint64_t *idx, size_t n)
 {
     if (!n)
         return 0;
-    struct coldread_job *k = malloc(sizeof *k + n * sizeof k->idx[0]);
+    size_t each = sizeof(uint64_t) + (ra->same ? sizeof(struct coldread_entry *) : 0);
+    struct coldread_job *k = malloc(sizeof *k + n * each);
     if (!k)
         return LD_ENOMEM;
     memset(&k->job, 0, sizeof k->job);
@@ -409,14 +684,92 @@ int coldread_submit(coldread *ra, const uint64_t *idx, size_t n)
     k->job.owner = ra;
     k->ra = ra;
     k->count = n;
+    k->ent = NULL;
     memcpy(k->idx, idx, n * sizeof idx[0]);
+    if (ra->same) {
+        /* An entry that cannot be had only means that sample is read ahead, not once. */
+        k->ent = (struct coldread_entry **)(k->idx + n);
+        for (size_t i = 0; i < n; i++) {
+            k->ent[i] = calloc(1, sizeof *k->ent[i]);
+            if (k->ent[i]) {
+                k->ent[i]->index = idx[i];
+                k->ent[i]->owner = owner;
+            }
+        }
+        pthread_mutex_lock(&ra->lock);
+        for (size_t i = 0; i < n; i++)
+            if (k->ent[i])
+                coldread_link(ra, k->ent[i]);
+        pthread_mutex_unlock(&ra->lock);
+    }
     atomic_fetch_add_explicit(&ra->pending, n, memory_order_relaxed);
     int r = ioqueue_submit(ra->io, &k->job);
     if (r < 0) {
         atomic_fetch_sub_explicit(&ra->pending, n, memory_order_relaxed);
+        if (k->ent) {
+            pthread_mutex_lock(&ra->lock);
+            for (size_t i = 0; i < n; i++)
+                if (k->ent[i] && k->ent[i]->linked)
+                    coldread_unlink(ra, k->ent[i]);
+            pthread_mutex_unlock(&ra->lock);
+            for (size_t i = 0; i < n; i++)
+                coldread_entry_free(ra, k->ent[i]);
+        }
         free(k);
     }
     return r;
+}
+
+bool coldread_take(coldread *ra, uint64_t index, void *dst, uint64_t bytes)
+{
+    if (!ra || !ra->same || !atomic_load_explicit(&ra->linked, memory_order_relaxed))
+        return false;
+    struct coldread_entry *e;
+    pthread_mutex_lock(&ra->lock);
+    for (;;) {
+        e = coldread_find(ra, index);
+        if (!e || e->state != COLDREAD_INFLIGHT)
+            break;
+        ra->waiters++; /* its read is on its way: reading it again would only wait longer */
+        pthread_cond_wait(&ra->ready, &ra->lock);
+        ra->waiters--;
+    }
+    bool ready = e && e->state == COLDREAD_READY;
+    if (e)
+        coldread_unlink(ra, e); /* QUEUED: the I/O thread skips it and frees it (e is its now) */
+    pthread_mutex_unlock(&ra->lock);
+    if (!ready)
+        return false;
+    bool same = e->bytes == bytes && ra->same(ra->ctx, index, &e->stamp);
+    if (same)
+        memcpy(dst, e->buf, bytes);
+    atomic_fetch_add_explicit(same ? &ra->taken : &ra->changed, 1, memory_order_relaxed);
+    coldread_entry_free(ra, e);
+    return same;
+}
+
+void coldread_forget(coldread *ra, const void *owner)
+{
+    if (!ra || !ra->same || !atomic_load_explicit(&ra->linked, memory_order_relaxed))
+        return;
+    struct coldread_entry *gone = NULL;
+    pthread_mutex_lock(&ra->lock);
+    for (size_t b = 0; b < COLDREAD_BUCKETS; b++) {
+        for (struct coldread_entry **link = &ra->buckets[b]; *link;) {
+            struct coldread_entry *e = *link;
+            if (e->owner != owner) {
+                link = &e->next;
+                continue;
+            }
+            coldread_unlink(ra, e); /* QUEUED or INFLIGHT: its job or I/O thread frees it */
+            if (e->state == COLDREAD_READY) {
+                e->next = gone;
+                gone = e;
+            }
+        }
+    }
+    pthread_mutex_unlock(&ra->lock);
+    coldread_entries_free(ra, gone);
 }
 
 void coldread_get_stats(coldread *ra, struct coldread_stats *ret_stats)
@@ -428,5 +781,8 @@ void coldread_get_stats(coldread *ra, struct coldread_stats *ret_stats)
         .failed = atomic_load_explicit(&ra->failed, memory_order_relaxed),
         .pending = atomic_load_explicit(&ra->pending, memory_order_relaxed),
         .threads = ioqueue_threads(ra->io),
+        .taken = atomic_load_explicit(&ra->taken, memory_order_relaxed),
+        .changed = atomic_load_explicit(&ra->changed, memory_order_relaxed),
+        .held_bytes = atomic_load_explicit(&ra->held_bytes, memory_order_relaxed),
     };
 }

@@ -210,6 +210,8 @@ static void server_op_datasets(conn *c, const cJSON *req, int64_t id)
             cJSON_AddNumberToObject(ra, "samples", (double)st.samples);
             cJSON_AddNumberToObject(ra, "misses", (double)st.misses);
             cJSON_AddNumberToObject(ra, "failed", (double)st.failed);
+            cJSON_AddNumberToObject(ra, "read_once", (double)st.taken);
+            cJSON_AddNumberToObject(ra, "changed", (double)st.changed);
         }
         if (srv->keepers[i])
             cache_report_keeper(srv->keepers[i], cJSON_AddObjectToObject(jd, "cache"));

@@ -24,7 +24,9 @@
  * read() is the hot path (a worker per core, 100,000 files of 3 KiB per epoch): one
  * openat2() beneath a descriptor of the root (beneath.c: no link swapped in, nothing but
  * a regular file, never blocking on a FIFO) and an fstat(), one pread() straight into
- * the batch slot, one close(). A shortage of descriptors or memory is waited out and
+ * the batch slot, one close(). When the files are cold, the read-ahead's I/O threads
+ * read them once into buffers and read() copies from there instead (coldread.h,
+ * files_ahead_same for the check that the file did not change since). A shortage of descriptors or memory is waited out and
  * retried, never blamed on the sample. The scan
  * records each file's size, which is what the batch layout relies on; a file that has
  * shrunk since is a bad sample, one that has grown is read up to its recorded size.
@@ -171,10 +173,11 @@ static int files_npy_layout(struct files_dataset *fd, char *errbuf)
     return first_rc == LD_ENOMEM ? LD_ENOMEM : LD_EDATASET;
 }
 
-/* Read-ahead (coldread.h) opens a sample as read() does and brings in its recorded
- * size; a file that cannot be opened, or is shorter than recorded, is skipped there
- * and reported by read(). */
-static int files_ahead_open(const void *ctx, uint64_t index, int *ret_fd, uint64_t *ret_bytes)
+/* Read-ahead (coldread.h) opens a sample as read() does (beneath the root, the same
+ * refusals) and brings in its recorded size; a file that cannot be opened, or is
+ * shorter than recorded, is skipped there and reported by read(). */
+static int files_ahead_open(const void *ctx, uint64_t index, int *ret_fd, uint64_t *ret_bytes,
+                            struct coldread_stamp *ret_stamp)
 {
     const struct files_dataset *fd = ctx;
     const struct files_entry *e = &fd->ix.entries[index];
@@ -187,9 +190,31 @@ static int files_ahead_open(const void *ctx, uint64_t index, int *ret_fd, uint64
         close(f); /* shrank since the scan: nothing to read ahead, the worker's read reports it */
         return LD_ESAMPLE;
     }
+    coldread_stamp_of(&st, ret_stamp);
     *ret_fd = f;
     *ret_bytes = e->size;
     return 0;
+}
+
+/* Read once: before a worker uses the bytes the read-ahead read, the sample's path must
+ * still lead to the file they came from, unchanged: the same inode (not removed, not
+ * replaced by a rename or by a link: a sample that was a plain file is looked at
+ * without following a link, one that was a link through it, as read() opens it), the
+ * same size and the same change time (any write, truncate or link count change sets
+ * it). Otherwise read() reads the file as it would without read-ahead and reports what
+ * it finds. A change within the file system's timestamp granularity of the read ahead,
+ * that keeps the size, is not seen, as a change during a worker's own read is not. */
+static bool files_ahead_same(const void *ctx, uint64_t index, const struct coldread_stamp *then)
+{
+    const struct files_dataset *fd = ctx;
+    const struct files_entry *e = &fd->ix.entries[index];
+    struct stat st;
+    struct coldread_stamp now;
+    if (fstatat(fd->root.rootfd, files_entry_path(&fd->ix, e), &st, files_entry_link(e) ? 0 : AT_SYMLINK_NOFOLLOW) < 0
+        || !S_ISREG(st.st_mode))
+        return false;
+    coldread_stamp_of(&st, &now);
+    return memcmp(&now, then, sizeof now) == 0;
 }
 
 static int files_open(const struct config_dataset *cfg, dataset **ret_dataset, char *errbuf)
@@ -275,7 +300,9 @@ static int files_open(const struct config_dataset *cfg, dataset **ret_dataset, c
     }
     if (cfg->format == CONFIG_FORMAT_NPY && (r = files_npy_layout(fd, errbuf)) < 0)
         goto fail;
-    if (cfg->read_ahead && coldread_new(cfg->read_ahead, files_ahead_open, fd, &d->ahead) < 0) {
+    /* npy samples are parsed from the file (npy_read): read ahead, not once. */
+    if (cfg->read_ahead && coldread_new(cfg->read_ahead, files_ahead_open, fd->npy ? NULL : files_ahead_same, fd,
+                                        &d->ahead) < 0) {
         r = LD_ENOMEM;
         ld_errorf(errbuf, "dataset '%s': out of memory", cfg->name);
         goto fail;
@@ -313,6 +340,12 @@ static int files_read_once(const struct files_dataset *fd, uint64_t index, void 
     char ebuf[128];
     int f = -1, r;
 
+    /* Cold storage: the read-ahead may have read it already (coldread_take checks that
+     * the file is still the one it read). */
+    if (!fd->npy && coldread_take(fd->base.ahead, index, out, e->size)) {
+        memcpy(dst[FIELD_LABEL], &label, sizeof label);
+        return 0;
+    }
     r = beneath_open(&fd->root, rel, files_entry_link(e) ? BENEATH_LINK : 0, &f, NULL);
     if (r < 0) {
         snprintf(errbuf, LD_ERRMSG_MAX, "sample %" PRIu64 " (%s): %s", index, rel,

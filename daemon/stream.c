@@ -213,6 +213,7 @@ static void stream_free(stream *s)
     stream_commit_stop(s);
     ring_free(s->ring);
     pool_flow_close(s->workers, s->flow); /* freed when its last running chunk returns */
+    coldread_forget(s->ds->ahead, s); /* the samples it read ahead and will not use */
     if (s->set) {
         s->set->live--;
         for (stream **link = &s->set->streams; *link; link = &(*link)->set_next) {
@@ -274,7 +275,7 @@ static void start_fill(stream *s, uint32_t slot, uint64_t seq)
             if (cached)
                 cache_advise(cached, idx, n);
             else
-                coldread_submit(s->ds->ahead, idx, n); /* a hint: without it the workers read as usual */
+                coldread_submit(s->ds->ahead, s, idx, n); /* a hint: without it the workers read as usual */
         }
     }
 

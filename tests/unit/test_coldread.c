@@ -3,8 +3,13 @@
  * read-ahead on; the samples read ahead are then in the page cache and every sample
  * reads back exactly; warm reads turn it off again; a file that vanished or shrank
  * after the scan is skipped by read-ahead (counted as failed) and still reported by the
- * worker's read as before; read_ahead: 0 makes no read-ahead at all. On a file system
- * whose pages cannot be dropped (tmpfs) the tests that need cold files are skipped. */
+ * worker's read as before; read_ahead: 0 makes no read-ahead at all. Read once: the
+ * samples read ahead are read from the read-ahead's buffers (counted as taken), with
+ * the same bytes; a file removed, cut short, renamed over, turned into a link or
+ * rewritten after the read-ahead read it gives exactly what a dataset without
+ * read-ahead gives (the same code and message, or the new bytes); a stream's buffers go
+ * when it is forgotten, even with its reads queued. On a file system whose pages cannot
+ * be dropped (tmpfs) the tests that need cold files are skipped. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -15,6 +20,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -165,7 +171,7 @@ static void test_cold_turns_on_and_reads_exactly(void **state)
         idx[k] = idx[j];
         idx[j] = x;
     }
-    assert_int_equal(coldread_submit(d->ahead, idx, n), 0);
+    assert_int_equal(coldread_submit(d->ahead, NULL, idx, n), 0);
     wait_idle(d->ahead, &st);
     assert_int_equal(st.samples, n);
     assert_int_equal(st.failed, 0);
@@ -181,7 +187,7 @@ static void test_cold_turns_on_and_reads_exactly(void **state)
     free(seen);
 
     /* Everything is cached now: read-ahead's own reads hit, and it turns off. */
-    assert_int_equal(coldread_submit(d->ahead, idx, n), 0);
+    assert_int_equal(coldread_submit(d->ahead, NULL, idx, n), 0);
     wait_idle(d->ahead, &st);
     assert_false(coldread_wanted(d->ahead));
     dataset_free(d);
@@ -204,7 +210,7 @@ static void test_vanished_and_short_files(void **state)
 
     uint64_t idx[] = {0, 1, 2, 3};
     struct coldread_stats st;
-    assert_int_equal(coldread_submit(d->ahead, idx, 4), 0);
+    assert_int_equal(coldread_submit(d->ahead, NULL, idx, 4), 0);
     wait_idle(d->ahead, &st);
     assert_int_equal(st.failed, 2);
     assert_int_equal(st.samples, 2);
@@ -240,10 +246,169 @@ static void test_off_and_freed_with_work_queued(void **state)
     uint64_t idx[N_FILES];
     for (uint64_t s = 0; s < N_FILES; s++)
         idx[s] = s;
-    assert_int_equal(coldread_submit(d->ahead, idx, N_FILES), 0);
-    assert_int_equal(coldread_submit(d->ahead, idx, 10), 0);
+    assert_int_equal(coldread_submit(d->ahead, NULL, idx, N_FILES), 0);
+    assert_int_equal(coldread_submit(d->ahead, NULL, idx, 10), 0);
     dataset_free(d);
     coldread_free(NULL);
+}
+
+/* Read once: every sample read ahead is copied from its buffer, exactly, and the
+ * buffers are all given back. */
+static void test_read_once_exact(void **state)
+{
+    struct testfs_dir *t = *state;
+    write_tree(t->root);
+    dataset *d = open_files(t->root, 4);
+    make_cold(t->root); /* read once does not depend on it: the misses only count */
+    uint64_t idx[N_FILES];
+    for (uint64_t s = 0; s < N_FILES; s++)
+        idx[s] = (s * 37u) % N_FILES; /* 37 is prime to 96: each sample once */
+    struct coldread_stats st;
+    int owner;
+    assert_int_equal(coldread_submit(d->ahead, &owner, idx, N_FILES), 0);
+    wait_idle(d->ahead, &st);
+    assert_int_equal(st.samples, N_FILES);
+    assert_int_equal(st.failed, 0);
+    assert_int_equal(st.held_bytes, (N_FILES - 1) * FILE_SIZE + BIG_SIZE);
+    for (uint64_t s = 0; s < N_FILES; s++)
+        read_check(d, s);
+    coldread_get_stats(d->ahead, &st);
+    assert_int_equal(st.taken, N_FILES);
+    assert_int_equal(st.changed, 0);
+    assert_int_equal(st.held_bytes, 0);
+    /* Not asked for: read by the worker, as before. */
+    read_check(d, 9);
+    coldread_get_stats(d->ahead, &st);
+    assert_int_equal(st.taken, N_FILES);
+    dataset_free(d);
+}
+
+static void sample_path(const char *root, uint64_t s, char *path, size_t size)
+{
+    char rel[64];
+    file_rel(file_of_sample(s), rel, sizeof rel);
+    snprintf(path, size, "%s/%s", root, rel);
+}
+
+/* Rewrites a file in place, same size, other bytes, until its change time shows it (a
+ * write in the same clock tick as the last change leaves it as it was). */
+static void rewrite_in_place(const char *path, unsigned seed)
+{
+    struct stat before, after;
+    assert_int_equal(stat(path, &before), 0);
+    uint8_t buf[FILE_SIZE];
+    for (size_t j = 0; j < FILE_SIZE; j++)
+        buf[j] = testfs_byte(seed, j);
+    for (int tries = 0; tries < 10000; tries++) {
+        int fd = open(path, O_WRONLY);
+        assert_true(fd >= 0);
+        assert_int_equal(pwrite(fd, buf, FILE_SIZE, 0), FILE_SIZE);
+        assert_int_equal(fstat(fd, &after), 0);
+        close(fd);
+        if (after.st_ctim.tv_sec != before.st_ctim.tv_sec || after.st_ctim.tv_nsec != before.st_ctim.tv_nsec)
+            return;
+        struct timespec ts = {.tv_nsec = 1000000};
+        nanosleep(&ts, NULL);
+    }
+    fail_msg("%s: change time unchanged after 10,000 writes", path);
+}
+
+/* Read once must not hide a change the worker's own read would have seen: files changed
+ * after the read-ahead read them read exactly as through a dataset without read-ahead
+ * opened on the same scan (same code, same message, same bytes). The check that covers
+ * it is files_ahead_same (inode, size, change time by the sample's path). */
+static void test_read_once_sees_changes(void **state)
+{
+    struct testfs_dir *t = *state;
+    write_tree(t->root);
+    dataset *d = open_files(t->root, 4), *plain = open_files(t->root, 0);
+    uint64_t idx[] = {0, 1, 2, 3, 4, 5};
+    struct coldread_stats st;
+    assert_int_equal(coldread_submit(d->ahead, NULL, idx, 6), 0);
+    wait_idle(d->ahead, &st);
+    assert_int_equal(st.held_bytes, 6 * FILE_SIZE);
+
+    char path[512], other[512], tmp[600];
+    sample_path(t->root, 0, path, sizeof path);
+    assert_int_equal(unlink(path), 0);                       /* removed */
+    sample_path(t->root, 1, path, sizeof path);
+    assert_int_equal(truncate(path, 100), 0);                /* cut short */
+    sample_path(t->root, 2, path, sizeof path);              /* renamed over: new bytes */
+    snprintf(tmp, sizeof tmp, "%s.new", path);
+    testfs_write("/", tmp + 1, 1234, FILE_SIZE);
+    assert_int_equal(rename(tmp, path), 0);
+    sample_path(t->root, 3, path, sizeof path);              /* turned into a link */
+    sample_path(t->root, 5, other, sizeof other);
+    snprintf(tmp, sizeof tmp, "%s.lnk", path);
+    assert_int_equal(symlink(other, tmp), 0);
+    assert_int_equal(rename(tmp, path), 0);
+    sample_path(t->root, 4, path, sizeof path);
+    rewrite_in_place(path, 4321);                            /* rewritten in place */
+
+    for (uint64_t s = 0; s < 6; s++) {
+        uint8_t a[FILE_SIZE], b[FILE_SIZE];
+        int64_t la = -2, lb = -2;
+        void *da[2] = {a, &la}, *db[2] = {b, &lb};
+        char ea[LD_ERRMSG_MAX] = "", eb[LD_ERRMSG_MAX] = "";
+        memset(a, 0xAA, sizeof a);
+        memset(b, 0xAA, sizeof b);
+        int ra = d->ops->read(d, s, da, ea), rb = plain->ops->read(plain, s, db, eb);
+        if (ra != rb || strcmp(ea, eb) != 0)
+            fail_msg("sample %llu: %d '%s' with read-ahead, %d '%s' without", (unsigned long long)s, ra, ea, rb, eb);
+        if (ra == 0) {
+            assert_memory_equal(a, b, sizeof a);
+            assert_int_equal(la, lb);
+        }
+    }
+    /* Those that failed, failed as they would have (the messages name the file). */
+    uint8_t buf[FILE_SIZE];
+    int64_t label;
+    void *dst[2] = {buf, &label};
+    char err[LD_ERRMSG_MAX] = "";
+    assert_int_equal(plain->ops->read(plain, 1, dst, err), LD_ESAMPLE);
+    assert_non_null(strstr(err, "expected 3000 bytes, file has 100"));
+    coldread_get_stats(d->ahead, &st);
+    assert_int_equal(st.changed, 5);
+    assert_int_equal(st.taken, 1);                           /* sample 5, unchanged */
+    assert_int_equal(st.held_bytes, 0);
+    dataset_free(plain);
+    dataset_free(d);
+}
+
+/* A stream that closes while its samples are being read ahead: what was read goes at
+ * once, what is in flight or queued as soon as its read is back, and none of it reaches
+ * a worker afterwards; another stream's buffers stay. ASan checks that nothing leaks,
+ * buffers held at dataset_free included. */
+static void test_forget_frees_buffers(void **state)
+{
+    struct testfs_dir *t = *state;
+    write_tree(t->root);
+    dataset *d = open_files(t->root, 2);
+    make_cold(t->root);
+    uint64_t idx[N_FILES];
+    for (uint64_t s = 0; s < N_FILES; s++)
+        idx[s] = s;
+    int a, b;
+    struct coldread_stats st;
+    assert_int_equal(coldread_submit(d->ahead, &a, idx, N_FILES), 0);
+    coldread_forget(d->ahead, &a); /* queued and in flight */
+    wait_idle(d->ahead, &st);
+    assert_int_equal(st.held_bytes, 0);
+    read_check(d, 3);
+    coldread_get_stats(d->ahead, &st);
+    assert_int_equal(st.taken, 0);
+
+    assert_int_equal(coldread_submit(d->ahead, &a, idx, 4), 0);
+    assert_int_equal(coldread_submit(d->ahead, &b, idx + 4, 4), 0);
+    wait_idle(d->ahead, &st);
+    assert_int_equal(st.held_bytes, 8 * FILE_SIZE);
+    coldread_forget(d->ahead, &a); /* read: freed now */
+    coldread_get_stats(d->ahead, &st);
+    assert_int_equal(st.held_bytes, 4 * FILE_SIZE);
+    read_check(d, 4);
+    coldread_get_stats(d->ahead, &st);
+    assert_int_equal(st.taken, 1);
+    dataset_free(d); /* with b's other three buffers held */
 }
 
 /* Threads of this process named ld-io (the I/O threads). */
@@ -291,8 +456,8 @@ static void test_datasets_share_the_io_threads(void **state)
     for (uint64_t s = 0; s < N_FILES; s++)
         idx[s] = s;
     make_cold(t->root);
-    assert_int_equal(coldread_submit(a->ahead, idx, N_FILES), 0);
-    assert_int_equal(coldread_submit(b->ahead, idx, N_FILES / 2), 0);
+    assert_int_equal(coldread_submit(a->ahead, NULL, idx, N_FILES), 0);
+    assert_int_equal(coldread_submit(b->ahead, NULL, idx, N_FILES / 2), 0);
     /* One set for both, as many as the larger read_ahead asked for. */
     expect_io_threads(5);
     struct coldread_stats st;
@@ -308,7 +473,7 @@ static void test_datasets_share_the_io_threads(void **state)
         read_check(b, s);
     /* A dataset that asks for more raises the count for all. */
     dataset *c = open_files(t->root, 7);
-    assert_int_equal(coldread_submit(c->ahead, idx, 4), 0);
+    assert_int_equal(coldread_submit(c->ahead, NULL, idx, 4), 0);
     expect_io_threads(7);
     dataset_free(b);
     dataset_free(c);
@@ -322,6 +487,9 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_vanished_and_short_files, testfs_dir_setup, testfs_dir_teardown),
         cmocka_unit_test_setup_teardown(test_off_and_freed_with_work_queued, testfs_dir_setup, testfs_dir_teardown),
         cmocka_unit_test_setup_teardown(test_datasets_share_the_io_threads, testfs_dir_setup, testfs_dir_teardown),
+        cmocka_unit_test_setup_teardown(test_read_once_exact, testfs_dir_setup, testfs_dir_teardown),
+        cmocka_unit_test_setup_teardown(test_read_once_sees_changes, testfs_dir_setup, testfs_dir_teardown),
+        cmocka_unit_test_setup_teardown(test_forget_frees_buffers, testfs_dir_setup, testfs_dir_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
