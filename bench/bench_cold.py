@@ -229,6 +229,8 @@ def loaderd_run(args, bins, sock, daemon, ds, root, dev, raw, tag):
         row["read_ahead_samples"] = after_ra["samples"] - before_ra["samples"]
         row["read_ahead_misses"] = after_ra["misses"] - before_ra["misses"]
         row["read_ahead_failed"] = after_ra["failed"] - before_ra["failed"]
+        if "read_once" in after_ra:  # the samples the workers copied from the read-ahead's buffers
+            row["read_once"] = after_ra["read_once"] - before_ra.get("read_once", 0)
     if samples != args.files:
         row["error"] = f"{samples} samples delivered, {args.files} expected"
     log(f"bench_cold: loaderd {ds}: {row['samples_per_s']:,.0f} samples/s cold")

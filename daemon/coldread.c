@@ -62,6 +62,7 @@ struct coldread_entry {
     struct coldread_stamp stamp;
     enum coldread_state state;
     bool linked;
+    bool waited;                    /* a worker waits for its read: wake the workers when it is back */
 };
 
 struct coldread {
@@ -71,8 +72,7 @@ struct coldread {
     coldread_same_fn same;          /* NULL: no read once */
     const void *ctx;
     pthread_mutex_t lock;           /* the entries' table and states */
-    pthread_cond_t ready;           /* an INFLIGHT entry's read is back */
-    unsigned waiters;
+    pthread_cond_t ready;           /* an INFLIGHT entry that a worker waits for is back */
     struct coldread_entry **buckets;
     atomic_uint_fast64_t linked;    /* entries in the table: 0 makes coldread_take free */
     atomic_uint_fast64_t held_bytes, taken, changed;
@@ -397,6 +397,7 @@ struct coldread_file {
     struct coldread_stamp stamp;
     ssize_t got;                    /* the last read: bytes, or -errno (-EAGAIN: not cached) */
     bool tried, counted;            /* got is set; it says whether the data was cached */
+    bool hit;                       /* read once: the read was served from the page cache */
     bool whole;                     /* read once: e->buf holds the whole sample */
 };
 
@@ -415,9 +416,13 @@ static size_t coldread_target(struct coldread_file *f, char *scratch, size_t s, 
 }
 
 /* The reads of a group's opened files, all in one io_uring submission (one doorbell for
- * the disk), then waited for: RWF_NOWAIT reads (nowait: each answers at once, -EAGAIN
- * when not cached), or the plain reads of what read once still lacks. Those the ring
- * could not take are left untried. */
+ * the disk), then waited for: RWF_NOWAIT reads of the samples only read ahead (nowait:
+ * each answers at once, -EAGAIN when not cached), or the plain reads of the samples
+ * read once. A plain read whose data is cached completes within the submission (the
+ * kernel tries it without blocking first), one that goes to the disk later: so those
+ * found completed right after the submit are the hits, and no RWF_NOWAIT read is needed
+ * to tell (a read that came back from the disk as fast is counted a hit: the decision
+ * only needs a share). Those the ring could not take are left untried. */
 static void coldread_ring_reads(coldread *ra, struct coldread_file *f, size_t m, char *scratch, bool nowait)
 {
     struct io_uring *r = coldread_ring();
@@ -426,7 +431,8 @@ static void coldread_ring_reads(coldread *ra, struct coldread_file *f, size_t m,
     unsigned queued = 0;
     for (size_t s = 0; s < m; s++) {
         f[s].tried = false;
-        if (f[s].fd < 0 || !f[s].bytes || (!nowait && (!f[s].e || !f[s].e->buf || f[s].whole)))
+        bool once = f[s].e && f[s].e->buf;
+        if (f[s].fd < 0 || !f[s].bytes || once == nowait || f[s].whole)
             continue;
         void *dst;
         off_t off;
@@ -441,20 +447,23 @@ static void coldread_ring_reads(coldread *ra, struct coldread_file *f, size_t m,
     }
     if (!queued)
         return;
-    /* The plain reads are waited for in the same call that submits them. */
-    int sub = nowait ? io_uring_submit(r) : io_uring_submit_and_wait(r, queued);
+    int sub = io_uring_submit(r);
     if (sub < 0) {
         coldread_ring_drop(r);
         return;
     }
+    bool within = true; /* completed within the submission */
     for (int done = 0; done < sub;) {
         struct io_uring_cqe *cqe;
-        int e = io_uring_wait_cqe(r, &cqe);
-        if (e == -EINTR)
-            continue;
-        if (e < 0) {
-            coldread_ring_drop(r); /* the others stay untried: read one by one */
-            return;
+        if (io_uring_peek_cqe(r, &cqe) != 0) {
+            within = false;
+            int e = io_uring_wait_cqe_nr(r, &cqe, (unsigned)(sub - done)); /* one sleep for the rest */
+            if (e == -EINTR)
+                continue;
+            if (e < 0) {
+                coldread_ring_drop(r); /* the others stay untried: read one by one */
+                return;
+            }
         }
         size_t s = (size_t)cqe->user_data;
         int res = cqe->res;
@@ -468,8 +477,8 @@ static void coldread_ring_reads(coldread *ra, struct coldread_file *f, size_t m,
         }
         f[s].tried = true;
         f[s].got = res;
-        if (nowait)
-            f[s].counted = res >= 0 || res == -EAGAIN;
+        f[s].counted = nowait ? res >= 0 || res == -EAGAIN : true;
+        f[s].hit = !nowait && within;
     }
     if ((unsigned)sub < queued)
         coldread_ring_drop(r); /* the rest sit in its queue: not to be mixed with the next group */
@@ -518,10 +527,11 @@ static void coldread_buffer(coldread *ra, struct coldread_file *f)
  * per request, 32 threads). The worker's read then finds the pages, or waits for the
  * ones still in flight.
  *
- * Read once changes the end of it: the group's reads land in the samples' own buffers,
- * and what RWF_NOWAIT did not find is read with a second submission that the thread
- * waits for (one sleep per group, not per file), so that the worker copies the bytes
- * instead of opening and reading the file again. */
+ * Read once changes the end of it: the reads of the group's samples that have a buffer
+ * are plain reads into it, in one submission that the thread waits for (one sleep per
+ * group, not per file), so that the worker copies the bytes instead of opening and
+ * reading the file again; whether they were cached is told by whether they completed
+ * within the submission (coldread_ring_reads). */
 static void coldread_item(struct ioqueue_job *j, size_t g, void *scratch)
 {
     struct coldread_job *k = (struct coldread_job *)j;
@@ -561,8 +571,8 @@ static void coldread_item(struct ioqueue_job *j, size_t g, void *scratch)
     if (!atomic_load_explicit(&ra->nowait_unsupported, memory_order_relaxed))
         coldread_ring_reads(ra, f, m, scratch, true);
     for (size_t s = 0; s < m; s++) {
-        if (f[s].fd < 0)
-            continue;
+        if (f[s].fd < 0 || (f[s].e && f[s].e->buf))
+            continue; /* read once: below */
         void *dst;
         off_t off;
         size_t first = coldread_target(&f[s], scratch, s, &dst, &off);
@@ -570,7 +580,6 @@ static void coldread_item(struct ioqueue_job *j, size_t g, void *scratch)
             ssize_t n = coldread_try(ra, f[s].fd, dst, first, off, &f[s].counted);
             f[s].got = n < 0 ? -errno : n;
         }
-        bool once = f[s].e && f[s].e->buf;
         if (first && f[s].got < 0 && f[s].got != -EAGAIN) {
             atomic_fetch_add_explicit(&ra->failed, 1, memory_order_relaxed);
             close(f[s].fd); /* the worker's read says what it is */
@@ -583,13 +592,6 @@ static void coldread_item(struct ioqueue_job *j, size_t g, void *scratch)
         atomic_fetch_add_explicit(&ra->samples, 1, memory_order_relaxed);
         if (miss)
             atomic_fetch_add_explicit(&ra->ahead_misses, 1, memory_order_relaxed);
-        if (once) {
-            if (!coldread_got(&f[s])) { /* cut short: the worker's read says so */
-                close(f[s].fd);
-                f[s].fd = -1;
-            }
-            continue; /* read below, into its buffer */
-        }
         uint64_t have = !first || f[s].got < 0 ? 0 : (uint64_t)f[s].got;
         if (f[s].bytes > have)
             posix_fadvise(f[s].fd, (off_t)have, (off_t)(f[s].bytes - have), POSIX_FADV_WILLNEED);
@@ -598,13 +600,32 @@ static void coldread_item(struct ioqueue_job *j, size_t g, void *scratch)
     }
 
     if (k->ent) {
-        /* Read once: the rest, waited for, one submission for the group; what the ring
-         * did not take (or brought short) with plain reads. */
+        /* Read once: the group's reads in one submission, waited for; what the ring did
+         * not take with a RWF_NOWAIT try (to count it) and plain reads, as what it
+         * brought short. Only a whole read is kept: an error or a file shorter than
+         * recorded is the worker's read's to report. */
         coldread_ring_reads(ra, f, m, scratch, false);
         for (size_t s = 0; s < m; s++) {
             if (f[s].fd < 0)
                 continue;
-            if (f[s].tried && !coldread_got(&f[s])) {
+            if (!f[s].tried) {
+                ssize_t n = coldread_try(ra, f[s].fd, f[s].e->buf, (size_t)f[s].bytes, 0, &f[s].counted);
+                f[s].got = n < 0 ? -errno : n;
+                f[s].hit = n >= 0;
+            }
+            if (f[s].got < 0 && f[s].got != -EAGAIN) {
+                atomic_fetch_add_explicit(&ra->failed, 1, memory_order_relaxed);
+                close(f[s].fd);
+                f[s].fd = -1;
+                continue;
+            }
+            bool miss = f[s].counted && !f[s].hit;
+            if (f[s].counted)
+                coldread_count(ra, miss);
+            atomic_fetch_add_explicit(&ra->samples, 1, memory_order_relaxed);
+            if (miss)
+                atomic_fetch_add_explicit(&ra->ahead_misses, 1, memory_order_relaxed);
+            if (!coldread_got(&f[s])) { /* cut short: the worker's read says so */
                 close(f[s].fd);
                 f[s].fd = -1;
                 continue;
@@ -621,11 +642,13 @@ static void coldread_item(struct ioqueue_job *j, size_t g, void *scratch)
         }
         /* Published: a whole buffer becomes READY; anything else goes, and the worker
          * reads the sample itself. */
+        bool wake = false;
         pthread_mutex_lock(&ra->lock);
         for (size_t s = 0; s < m; s++) {
             struct coldread_entry *e = f[s].e;
             if (!e)
                 continue;
+            wake |= e->waited;
             if (e->linked && f[s].whole) {
                 e->state = COLDREAD_READY;
                 continue;
@@ -635,7 +658,7 @@ static void coldread_item(struct ioqueue_job *j, size_t g, void *scratch)
             e->next = gone;
             gone = e;
         }
-        if (ra->waiters)
+        if (wake) /* only then: the workers wait for a read of this group, not for any */
             pthread_cond_broadcast(&ra->ready);
         pthread_mutex_unlock(&ra->lock);
         coldread_entries_free(ra, gone);
@@ -730,9 +753,8 @@ bool coldread_take(coldread *ra, uint64_t index, void *dst, uint64_t bytes)
         e = coldread_find(ra, index);
         if (!e || e->state != COLDREAD_INFLIGHT)
             break;
-        ra->waiters++; /* its read is on its way: reading it again would only wait longer */
+        e->waited = true; /* its read is on its way: reading it again would only wait longer */
         pthread_cond_wait(&ra->ready, &ra->lock);
-        ra->waiters--;
     }
     bool ready = e && e->state == COLDREAD_READY;
     if (e)

@@ -212,6 +212,7 @@ static void server_op_datasets(conn *c, const cJSON *req, int64_t id)
             cJSON_AddNumberToObject(ra, "failed", (double)st.failed);
             cJSON_AddNumberToObject(ra, "read_once", (double)st.taken);
             cJSON_AddNumberToObject(ra, "changed", (double)st.changed);
+            cJSON_AddNumberToObject(ra, "buffered_bytes", (double)st.held_bytes);
         }
         if (srv->keepers[i])
             cache_report_keeper(srv->keepers[i], cJSON_AddObjectToObject(jd, "cache"));

@@ -2,7 +2,9 @@
  * out of the page cache (syncfs, then POSIX_FADV_DONTNEED per file: no root needed),
  * so the workers' reads miss and read-ahead turns on. Every epoch still delivers every
  * file exactly once with its bytes and label, `loaderctl datasets` shows the samples
- * read ahead, and a second, warm epoch is just as exact. A file removed while the data
+ * read ahead and read once (the workers copied them from the read-ahead's buffers), and
+ * a second, warm epoch is just as exact; a stream closed in the middle of a cold epoch
+ * leaves no buffer behind. A file removed while the data
  * is cold, or cut short, is skipped by read-ahead and replaced by the worker's read as
  * before (a bad sample each, counted, named in the log with what was wrong); the daemon
  * stops clean. On a file system whose pages cannot be
@@ -21,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "harness.h"
@@ -193,6 +196,11 @@ static void test_cold_epochs_are_exact(void **state)
     assert_true(read_ahead_num(h, "cold", "misses") > 0);
     assert_int_equal(read_ahead_num(h, "cold", "failed"), 0);
     assert_int_equal(read_ahead_num(h, "cold", "threads"), 16);
+    /* Read once: most of what was read ahead reached the batches from its buffer. */
+    double once = read_ahead_num(h, "cold", "read_once");
+    if (once < BATCH || once > ahead)
+        fail_msg("%.0f samples read once of %.0f read ahead", once, ahead);
+    assert_int_equal(read_ahead_num(h, "cold", "changed"), 0);
 
     /* Epoch 1, warm now: exact as well. */
     memset(seen, 0, N_FILES * sizeof *seen);
@@ -206,6 +214,43 @@ static void test_cold_epochs_are_exact(void **state)
     assert_int_equal(lc_stream_close(s), 0);
     lc_client_close(c);
     free(seen);
+    harness_stop_clean(h);
+}
+
+/* A stream closed while its batches are being read ahead: every buffer it asked for
+ * goes, those still in flight as their reads come back (waited for as a state), and the
+ * daemon stops clean (under ASan: nothing leaked). How much is buffered at the close
+ * depends on how far the workers got; test_coldread's test_forget_frees_buffers covers
+ * each state of a buffer deterministically. */
+static void test_close_while_cold(void **state)
+{
+    struct harness *h = *state;
+    if (!make_cold(h))
+        skip();
+    lc_client *c = harness_connect(h, 10000, "itest_coldread");
+    lc_stream_options o;
+    lc_stream_options_init(&o);
+    o.batch_size = BATCH;
+    o.epochs = 1;
+    o.prefetch = 4;
+    lc_stream *s = open_ok(c, "cold", &o);
+    for (int k = 0; k < 3; k++) { /* cold batches: read-ahead on, batches behind them in flight */
+        lc_batch *b = NULL;
+        assert_int_equal(lc_stream_next(s, 30000, &b), 0);
+        assert_int_equal(lc_batch_release(b), 0);
+    }
+    assert_int_equal(lc_stream_close(s), 0);
+    double held = -1;
+    for (int tries = 0; tries < 1000 && held != 0; tries++) {
+        held = read_ahead_num(h, "cold", "buffered_bytes");
+        if (held != 0) {
+            struct timespec ts = {.tv_nsec = 10 * 1000 * 1000};
+            nanosleep(&ts, NULL);
+        }
+    }
+    if (held != 0)
+        fail_msg("%.0f bytes still buffered 10 s after the stream closed", held);
+    lc_client_close(c);
     harness_stop_clean(h);
 }
 
@@ -247,6 +292,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_cold_epochs_are_exact, setup_daemon, teardown_daemon),
+        cmocka_unit_test_setup_teardown(test_close_while_cold, setup_daemon, teardown_daemon),
         cmocka_unit_test_setup_teardown(test_file_removed_while_cold, setup_daemon, teardown_daemon),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
