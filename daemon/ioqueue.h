@@ -6,8 +6,8 @@
  * behalf of a caller that must not wait: a job is a list of items (the samples of a
  * batch) that the threads share out, one item at a time, so up to `threads` requests
  * are in flight. The jobs here are read-ahead: they bring data into the page cache
- * before the workers read it, and their failures are the workers' to report, so a
- * job has no result. Measured on a virtio disk (4 KiB random reads, O_DIRECT, fio):
+ * before the workers read it (or into buffers the workers copy from: coldread.h), and
+ * their failures are the workers' to report, so a job has no result. Measured on a virtio disk (4 KiB random reads, O_DIRECT, fio):
  * 32 blocking threads 55.7k IOPS, io_uring at depth 32 42.6k, one thread 6.5k; small
  * files also need a path lookup and an inode per open, which io_uring would hand to
  * its own worker threads anyway. So the threads open, and what they start reading
