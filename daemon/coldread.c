@@ -7,17 +7,8 @@
  * starts RWF_NOWAIT reads of their first bytes in one io_uring submission (to learn
  * whether they were cached, and to hand the disk the misses together) and asks the
  * kernel for what was not with POSIX_FADV_WILLNEED; it never waits for the data
- * (coldread_item).
- *
- * Read once (coldread.h): each sample of a job has an entry, made at submit and found
- * by sample index in a hash table under the coldread's lock, so a worker can tell
- * whether its sample is queued, in flight or read. Who frees an entry: while it is
- * QUEUED or unlinked before its read, its job (the I/O thread that reaches it, or the
- * job's done when it is dropped); while INFLIGHT, the I/O thread reading it (which
- * frees it at the end instead of publishing it when it was unlinked meanwhile);
- * once READY, whoever unlinks it (coldread_take, coldread_forget, coldread_free). A
- * worker that finds its sample QUEUED unlinks it and reads the file itself, and the
- * I/O thread skips it; one that finds it INFLIGHT waits on `ready`. */
+ * (coldread_item). Read once's table of buffers is coldread_once.c; the layouts are in
+ * coldread_internal.h. */
 #include "coldread.h"
 
 #include <errno.h>
@@ -32,6 +23,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include "coldread_internal.h"
 #include "ld_error.h"
 #include "log.h"
 
@@ -47,40 +39,7 @@ static struct {
     unsigned users;                 /* coldreads alive */
 } coldread_pool = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
-/* Read once: hash buckets by sample index (a prefetch depth of batches is a few
- * thousand entries at most). */
-#define COLDREAD_BUCKETS 4096u
 
-enum coldread_state { COLDREAD_QUEUED, COLDREAD_INFLIGHT, COLDREAD_READY };
-
-struct coldread_entry {
-    struct coldread_entry *next;    /* in its bucket, while linked */
-    const void *owner;              /* the stream that asked for it */
-    uint64_t index;
-    uint8_t *buf;                   /* set by the I/O thread: the sample's bytes */
-    uint64_t bytes;                 /* of buf, counted in held_bytes */
-    struct coldread_stamp stamp;
-    enum coldread_state state;
-    bool linked;
-    bool waited;                    /* a worker waits for its read: wake the workers when it is back */
-};
-
-struct coldread {
-    ioqueue *io;                    /* coldread_pool.io */
-    unsigned threads;
-    coldread_open_fn open;
-    coldread_same_fn same;          /* NULL: no read once */
-    const void *ctx;
-    pthread_mutex_t lock;           /* the entries' table and states */
-    pthread_cond_t ready;           /* an INFLIGHT entry that a worker waits for is back */
-    struct coldread_entry **buckets;
-    atomic_uint_fast64_t linked;    /* entries in the table: 0 makes coldread_take free */
-    atomic_uint_fast64_t held_bytes, taken, changed;
-    atomic_bool on;
-    atomic_bool nowait_unsupported; /* the file system refuses RWF_NOWAIT: never cold */
-    atomic_uint_fast64_t reads, misses; /* since the last decision */
-    atomic_uint_fast64_t samples, ahead_misses, failed, pending;
-};
 
 /* Samples an I/O thread takes at a time: opened one after another, then their reads
  * started with one io_uring submission (coldread_item), each into its share of the
@@ -95,76 +54,6 @@ struct coldread_job {
     struct coldread_entry **ent;    /* read once: count entries (after idx), NULL each that could not be had */
     uint64_t idx[];
 };
-
-void coldread_stamp_of(const struct stat *st, struct coldread_stamp *ret_stamp)
-{
-    *ret_stamp = (struct coldread_stamp){
-        .dev = (uint64_t)st->st_dev,
-        .ino = (uint64_t)st->st_ino,
-        .size = (uint64_t)st->st_size,
-        .ctime_sec = (int64_t)st->st_ctim.tv_sec,
-        .ctime_nsec = (int64_t)st->st_ctim.tv_nsec,
-    };
-}
-
-static size_t coldread_bucket(uint64_t index)
-{
-    return (size_t)((index * 0x9E3779B97F4A7C15ull) >> 52) & (COLDREAD_BUCKETS - 1);
-}
-
-/* Under the lock. */
-static void coldread_link(coldread *ra, struct coldread_entry *e)
-{
-    struct coldread_entry **b = &ra->buckets[coldread_bucket(e->index)];
-    e->next = *b;
-    *b = e;
-    e->linked = true;
-    atomic_fetch_add_explicit(&ra->linked, 1, memory_order_relaxed);
-}
-
-/* Under the lock; e is linked. */
-static void coldread_unlink(coldread *ra, struct coldread_entry *e)
-{
-    struct coldread_entry **link = &ra->buckets[coldread_bucket(e->index)];
-    while (*link != e)
-        link = &(*link)->next;
-    *link = e->next;
-    e->next = NULL;
-    e->linked = false;
-    atomic_fetch_sub_explicit(&ra->linked, 1, memory_order_relaxed);
-}
-
-/* Under the lock: sample index's entry, READY first, then INFLIGHT, then QUEUED (a
- * sample asked for twice, by two streams or two epochs, has two). */
-static struct coldread_entry *coldread_find(coldread *ra, uint64_t index)
-{
-    struct coldread_entry *best = NULL;
-    for (struct coldread_entry *e = ra->buckets[coldread_bucket(index)]; e; e = e->next)
-        if (e->index == index && (!best || e->state > best->state))
-            best = e;
-    return best;
-}
-
-/* Unlinked, not on an I/O thread's hands: its buffer and itself go. */
-static void coldread_entry_free(coldread *ra, struct coldread_entry *e)
-{
-    if (!e)
-        return;
-    if (e->buf) {
-        free(e->buf);
-        atomic_fetch_sub_explicit(&ra->held_bytes, e->bytes, memory_order_relaxed);
-    }
-    free(e);
-}
-
-static void coldread_entries_free(coldread *ra, struct coldread_entry *list)
-{
-    while (list) {
-        struct coldread_entry *next = list->next;
-        coldread_entry_free(ra, list);
-        list = next;
-    }
-}
 
 int coldread_new(unsigned threads, coldread_open_fn open, coldread_same_fn same, const void *ctx,
                  coldread **ret_ra)
@@ -743,56 +632,6 @@ int coldread_submit(coldread *ra, const void *owner, const uint64_t *idx, size_t
     return r;
 }
 
-bool coldread_take(coldread *ra, uint64_t index, void *dst, uint64_t bytes)
-{
-    if (!ra || !ra->same || !atomic_load_explicit(&ra->linked, memory_order_relaxed))
-        return false;
-    struct coldread_entry *e;
-    pthread_mutex_lock(&ra->lock);
-    for (;;) {
-        e = coldread_find(ra, index);
-        if (!e || e->state != COLDREAD_INFLIGHT)
-            break;
-        e->waited = true; /* its read is on its way: reading it again would only wait longer */
-        pthread_cond_wait(&ra->ready, &ra->lock);
-    }
-    bool ready = e && e->state == COLDREAD_READY;
-    if (e)
-        coldread_unlink(ra, e); /* QUEUED: the I/O thread skips it and frees it (e is its now) */
-    pthread_mutex_unlock(&ra->lock);
-    if (!ready)
-        return false;
-    bool same = e->bytes == bytes && ra->same(ra->ctx, index, &e->stamp);
-    if (same)
-        memcpy(dst, e->buf, bytes);
-    atomic_fetch_add_explicit(same ? &ra->taken : &ra->changed, 1, memory_order_relaxed);
-    coldread_entry_free(ra, e);
-    return same;
-}
-
-void coldread_forget(coldread *ra, const void *owner)
-{
-    if (!ra || !ra->same || !atomic_load_explicit(&ra->linked, memory_order_relaxed))
-        return;
-    struct coldread_entry *gone = NULL;
-    pthread_mutex_lock(&ra->lock);
-    for (size_t b = 0; b < COLDREAD_BUCKETS; b++) {
-        for (struct coldread_entry **link = &ra->buckets[b]; *link;) {
-            struct coldread_entry *e = *link;
-            if (e->owner != owner) {
-                link = &e->next;
-                continue;
-            }
-            coldread_unlink(ra, e); /* QUEUED or INFLIGHT: its job or I/O thread frees it */
-            if (e->state == COLDREAD_READY) {
-                e->next = gone;
-                gone = e;
-            }
-        }
-    }
-    pthread_mutex_unlock(&ra->lock);
-    coldread_entries_free(ra, gone);
-}
 
 void coldread_get_stats(coldread *ra, struct coldread_stats *ret_stats)
 {
