@@ -347,8 +347,17 @@ static void coldread_ring_reads(coldread *ra, struct coldread_file *f, size_t m,
         if (io_uring_peek_cqe(r, &cqe) != 0) {
             within = false;
             int e = io_uring_wait_cqe_nr(r, &cqe, (unsigned)(sub - done)); /* one sleep for the rest */
-            if (e == -EINTR)
+            if (e == -EINTR || (!nowait && (e == -EAGAIN || e == -EBUSY)))
                 continue;
+            if (e < 0 && !nowait) {
+                /* The plain reads may still be writing into the samples' buffers: the
+                 * ring cannot be dropped and the buffers freed. (A ring of a group's
+                 * size with one group in it has no other way to fail.) */
+                char ebuf[128];
+                ld_log(LD_LOG_ERROR, "read-ahead: waiting for io_uring reads failed: %s",
+                       strerror_r(-e, ebuf, sizeof ebuf));
+                abort();
+            }
             if (e < 0) {
                 coldread_ring_drop(r); /* the others stay untried: read one by one */
                 return;
