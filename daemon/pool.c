@@ -76,6 +76,9 @@ static void spin_for_work(pool *p)
     }
 }
 
+/* The pool whose worker this thread is, NULL on any other thread. */
+static _Thread_local pool *pool_self;
+
 /* Under the lock. */
 static void flow_free(pool *p, pool_flow *f)
 {
@@ -108,6 +111,13 @@ static void *worker_main(void *arg)
 {
     pool *p = arg;
     bool spun = false;
+    /* The thread's CPU clock when the last task ended (a system call to read, unlike the
+     * monotonic clock): the next task's cost starts there when no wait came between, so
+     * tasks that run back to back cost one read each. What the pick in between costs
+     * (a lock and a scheduler step) is counted to the next task. */
+    uint64_t cpu = 0;
+    bool cpu_known = false;
+    pool_self = p;
     pthread_mutex_lock(&p->lock);
     /* Stopping wins over a non-empty queue: pool_free drops what is queued. */
     while (!p->stopping) {
@@ -115,6 +125,7 @@ static void *worker_main(void *arg)
         uint64_t wait = 0;
         struct pool_task *t = (struct pool_task *)scheduler_pick(p->sched, now_ns(), &ticket, &wait);
         if (!t) {
+            cpu_known = false; /* a spin or a sleep is nobody's cost */
             if (!wait && !spun) {
                 pthread_mutex_unlock(&p->lock);
                 spin_for_work(p);
@@ -130,9 +141,13 @@ static void *worker_main(void *arg)
         pool_flow *f = t->flow;
         pthread_mutex_unlock(&p->lock);
 
-        uint64_t start = now_ns(), cpu = clock_ns(CLOCK_THREAD_CPUTIME_ID);
+        uint64_t start = now_ns();
+        if (!cpu_known)
+            cpu = clock_ns(CLOCK_THREAD_CPUTIME_ID);
         t->run(t); /* t may be freed by now: do not touch it again */
-        uint64_t cost = clock_ns(CLOCK_THREAD_CPUTIME_ID) - cpu;
+        uint64_t end = clock_ns(CLOCK_THREAD_CPUTIME_ID), cost = end - cpu;
+        cpu = end;
+        cpu_known = true;
         atomic_fetch_add_explicit(&p->busy_ns, now_ns() - start, memory_order_relaxed);
 
         pthread_mutex_lock(&p->lock);
@@ -286,8 +301,10 @@ void pool_submit(pool *p, pool_flow *f, struct pool_task *t)
     pthread_mutex_lock(&p->lock);
     t->flow = f ? f : p->own;
     scheduler_push(p->sched, t->flow->sf, &t->item);
-    atomic_fetch_add_explicit(&p->queued, 1, memory_order_relaxed);
-    if (p->idle)
+    unsigned queued = atomic_fetch_add_explicit(&p->queued, 1, memory_order_relaxed) + 1;
+    /* A task submitted by one of our workers (a stream refilling the slot it just
+     * handed on) is the next that worker picks: another is woken only for more. */
+    if (p->idle && (pool_self != p || queued > 1))
         pthread_cond_signal(&p->wake);
     pthread_mutex_unlock(&p->lock);
 }
