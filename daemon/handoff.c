@@ -12,6 +12,16 @@
  * `handoff` request: the only socket message in the loop, and only for a trainer slower
  * than its data.
  *
+ * The direct path. Once the client has mapped the object, the stream runs it without
+ * the loop (stream_direct.c): the worker that fills the batch next in line
+ * publishes it (handoff_publish, under the stream's lock) and then takes the releases
+ * (direct_after), and refills follow from them. What a worker does not decide is left
+ * to the loop, which it posts: a release entry that is wrong (the loop takes the queue
+ * again and ends the connection), nothing left filling (the loop says the daemon is
+ * idle, as before), the counters to settle every HANDOFF_SETTLE_BATCHES batches, and the
+ * end. The loop's calls here take the same lock, so the state below has one owner at
+ * a time; an ended, failed or closed hand-off turns the direct path off first.
+ *
  * The client's memory is read once per field into locals and checked before anything
  * is done with it: a release queue that claims more entries than it can hold, or an
  * entry that names a slot not leased at that generation, ends the connection with the
@@ -22,6 +32,8 @@
 #include <inttypes.h>
 #include <limits.h>
 #include <linux/futex.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -54,7 +66,23 @@ struct handoff {
     handoff_batch_cb on_batch;
     handoff_fail_cb on_fail;
     void *ctx;
+    uint64_t owed_batches, owed_rows, owed_bytes; /* published, not yet told to on_batch */
+    bool direct;                /* publishing on a worker: the futex wake-up waits */
+    bool wake_owed;             /* the client sleeps and was not woken yet */
+    atomic_uint waking;         /* workers about to wake the client: close waits for them */
 };
+
+/* Batches published on the direct path before the loop is asked to settle the counts. */
+#define HANDOFF_SETTLE_BATCHES 64u
+
+/* Tells the connection of the batches published since the last time. Loop thread. */
+static void handoff_settle(handoff *h)
+{
+    if (!h->owed_batches)
+        return;
+    h->on_batch(h->ctx, h->owed_batches, h->owed_rows, h->owed_bytes);
+    h->owed_batches = h->owed_rows = h->owed_bytes = 0;
+}
 
 static uint32_t handoff_capacity(uint32_t slot_count)
 {
@@ -126,6 +154,12 @@ void handoff_close(handoff *h)
 {
     if (!h)
         return;
+    stream_clear_direct(h->s); /* no worker publishes past this */
+    /* A worker that published before may still be waking the client, outside the
+     * stream's lock: a system call away from done. */
+    while (atomic_load_explicit(&h->waking, memory_order_acquire))
+        sched_yield();
+    handoff_settle(h);
     /* The stream goes while the client may sleep on the queue (its connection ended, the
      * daemon stops): an end entry wakes it now, and the socket says why. There is room:
      * the entries it has not taken are batches leased to it, fewer than the capacity. */
@@ -133,6 +167,7 @@ void handoff_close(handoff *h)
         struct stream_answer a = {.rc = LD_ECLOSED};
         handoff_publish(h, &a);
     }
+    stream_forget_next(h->s, h); /* the stream may outlive us by a loop turn */
     handoff_unlink(h);
     munmap(h->hdr, h->size);
     free(h);
@@ -166,17 +201,22 @@ void handoff_release_error(const ring *r, uint64_t id, int64_t slot, int64_t gen
 
 static void handoff_fail(handoff *h, const char *msg)
 {
+    stream_clear_direct(h->s);
     h->failed = true;
     ld_log(LD_LOG_WARN, "stream %" PRIu64 ": hand-off: %s", h->id, msg);
     h->on_fail(h->ctx, LD_EPROTO, msg);
 }
 
-/* Takes every release the client published. Returns how many, or -1 once it failed. */
-static int handoff_take_releases(handoff *h)
+/* Takes every release the client published. Returns how many, or -1 once it failed.
+ * On a worker (direct), a wrong entry is left where it is and -1 returned: the loop
+ * takes the queue again and fails the connection. */
+static int handoff_take_releases(handoff *h, bool direct)
 {
     char msg[LD_ERRMSG_MAX];
     uint64_t tail = __atomic_load_n(&h->hdr->release_tail, __ATOMIC_ACQUIRE);
     if (tail - h->release_head > h->cap) {
+        if (direct)
+            return -1;
         snprintf(msg, sizeof msg, "the release queue's tail %" PRIu64 " is not within %u entries after the "
                  "daemon's head %" PRIu64 ": the shared queue was written wrongly", tail, h->cap, h->release_head);
         handoff_fail(h, msg);
@@ -189,6 +229,10 @@ static int handoff_take_releases(handoff *h)
         uint32_t slot = __atomic_load_n(&e->slot, __ATOMIC_RELAXED);
         uint64_t gen = __atomic_load_n(&e->generation, __ATOMIC_RELAXED);
         int rc = stream_release(h->s, slot, gen);
+        if (rc < 0 && direct) {
+            n = -1;
+            break;
+        }
         if (rc < 0) {
             char why[LD_ERRMSG_MAX];
             handoff_release_error(stream_ring(h->s), h->id, slot, (int64_t)gen, rc, why);
@@ -199,7 +243,7 @@ static int handoff_take_releases(handoff *h)
         h->release_head++;
         n++;
     }
-    if (n)
+    if (h->release_head != __atomic_load_n(&h->hdr->release_head, __ATOMIC_RELAXED))
         __atomic_store_n(&h->hdr->release_head, h->release_head, __ATOMIC_RELEASE);
     return n;
 }
@@ -210,7 +254,9 @@ static void handoff_wake_client(handoff *h)
      * look at the queue are: either it sees the entry, or we see it waiting. */
     __atomic_store_n(&h->hdr->ready_seq, ++h->seq, __ATOMIC_SEQ_CST);
     h->client_waited = __atomic_load_n(&h->hdr->client_waiting, __ATOMIC_SEQ_CST) != 0;
-    if (h->client_waited)
+    if (h->client_waited && h->direct)
+        h->wake_owed = true; /* direct_wake, once the stream's lock is let go */
+    else if (h->client_waited)
         syscall(SYS_futex, &h->hdr->ready_seq, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
 }
 
@@ -235,12 +281,15 @@ static void handoff_publish(handoff *h, const struct stream_answer *a)
     if (a->rc < 0) {
         *e = (struct ld_handoff_ready){.rows = 0};
         h->ended = true; /* every later next answers the same: the socket tells why */
+        stream_clear_direct(h->s);
     } else {
         *e = (struct ld_handoff_ready){
             .slot = a->batch.slot, .rows = a->batch.rows, .generation = a->batch.generation,
             .epoch = a->batch.epoch, .batch = a->batch.batch,
         };
-        h->on_batch(h->ctx, &a->batch);
+        h->owed_batches++;
+        h->owed_rows += a->batch.rows;
+        h->owed_bytes += a->batch.bytes;
     }
     h->ready_tail++;
     __atomic_store_n(&h->hdr->ready_tail, h->ready_tail, __ATOMIC_SEQ_CST);
@@ -257,14 +306,16 @@ static bool handoff_stream_busy(const handoff *h)
     return ring_count(r, RING_FILLING) + ring_count(r, RING_COPYING) > 0;
 }
 
-/* Takes the releases, keeps one next asked, and says whether the daemon is idle. */
+/* Takes the releases, keeps one next asked, and says whether the daemon is idle. Loop
+ * thread, under the stream's lock. */
 static void handoff_pump(handoff *h)
 {
+    handoff_settle(h);
     /* A few rounds at most: a client that keeps moving its counters must not hold the
      * loop (it stays idle and may wake the daemon again). */
     for (int round = 0; round < 4; round++) {
         /* An ended hand-off still takes the releases of the batches it published. */
-        if (!h->started || h->failed || handoff_take_releases(h) < 0 || h->ended)
+        if (!h->started || h->failed || handoff_take_releases(h, false) < 0 || h->ended)
             return;
         uint64_t seen_head = __atomic_load_n(&h->hdr->ready_head, __ATOMIC_RELAXED);
         handoff_count_ahead(h);
@@ -314,25 +365,97 @@ static void handoff_answer(void *ctx, const struct stream_answer *a)
     handoff_pump(h);
 }
 
+void handoff_settle_now(handoff *h)
+{
+    if (!h)
+        return;
+    bool locked = stream_lock(h->s);
+    handoff_settle(h);
+    stream_unlock(h->s, locked);
+}
+
 void handoff_end(handoff *h)
 {
     if (!h || h->ended || h->failed)
         return;
+    bool locked = stream_lock(h->s);
     struct stream_answer a = {.rc = LD_ECLOSED};
     handoff_publish(h, &a);
+    stream_unlock(h->s, locked);
 }
+
+/* ---- the direct path: a worker, under the stream's lock (stream.h) ---------------- */
+
+static void direct_publish(void *ctx, const struct stream_answer *a)
+{
+    handoff *h = ctx;
+    h->direct = true;
+    handoff_publish(h, a);
+    h->direct = false;
+}
+
+static unsigned direct_after(void *ctx)
+{
+    handoff *h = ctx;
+    unsigned then = 0;
+    if (h->wake_owed) {
+        h->wake_owed = false;
+        atomic_fetch_add_explicit(&h->waking, 1, memory_order_relaxed);
+        then |= STREAM_DIRECT_WAKE;
+    }
+    if (!h->started || h->ended || h->failed || handoff_take_releases(h, true) < 0)
+        return then | STREAM_DIRECT_LOOP;
+    handoff_count_ahead(h);
+    /* As handoff_pump's next, asked again at once: a trainer that slept until the last
+     * batch came will likely wait for the next one too. */
+    if (h->client_waited)
+        stream_trainer_waits(h->s);
+    if (!handoff_stream_busy(h))
+        return then | STREAM_DIRECT_LOOP; /* the loop says the daemon is idle */
+    if (__atomic_load_n(&h->hdr->daemon_idle, __ATOMIC_RELAXED))
+        __atomic_store_n(&h->hdr->daemon_idle, 0, __ATOMIC_RELAXED);
+    return then | (h->owed_batches < HANDOFF_SETTLE_BATCHES ? 0 : STREAM_DIRECT_LOOP);
+}
+
+/* Without the stream's lock: handoff_close waits until `waking` is back to 0. */
+static void direct_wake(void *ctx)
+{
+    handoff *h = ctx;
+    syscall(SYS_futex, &h->hdr->ready_seq, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+    atomic_fetch_sub_explicit(&h->waking, 1, memory_order_release);
+}
+
+/* The loop thread, posted when direct_after asks for the loop (STREAM_DIRECT_LOOP). */
+static void direct_poll(void *ctx)
+{
+    handoff_pump(ctx);
+}
+
+static const struct stream_direct_ops handoff_direct_ops = {
+    .publish = direct_publish,
+    .after = direct_after,
+    .wake = direct_wake,
+    .poll = direct_poll,
+};
 
 void handoff_kick(handoff *h)
 {
     handoff_unlink(h);
-    if (!h->started)
+    if (!h->started) {
         stream_set_eager(h->s); /* our next waits whether or not the trainer does */
-    h->started = true;
+        h->started = true;
+        stream_set_direct(h->s, &handoff_direct_ops, h);
+    }
+    bool locked = stream_lock(h->s);
     handoff_pump(h);
+    stream_unlock(h->s, locked);
 }
 
 void handoff_poll(handoff *h)
 {
-    if (h)
-        handoff_pump(h);
+    if (!h)
+        return;
+    bool locked = stream_lock(h->s);
+    handoff_pump(h);
+    stream_unlock(h->s, locked);
 }

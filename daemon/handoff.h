@@ -10,10 +10,16 @@
  * batch, at a `release` or `handoff` request of its connection, and when the client
  * wakes an idle daemon (every slot leased, nothing filling) with a `handoff` request.
  *
+ * Once started, the hand-off is its stream's direct path (stream.h): the worker that
+ * fills the batch next in line publishes it and takes the releases itself, under the
+ * stream's lock, and the loop only comes by for what is not the steady state (see
+ * handoff.c). Batches published that way are counted to the connection in bulk, when
+ * the loop comes by (at least every HANDOFF_SETTLE_BATCHES batches).
+ *
  * Nothing the client writes is trusted: a release entry must name a slot the stream has
  * leased at that generation, or the connection is ended with the reason; the leases
  * stay the connection's, so closing it gives back every slot whatever the queues say.
- * Everything here runs on the loop thread. */
+ * The functions below run on the loop thread. */
 #ifndef LD_HANDOFF_H
 #define LD_HANDOFF_H
 
@@ -24,8 +30,9 @@
 
 typedef struct handoff handoff;
 
-/* Called for each batch published (for the connection's counters), on the loop thread. */
-typedef void (*handoff_batch_cb)(void *ctx, const struct stream_batch *b);
+/* Batches published since the last call, with their rows and bytes (for the
+ * connection's counters), on the loop thread. */
+typedef void (*handoff_batch_cb)(void *ctx, uint64_t batches, uint64_t rows, uint64_t bytes);
 /* Called once when the client broke the protocol (a bad release entry): the caller ends
  * the connection with code and message. Never inside handoff_open or handoff_close; may
  * run inside a stream's answer, so it must not close the stream (end the connection
@@ -36,8 +43,9 @@ typedef void (*handoff_fail_cb)(void *ctx, int code, const char *message);
  * service group may write it too, see ring_share_with_group). errbuf says why not. */
 int handoff_open(stream *s, uint64_t id, uint32_t slot_count, handoff_batch_cb on_batch, handoff_fail_cb on_fail,
                  void *ctx, handoff **ret_handoff, char *errbuf);
-/* Stops publishing, unmaps and removes the name. Call before the stream is closed (its
- * waiting next is then forgotten by stream_close). A started hand-off that has not ended
+/* Stops publishing (the direct path too: it waits for a worker still waking the client),
+ * forgets its waiting next, unmaps and removes the name. Call before the stream is
+ * closed. A started hand-off that has not ended
  * publishes an end entry first, so that a client asleep on the queue wakes now and finds
  * why on the socket (the connection's last error, or its close). Accepts NULL.
  *
@@ -50,6 +58,9 @@ void handoff_close(handoff *h);
  * no longer lets its peer read it): a client asleep on the queue wakes, and its `next`
  * on the socket gets the reason. Nothing is published after it. Accepts NULL. */
 void handoff_end(handoff *h);
+/* Tells the connection now (on_batch) of the batches published on the direct path
+ * since the last time, before its counters are read. Accepts NULL. */
+void handoff_settle_now(handoff *h);
 /* Adds "handoff": {"shm", "size", "capacity", "version"} to an open reply. */
 void handoff_describe(const handoff *h, cJSON *obj);
 /* The client has mapped the object: its name is removed, and publishing starts (the

@@ -393,11 +393,15 @@ uint32_t ring_committed(const ring *r)
     return atomic_load_explicit(&((ring *)r)->committed, memory_order_acquire);
 }
 
+/* The state machine is driven by one thread at a time (the loop thread, or a worker
+ * holding its stream's lock on the direct path, stream.c); states, counts and
+ * generations are stored atomically so that the loop may read them for a report
+ * (ring_state, ring_count, ring_generation) while a worker moves them. */
 static void set_state(ring *r, uint32_t slot, enum ring_state to)
 {
-    r->counts[r->states[slot]]--;
-    r->counts[to]++;
-    r->states[slot] = (uint8_t)to;
+    __atomic_store_n(&r->counts[r->states[slot]], r->counts[r->states[slot]] - 1, __ATOMIC_RELAXED);
+    __atomic_store_n(&r->counts[to], r->counts[to] + 1, __ATOMIC_RELAXED);
+    __atomic_store_n(&r->states[slot], (uint8_t)to, __ATOMIC_RELAXED);
 }
 
 int ring_acquire(ring *r, uint32_t *ret_slot, uint64_t *ret_generation)
@@ -420,7 +424,7 @@ int ring_acquire(ring *r, uint32_t *ret_slot, uint64_t *ret_generation)
         return LD_EAGAIN;
     }
     uint64_t gen = r->generations[s] + 1;
-    r->generations[s] = gen;
+    __atomic_store_n(&r->generations[s], gen, __ATOMIC_RELAXED);
     struct ld_slot_header *sh = ring_slot(r, s);
     /* Clients read the header concurrently from another process. */
     __atomic_store_n(&sh->generation, gen, __ATOMIC_RELEASE);
@@ -488,19 +492,19 @@ int ring_discard(ring *r, uint32_t slot)
 
 enum ring_state ring_state(const ring *r, uint32_t slot)
 {
-    return slot < r->slot_count ? (enum ring_state)r->states[slot] : RING_FREE;
+    return slot < r->slot_count ? (enum ring_state)__atomic_load_n(&r->states[slot], __ATOMIC_RELAXED) : RING_FREE;
 }
 
 uint64_t ring_generation(const ring *r, uint32_t slot)
 {
-    return slot < r->slot_count ? r->generations[slot] : 0;
+    return slot < r->slot_count ? __atomic_load_n(&r->generations[slot], __ATOMIC_RELAXED) : 0;
 }
 
 uint32_t ring_count(const ring *r, enum ring_state state)
 {
     if ((unsigned)state >= RING_STATES)
         return 0;
-    return r->counts[state];
+    return __atomic_load_n(&r->counts[state], __ATOMIC_RELAXED);
 }
 
 const char *ring_state_name(enum ring_state state)

@@ -6,7 +6,10 @@
  * instead of a SIGBUS later, and it is mapped read-write by the daemon (clients map
  * it read-only). Layout: see struct ld_ring_header in proto/ld_wire.h.
  *
- * Slot state machine, driven only from the loop thread (no locking here):
+ * Slot state machine, driven by one thread at a time (the loop thread, or a worker that
+ * holds its stream's lock on the direct path; no locking here). The getters (state,
+ * count, generation) may be called from the loop while a worker drives it, for reports:
+ * each value read is one that was current, the set of them may not be consistent.
  *   FREE -acquire-> FILLING -ready-> READY -lease-> LEASED -release-> FREE
  *                   FILLING -copying-> COPYING -copied-> READY
  * acquire bumps the slot's generation; release must quote the current generation.

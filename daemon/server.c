@@ -164,6 +164,7 @@ static void server_tick(uv_timer_t *t)
         server_declare_reap(srv);
     }
     srv->rate_pos = (srv->rate_pos + 1) % SERVER_RATE_WINDOW;
+    server_ops_settle(srv);
     srv->rate_samples[srv->rate_pos] = srv->samples_served;
     srv->rate_ns[srv->rate_pos] = now;
     if (srv->watchdog_ns && now - srv->last_watchdog_ns >= srv->watchdog_ns / 2) {

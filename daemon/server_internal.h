@@ -226,6 +226,11 @@ dataset *server_ops_find_dataset(server *srv, const char *name);
 bool server_ops_allowed(conn *c, int64_t id, const struct access_rule *r, const char *rule_name, const char *what);
 /* Counts a batch leased to the connection, by a next reply or the hand-off. */
 void server_ops_count_batch(conn *c, const struct stream_batch *b);
+/* The same for `batches` batches of `rows` and `bytes` in all (the hand-off settles in bulk). */
+void server_ops_count_batches(conn *c, uint64_t batches, uint64_t rows, uint64_t bytes);
+/* Adds what the hand-offs published on their direct path to the counters, before they
+ * are read (handoff_settle_now). */
+void server_ops_settle(server *srv);
 
 /* ---- server_open.c ---- */
 /* The `open` request. */

@@ -51,6 +51,7 @@ int server_metrics_text(server *srv, char **ret_text, size_t *ret_len)
     int rc = LD_ENOMEM;
     if (!st || !cl || !ds || !unavailable || !sh || !held)
         goto out;
+    server_ops_settle(srv);
     m.version = LD_VERSION;
     m.uptime_s = (double)(uv_hrtime() - srv->started_ns) / 1e9;
     m.clients = srv->n_conns;

@@ -159,10 +159,10 @@ static int server_open_share(server *srv, const cJSON *req, dataset *d, struct s
     return 0;
 }
 
-static void server_open_handoff_batch(void *ctx, const struct stream_batch *b)
+static void server_open_handoff_batch(void *ctx, uint64_t batches, uint64_t rows, uint64_t bytes)
 {
     struct conn_stream *cs = ctx;
-    server_ops_count_batch(cs->c, b);
+    server_ops_count_batches(cs->c, batches, rows, bytes);
 }
 
 /* The client wrote its release queue wrongly: the connection ends with the reason (the

@@ -230,15 +230,27 @@ static void server_op_datasets(conn *c, const cJSON *req, int64_t id)
 }
 
 /* A batch leased to the connection, by a next reply or the hand-off. */
-void server_ops_count_batch(conn *c, const struct stream_batch *b)
+void server_ops_count_batches(conn *c, uint64_t batches, uint64_t rows, uint64_t bytes)
 {
     server *srv = c->srv;
-    srv->batches_served++;
-    srv->samples_served += b->rows;
-    srv->bytes_served += b->bytes;
-    c->batches_served++;
-    c->samples_served += b->rows;
-    c->bytes_served += b->bytes;
+    srv->batches_served += batches;
+    srv->samples_served += rows;
+    srv->bytes_served += bytes;
+    c->batches_served += batches;
+    c->samples_served += rows;
+    c->bytes_served += bytes;
+}
+
+void server_ops_settle(server *srv)
+{
+    for (conn *k = srv->conns; k; k = k->next)
+        for (struct conn_stream *cs = k->streams; cs; cs = cs->next)
+            handoff_settle_now(cs->ho);
+}
+
+void server_ops_count_batch(conn *c, const struct stream_batch *b)
+{
+    server_ops_count_batches(c, 1, b->rows, b->bytes);
 }
 
 /* Fills a next's outbox entry with the stream's answer. */
@@ -400,6 +412,7 @@ static bool server_ops_share_counted(const server *srv, const struct conn_stream
 static void server_op_status(conn *c, const cJSON *req, int64_t id)
 {
     server *srv = c->srv;
+    server_ops_settle(srv);
     uint32_t counts[RING_STATES] = {0};
     uint64_t wait = srv->closed_wait_ns;
     for (conn *k = srv->conns; k; k = k->next)

@@ -16,7 +16,14 @@
  *                  the slot holding the next sequence is leased to the `next` request.
  *
  * Nothing but sample bytes is touched by workers; every state change happens on the
- * loop thread, so the ring needs no lock.
+ * loop thread, so the ring needs no lock — except on the direct path.
+ *
+ * The direct path (stream_direct.c). A stream whose batches go to a started hand-off in
+ * shared memory (handoff.h), filled on the host and not shared, runs the steps above
+ * from slot_filled to deliver on the worker that finishes the slot, under the stream's
+ * lock, and refills from there; the loop only comes by for what is not the steady state.
+ * While it is on, every call here takes that lock (stream_lock), so the flow is the
+ * same whichever thread runs it.
  *
  * The dataset's cache. A stream gets a ticket from the dataset's cache keeper when it
  * opens, and each batch asks the keeper, when it is cut into chunks, which cache it
@@ -81,7 +88,12 @@ static void slot_copied(stream *s, uint32_t slot, int rc);
 static void chunk_done(struct hub_completion *c)
 {
     struct stream_task *k = (struct stream_task *)((char *)c - offsetof(struct stream_task, done));
-    slot_filled(k->s, k->slot);
+    stream *s = k->s;
+    /* Closing turns the direct path off first: a stream that slot_filled may free is
+     * never locked here. */
+    bool locked = stream_lock(s);
+    slot_filled(s, k->slot);
+    stream_unlock(s, locked);
 }
 
 /* A dataset's read stalled: streams waiting on it get their answer now. */
@@ -190,7 +202,10 @@ static void chunk_run(struct pool_task *t)
         d->ops->run_end(d);
         free(run);
     }
-    if (atomic_fetch_sub(&sl->chunks_left, 1) == 1)
+    /* The slot is busy until it is handed on, so s lives until then; after that the
+     * stream may be closed and freed at any time: s is not touched again. */
+    if (atomic_fetch_sub(&sl->chunks_left, 1) == 1 &&
+        !(atomic_load_explicit(&s->direct, memory_order_acquire) && stream_direct_filled(s, k->slot)))
         hub_post(s->set->hub, &k->done);
 }
 
@@ -204,6 +219,7 @@ static void stream_free(stream *s)
         free(s); /* a consumer: everything else is its producer's */
         return;
     }
+    stream_direct_fini(s);
     if (s->slots) {
         for (uint32_t i = 0; i < s->n_slots; i++)
             free(s->slots[i].tasks);
@@ -330,6 +346,11 @@ void stream_schedule(stream *s)
     s = s->src; /* a shared stream's consumer: its producer fills the slots */
     if (s->closing)
         return;
+    if (stream_on_direct_worker() && !s->direct_refill) {
+        hub_post(s->set->hub, &s->refill); /* a cache keeper or read-ahead is the loop's */
+        return;
+    }
+    bool locked = stream_lock(s);
     while (s->next_fill < s->total_seq && s->next_fill < s->failed_seq) {
         uint32_t ahead = ring_count(s->ring, RING_FILLING) + ring_count(s->ring, RING_COPYING) +
                          ring_count(s->ring, RING_READY) + s->handed_ahead;
@@ -342,6 +363,7 @@ void stream_schedule(stream *s)
         s->slots[slot].relayouts = 0;
         start_fill(s, slot, s->next_fill++);
     }
+    stream_unlock(s, locked);
 }
 
 /* Pops the oldest waiting next. */
@@ -403,7 +425,7 @@ void stream_set_urgent(stream *s, bool urgent)
  * the batch with the next sequence number, which is leased to the request. Returns
  * false when the request must wait (and starts counting the trainer's wait, which the
  * scheduler hears of). */
-static bool answer_now(stream *s, struct stream_answer *ret)
+bool stream_answer_now(stream *s, struct stream_answer *ret)
 {
     stream *src = s->src; /* whose slots: itself, or a shared stream's producer */
     for (;;) {
@@ -485,8 +507,9 @@ void stream_deliver(stream *s)
         share_ready(s->group); /* a shared stream's producer: its consumers answer */
         return;
     }
+    bool locked = stream_lock(s);
     struct stream_answer a;
-    while (s->w_count && answer_now(s, &a)) {
+    while (s->w_count && stream_answer_now(s, &a)) {
         stream_next_cb cb;
         void *ctx;
         pop_waiter(s, &cb, &ctx);
@@ -494,10 +517,11 @@ void stream_deliver(stream *s)
     }
     if (!s->w_count)
         set_urgent(s, false);
+    stream_unlock(s, locked);
 }
 
 /* The slot's last chunk is back (run or cancelled): nothing reads its cache any more. */
-static void slot_idle(stream *s, struct stream_slot *sl)
+void stream_slot_idle(stream *s, struct stream_slot *sl)
 {
     sl->busy = false;
     s->busy_slots--;
@@ -553,7 +577,7 @@ static void start_copy(stream *s, uint32_t slot)
 static void slot_filled(stream *s, uint32_t slot)
 {
     struct stream_slot *sl = &s->slots[slot];
-    slot_idle(s, sl);
+    stream_slot_idle(s, sl);
     if (s->closing) {
         if (s->busy_slots == 0)
             stream_free(s);
@@ -608,7 +632,7 @@ static void chunk_cancelled(struct pool_task *t)
     struct stream_task *k = (struct stream_task *)t;
     struct stream_slot *sl = &k->s->slots[k->slot];
     if (atomic_fetch_sub(&sl->chunks_left, 1) == 1)
-        slot_idle(k->s, sl);
+        stream_slot_idle(k->s, sl);
 }
 
 int stream_open(stream_set *set, dataset *d, uint64_t id, const struct stream_params *p,
@@ -625,6 +649,7 @@ int stream_open(stream_set *set, dataset *d, uint64_t id, const struct stream_pa
     s->p = *p;
     s->failed_seq = UINT64_MAX;
     s->src = s;
+    stream_direct_init(s);
 
     struct sampler_params sp = {
         .n = d->count, .seed = p->seed, .shuffle = p->shuffle, .batch_size = p->batch_size,
@@ -786,6 +811,7 @@ void stream_close(stream *s)
 {
     if (!s || s->closing)
         return;
+    stream_clear_direct(s); /* no worker publishes past this: the loop has it all */
     hub_cancel(s->set->hub, &s->ended); /* an end's answers are forgotten with the rest */
     if (s->member) {
         share_leave(s->member); /* gives back what it held; the last one closes the producer */
@@ -807,7 +833,17 @@ void stream_close(stream *s)
     /* else: the last running chunk's slot_filled() frees it */
 }
 
+static int next_locked(stream *s, stream_next_cb cb, void *ctx, struct stream_answer *ret);
+
 int stream_next(stream *s, stream_next_cb cb, void *ctx, struct stream_answer *ret)
+{
+    bool locked = stream_lock(s);
+    int rc = next_locked(s, cb, ctx, ret);
+    stream_unlock(s, locked);
+    return rc;
+}
+
+static int next_locked(stream *s, stream_next_cb cb, void *ctx, struct stream_answer *ret)
 {
     if (s->closing)
         return LD_ECLOSED;
@@ -821,7 +857,7 @@ int stream_next(stream *s, stream_next_cb cb, void *ctx, struct stream_answer *r
         s->first_next_ns = stream_now_ns();
     stats_roll(s, stream_now_ns());
     /* Known now (and nobody asked before it): the answer is returned, not called back. */
-    if (s->w_count == 0 && answer_now(s, ret)) {
+    if (s->w_count == 0 && stream_answer_now(s, ret)) {
         stream_schedule(s); /* a batch leased just now leaves room for one more ahead */
         return 1;
     }
@@ -834,6 +870,21 @@ int stream_next(stream *s, stream_next_cb cb, void *ctx, struct stream_answer *r
     return 0;
 }
 
+void stream_forget_next(stream *s, void *ctx)
+{
+    bool locked = stream_lock(s);
+    uint32_t kept = 0;
+    for (uint32_t i = 0; i < s->w_count; i++) {
+        uint32_t from = (s->w_head + i) % STREAM_MAX_WAITING;
+        if (s->waiters[from].ctx != ctx)
+            s->waiters[(s->w_head + kept++) % STREAM_MAX_WAITING] = s->waiters[from];
+    }
+    s->w_count = kept;
+    if (!kept)
+        set_urgent(s, false);
+    stream_unlock(s, locked);
+}
+
 void stream_set_eager(stream *s)
 {
     s->eager = true;
@@ -841,10 +892,12 @@ void stream_set_eager(stream *s)
 
 void stream_set_handed_ahead(stream *s, uint32_t n)
 {
+    bool locked = stream_lock(s);
     uint32_t was = s->handed_ahead;
     s->handed_ahead = n;
     if (n < was)
         stream_schedule(s); /* the trainer took some: room to prepare more */
+    stream_unlock(s, locked);
 }
 
 uint32_t stream_prefetch_target(const stream *s)
@@ -854,20 +907,24 @@ uint32_t stream_prefetch_target(const stream *s)
 
 void stream_trainer_waits(stream *s)
 {
-    if (!s->w_count || s->closing)
-        return;
-    if (!s->wait_start_ns)
-        s->wait_start_ns = stream_now_ns();
-    set_urgent(s, true);
+    bool locked = stream_lock(s);
+    if (s->w_count && !s->closing) {
+        if (!s->wait_start_ns)
+            s->wait_start_ns = stream_now_ns();
+        set_urgent(s, true);
+    }
+    stream_unlock(s, locked);
 }
 
 int stream_release(stream *s, uint32_t slot, uint64_t generation)
 {
     if (s->member)
         return share_release(s->member, slot, generation);
+    bool locked = stream_lock(s);
     int rc = ring_release(s->ring, slot, generation);
     if (rc == 0)
         stream_schedule(s);
+    stream_unlock(s, locked);
     return rc;
 }
 
@@ -882,7 +939,9 @@ void stream_end(stream *s, int code, const char *message)
 {
     if (!s || s->closing)
         return;
+    bool locked = stream_lock(s);
     stream_fail(s, s->next_deliver, code, message); /* an earlier end or failure stays */
+    stream_unlock(s, locked);
     s->ended.done = stream_ended;
     hub_post(s->set->hub, &s->ended);
 }

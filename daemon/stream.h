@@ -103,6 +103,9 @@ void stream_close(stream *s);
  * LD_EBUSY when STREAM_MAX_WAITING already wait, LD_ECLOSED after stream_close (neither
  * then). */
 int stream_next(stream *s, stream_next_cb cb, void *ctx, struct stream_answer *ret);
+/* Forgets the waiting nexts of ctx (their callbacks never run): an asker that goes
+ * before the stream. */
+void stream_forget_next(stream *s, void *ctx);
 /* For an asker that keeps a next waiting whether or not its trainer waits (the hand-off
  * in shared memory, handoff.h): from now on a waiting next starts neither the wait clock
  * (client_wait_s, stall, the adaptive prefetch's "waited") nor the scheduler's priority
@@ -116,6 +119,40 @@ void stream_trainer_waits(stream *s);
 void stream_set_handed_ahead(stream *s, uint32_t n);
 /* The batches the stream keeps prepared ahead now: its prefetch, or the adaptive depth. */
 uint32_t stream_prefetch_target(const stream *s);
+/* The direct path (stream_direct.c): an eager asker whose steady-state
+ * batches need no loop thread. While it is on, the worker that fills the slot holding
+ * the batch next in line leases it and hands it to `publish` itself, under the stream's
+ * lock, and then calls `after`; anything else (an error, the end, a relayout, a stalled
+ * read, a shared stream or a device stage) goes through the loop as before. */
+struct stream_direct_ops {
+    /* Worker thread, under the stream's lock: batch a (rc 0) was leased to the asker
+     * whose next waits; that next stays asked. Must not block; calls no loop code. */
+    void (*publish)(void *ctx, const struct stream_answer *a);
+    /* Worker thread, under the stream's lock, after the batches filled by now were
+     * published: the asker takes what its client gave back. Returns STREAM_DIRECT_LOOP
+     * when the loop must come by (the asker's `poll` then runs there, from a hub
+     * completion) and STREAM_DIRECT_WAKE to have `wake` called once the lock is let go. */
+    unsigned (*after)(void *ctx);
+    /* Worker thread, without the lock (the stream may be gone by then; the asker must
+     * outlive the call): wakes whoever waits for what was published. */
+    void (*wake)(void *ctx);
+    /* Loop thread, under the stream's lock: the loop came by, as `after` asked. */
+    void (*poll)(void *ctx);
+};
+#define STREAM_DIRECT_LOOP 1u
+#define STREAM_DIRECT_WAKE 2u
+/* Turns the direct path on for the asker (ctx) whose next waits on s, when s is a plain
+ * stream: eager, filled on the host, neither shared nor a shared stream's consumer. From
+ * now on the loop thread's calls on s take its lock. Loop thread. */
+void stream_set_direct(stream *s, const struct stream_direct_ops *ops, void *ctx);
+/* Turns it off: once it returns no worker publishes any more (a worker inside waits
+ * for the lock and then finds it off). Idempotent. Loop thread. */
+void stream_clear_direct(stream *s);
+/* The stream's lock, taken only while the direct path may run: for the asker's own
+ * state that workers touch too. stream_lock returns what to pass to stream_unlock.
+ * Recursive. Loop thread. */
+bool stream_lock(stream *s);
+void stream_unlock(stream *s, bool locked);
 /* Gives a leased slot back (LD_ENOTLEASED / LD_ESTALE / LD_EINVAL change nothing). */
 int stream_release(stream *s, uint32_t slot, uint64_t generation);
 /* Ends the stream now, for a reason of the daemon's (a reload that narrowed access, a

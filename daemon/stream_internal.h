@@ -87,6 +87,15 @@ struct stream {
     int fail_rc;
     char fail_msg[LD_ERRMSG_MAX];
     struct hub_completion ended;    /* stream_end: answers the waiting nexts from the loop */
+    /* The direct path (stream.c). `lock` guards the stream's state while `direct` is on;
+     * `direct` is set and cleared under it. */
+    pthread_mutex_t lock;
+    atomic_bool direct;
+    const struct stream_direct_ops *direct_ops;
+    void *direct_ctx;
+    bool direct_refill;             /* workers may start fills (no cache keeper, no read-ahead) */
+    struct hub_completion direct_wake; /* a worker asks the loop to come by */
+    struct hub_completion refill;   /* a worker asks the loop to start fills */
     uint32_t busy_slots;
     uint64_t cache_ticket;          /* from the dataset's cache keeper at open */
     bool closing, unlinked;
@@ -128,6 +137,17 @@ void stream_schedule(stream *s);
 int stream_consumer_new(stream *src, uint64_t id, uint64_t seq, stream **ret_consumer);
 /* Tells the scheduler whether a trainer of this stream is waiting (on changes only). */
 void stream_set_urgent(stream *s, bool urgent);
+/* stream.c, for stream_direct.c: the answer to the next request in line when it is
+ * known (a batch next in line is leased to it), and a slot whose last chunk is back. */
+bool stream_answer_now(stream *s, struct stream_answer *ret);
+void stream_slot_idle(stream *s, struct stream_slot *sl);
+/* stream_direct.c. filled: a worker, the last chunk of the slot is back; false when the
+ * slot is the loop's to take (nothing was done). on_direct_worker: this thread is a
+ * worker inside filled. init and fini: at open and free (the lock, the completions). */
+bool stream_direct_filled(stream *s, uint32_t slot);
+bool stream_on_direct_worker(void);
+void stream_direct_init(stream *s);
+void stream_direct_fini(stream *s);
 /* stream_commit.c. Loop thread. start: after the first batch is filled, starts the
  * thread that commits the ring's other slots (once; nothing when all are committed),
  * which has the loop fill each as it comes. stop: stops and joins it, and cancels a

@@ -57,6 +57,7 @@ void stream_describe_layout(const stream *s, cJSON *o)
 
 void stream_describe_state(const stream *s, cJSON *o)
 {
+    bool locked = stream_lock((stream *)s); /* counters a worker moves on the direct path */
     uint64_t bpe = sampler_batches(&s->smp);
     uint64_t pos = s->p.start_batch + s->next_deliver;
     cJSON_AddNumberToObject(o, "id", (double)s->id);
@@ -95,10 +96,12 @@ void stream_describe_state(const stream *s, cJSON *o)
         cJSON_AddNumberToObject(cJSON_GetObjectItemCaseSensitive(o, "share"), "worker_cpu_s", st.shared_cpu_s);
     }
     device_stats(s->dev, o);
+    stream_unlock((stream *)s, locked);
 }
 
 void stream_get_stats(const stream *s, struct stream_stats *ret)
 {
+    bool locked = stream_lock((stream *)s);
     uint64_t now = stream_now_ns(), wait = stream_wait_ns(s);
     uint64_t active = s->first_next_ns ? now - s->first_next_ns : 0;
     struct scheduler_flow_stats fs;
@@ -128,6 +131,7 @@ void stream_get_stats(const stream *s, struct stream_stats *ret)
         ret->stall = 1; /* rounding: a wait is one interval, never longer than the time */
     if (ret->stall_now > 1)
         ret->stall_now = 1;
+    stream_unlock((stream *)s, locked);
 }
 
 const dataset *stream_dataset(const stream *s)
@@ -147,5 +151,8 @@ const ring *stream_ring(const stream *s)
 
 uint64_t stream_wait_ns(const stream *s)
 {
-    return s->wait_ns + (s->w_count && s->wait_start_ns ? stream_now_ns() - s->wait_start_ns : 0);
+    bool locked = stream_lock((stream *)s);
+    uint64_t ns = s->wait_ns + (s->w_count && s->wait_start_ns ? stream_now_ns() - s->wait_start_ns : 0);
+    stream_unlock((stream *)s, locked);
+    return ns;
 }

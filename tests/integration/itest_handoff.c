@@ -9,6 +9,10 @@
  *   killed asleep     a trainer SIGKILLed while it sleeps on the ready queue's futex
  *                     leaves nothing: no stream, slot, ring memory, /dev/shm object,
  *                     mapping or descriptor in the daemon.
+ *   killed polling    a trainer SIGKILLed while it takes and releases batches as fast as
+ *                     it can (the workers publish them and take its releases
+ *                     themselves, without the loop thread) leaves nothing either, and the
+ *                     next stream gets every slot of its ring.
  *   hostile client    a client that writes garbage into its release queue has its
  *                     connection ended with a message that names the entry; another
  *                     client reading at the same time gets its whole epoch, in order.
@@ -53,9 +57,13 @@
 #define N_CLASSES 4
 #define BATCH 16
 
+/* No read-ahead: its I/O threads (and their descriptors) start when reads miss the page
+ * cache, which the descriptor counts below must not depend on; and without it the
+ * workers also start the fills on the direct path. */
 static const char datasets_yaml[] = "  records:\n"
                                     "    kind: files\n"
-                                    "    path: rec\n";
+                                    "    path: rec\n"
+                                    "    read_ahead: 0\n";
 
 static int setup_daemon(void **state)
 {
@@ -260,6 +268,77 @@ static void test_killed_asleep(void **state)
         char names[256];
         assert_int_equal(harness_shm_count(h->pid, names, sizeof names), 0);
     }
+    lc_client_close(ctl);
+    harness_stop_clean(h);
+}
+
+static void test_killed_polling(void **state)
+{
+    struct harness *h = *state;
+    lc_client *ctl = harness_connect(h, 10000, "itest_handoff_ctl");
+    int fds = probe_fd_count(h->pid);
+    for (int round = 0; round < 3; round++) {
+        int ready[2];
+        assert_int_equal(pipe(ready), 0);
+        pid_t child = fork();
+        assert_true(child >= 0);
+        if (child == 0) {
+            close(ready[0]);
+            lc_client *c = harness_connect(h, 10000, "itest_handoff_victim");
+            lc_stream *s = open_records(c, LC_HANDOFF_SHM, 2, 0);
+            /* Takes and gives back as fast as it can; says so once well into it, and
+             * goes on until killed. */
+            for (uint64_t n = 0;; n++) {
+                lc_batch *b = NULL;
+                if (lc_stream_next(s, 10000, &b) < 0)
+                    _exit(1);
+                lc_batch_release(b);
+                if (n == 200u * (unsigned)(round + 1) && write(ready[1], "x", 1) != 1)
+                    _exit(1);
+            }
+        }
+        close(ready[1]);
+        char x;
+        assert_int_equal(read(ready[0], &x, 1), 1);
+        close(ready[0]);
+        assert_int_equal(kill(child, SIGKILL), 0);
+        assert_int_equal(waitpid(child, NULL, 0), child);
+        struct probe_status st = {0};
+        for (int i = 0; i < 300; i++) {
+            assert_int_equal(probe_status(ctl, &st), 0);
+            if (st.streams == 0 && st.leased == 0 && st.memory_used == 0 && st.clients == 1 &&
+                probe_ring_maps(h->pid) == 0 && probe_fd_count(h->pid) == fds)
+                break;
+            sleep_ms(10);
+        }
+        assert_int_equal(st.streams, 0);
+        assert_int_equal(st.leased, 0);
+        assert_int_equal(st.memory_used, 0);
+        assert_int_equal(probe_ring_maps(h->pid), 0);
+        assert_int_equal(probe_fd_count(h->pid), fds);
+        char names[256];
+        assert_int_equal(harness_shm_count(h->pid, names, sizeof names), 0);
+    }
+    /* The next stream gets its whole ring: every slot comes, in order, and is leased. */
+    lc_client *c = harness_connect(h, 10000, "itest_handoff");
+    lc_stream *s = open_records(c, LC_HANDOFF_SHM, 2, 0);
+    lc_ring_info ri;
+    assert_int_equal(lc_stream_ring_info(s, &ri), 0);
+    lc_batch *held[64];
+    assert_true(ri.slot_count < 64);
+    for (uint32_t i = 0; i < ri.slot_count; i++) {
+        int r = lc_stream_next(s, 10000, &held[i]);
+        if (r < 0)
+            fail_msg("next %u of %u: %s: %s", i, ri.slot_count, lc_strerror(r), lc_client_error(c));
+        assert_int_equal(lc_batch_index(held[i]), i);
+    }
+    struct probe_status st = {0};
+    assert_int_equal(probe_status(ctl, &st), 0);
+    assert_int_equal(st.leased, (int)ri.slot_count);
+    for (uint32_t i = 0; i < ri.slot_count; i++)
+        assert_int_equal(lc_batch_release(held[i]), 0);
+    assert_int_equal(lc_stream_close(s), 0);
+    lc_client_close(c);
     lc_client_close(ctl);
     harness_stop_clean(h);
 }
@@ -495,6 +574,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_same_batches, setup_daemon, teardown),
         cmocka_unit_test_setup_teardown(test_idle_daemon, setup_daemon, teardown),
         cmocka_unit_test_setup_teardown(test_killed_asleep, setup_daemon, teardown),
+        cmocka_unit_test_setup_teardown(test_killed_polling, setup_daemon, teardown),
         cmocka_unit_test_setup_teardown(test_closed_before_start, setup_daemon, teardown),
         cmocka_unit_test_setup_teardown(test_hostile_release_queue, setup_daemon, teardown),
         cmocka_unit_test_setup_teardown(test_woken_when_the_connection_ends, setup_daemon, teardown),
