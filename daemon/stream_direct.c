@@ -61,9 +61,16 @@ bool stream_direct_filled(stream *s, uint32_t slot)
      * the end) are answered there. */
     bool plain = s->w_count == 1 && s->waiters[s->w_head].ctx == s->direct_ctx &&
                  !atomic_load_explicit(&s->ds->stalled_reads, memory_order_relaxed);
+    /* Only batches are published here. The answer may still turn out to be a failure (a
+     * read found stalled while this batch filled: stream_answer_now records it): that
+     * one is the loop's to publish, posted below, since publishing an end turns the
+     * path off, which only the loop may do (after it, the loop runs unlocked). */
     struct stream_answer a;
-    while (plain && s->next_deliver < s->total_seq && s->next_deliver < s->failed_seq && stream_answer_now(s, &a))
+    while (plain && s->next_deliver < s->total_seq && s->next_deliver < s->failed_seq && stream_answer_now(s, &a)) {
+        if (a.rc < 0)
+            break;
         s->direct_ops->publish(s->direct_ctx, &a);
+    }
     unsigned then = s->direct_ops->after(s->direct_ctx);
     if ((then & STREAM_DIRECT_LOOP) || !plain || s->next_deliver >= s->total_seq || s->next_deliver >= s->failed_seq)
         hub_post(s->set->hub, &s->direct_wake);
@@ -83,11 +90,11 @@ static void direct_woken(struct hub_completion *c)
 {
     stream *s = (stream *)((char *)c - offsetof(stream, direct_wake));
     bool locked = stream_lock(s);
-    if (locked) {
-        stream_deliver(s); /* the end or a failure in line */
-        if (atomic_load_explicit(&s->direct, memory_order_relaxed))
-            s->direct_ops->poll(s->direct_ctx);
-    }
+    /* The end or a failure in line, or a READY slot a socket next waits for: answered
+     * under the lock, or by the loop alone once the path is off. */
+    stream_deliver(s);
+    if (locked && atomic_load_explicit(&s->direct, memory_order_relaxed))
+        s->direct_ops->poll(s->direct_ctx);
     stream_unlock(s, locked);
 }
 
@@ -112,6 +119,9 @@ void stream_set_direct(stream *s, const struct stream_direct_ops *ops, void *ctx
 
 void stream_clear_direct(stream *s)
 {
+    /* The loop's alone: a worker that turned it off would go on under a lock the loop
+     * no longer takes. */
+    ld_require(!on_direct_worker);
     if (!atomic_load_explicit(&s->direct, memory_order_relaxed))
         return;
     pthread_mutex_lock(&s->lock);

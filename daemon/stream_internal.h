@@ -47,7 +47,7 @@ struct stream_slot {
     uint32_t rows;
     uint32_t n_chunks;
     uint32_t relayouts;             /* times this batch was laid out again (LD_ESTALE) */
-    bool busy;                      /* chunks outstanding; loop thread only */
+    bool busy;                      /* chunks outstanding; the loop, or the direct path under the lock */
     struct cache *cache;            /* what the chunks may read (a keeper reference), or NULL */
     atomic_uint chunks_left;
     atomic_int err;                 /* first failing chunk wins */

@@ -1,7 +1,8 @@
 /* stream_report — what a stream shows of itself: the layout in the `open` reply (the
  * client maps the ring with it), the `streams` entry, and the statistics behind
  * `loaderctl top` and the metrics (what the trainer got and how long it waited, over
- * its whole life and over the last window). Loop thread, like the rest of the stream.
+ * its whole life and over the last window). Loop thread, like the rest of the stream; on
+ * a stream whose batches go the direct path (stream_direct.c) under the stream's lock.
  */
 #include "stream_internal.h"
 

@@ -20,6 +20,7 @@
 #include <limits.h>
 #include <linux/futex.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -89,7 +90,7 @@ static void on_fail(void *ctx, int code, const char *message)
     snprintf(e->fail_msg, sizeof e->fail_msg, "%s", message);
 }
 
-static int setup(void **state)
+static int setup_with(void **state, const struct dataset_ops *ops)
 {
     struct env *e = calloc(1, sizeof *e);
     assert_non_null(e);
@@ -97,7 +98,7 @@ static int setup(void **state)
     assert_int_equal(hub_new(&e->loop, &e->hub), 0);
     assert_int_equal(pool_new(2, &e->workers), 0);
     assert_int_equal(stream_set_new(e->hub, e->workers, &e->set), 0);
-    e->ds.ops = &index_ops;
+    e->ds.ops = ops;
     snprintf(e->ds.name, sizeof e->ds.name, "index");
     e->ds.count = SAMPLES;
     e->ds.n_fields = 1;
@@ -128,6 +129,11 @@ static int setup(void **state)
     assert_true(e->hdr->capacity > slots && (e->hdr->capacity & (e->hdr->capacity - 1)) == 0);
     *state = e;
     return 0;
+}
+
+static int setup(void **state)
+{
+    return setup_with(state, &index_ops);
 }
 
 static int teardown(void **state)
@@ -426,6 +432,76 @@ static void test_close_wakes_a_sleeping_client(void **state)
     assert_int_equal(sl.entry.rows, 0);
 }
 
+/* A stall found in line by a worker on the direct path. Every read takes a few tens of
+ * microseconds, and the client takes and gives back batches as fast as it can, so two
+ * batches fill at once; batch STALL_BATCH's first read waits until the batch before it
+ * is in the ready queue and then says the dataset's storage stopped answering (as the
+ * read deadline's watcher does). The worker that published that batch may then find
+ * the failure in line while it still holds the stream: the failure is the loop's to
+ * publish, once (the path is turned off on the loop only). */
+#define STALL_BATCH 5
+
+static void spin_us(uint64_t us)
+{
+    uint64_t end = uv_hrtime() + us * 1000u;
+    while (uv_hrtime() < end)
+        ;
+}
+
+static int stall_read(const dataset *d, uint64_t index, void *const dst[], char *errbuf)
+{
+    struct env *e = (struct env *)((char *)d - offsetof(struct env, ds));
+    spin_us(20);
+    if (index == STALL_BATCH * BATCH) {
+        uint64_t end = uv_hrtime() + 200000000u;
+        while (__atomic_load_n(&e->hdr->ready_tail, __ATOMIC_ACQUIRE) < STALL_BATCH && uv_hrtime() < end)
+            ;
+        atomic_fetch_add(&e->ds.stalled_reads, 1);
+    }
+    return index_read(d, index, dst, errbuf);
+}
+
+static const struct dataset_ops stall_ops = {.kind = "index", .free = index_free, .read = stall_read};
+
+static int setup_stall(void **state)
+{
+    return setup_with(state, &stall_ops);
+}
+
+static void test_stall_in_line_ends_once(void **state)
+{
+    struct env *e = *state;
+    handoff_kick(e->h);
+    uint64_t head = 0, end = uv_hrtime() + (uint64_t)LOOP_MS * 1000000u;
+    for (;;) {
+        assert_true(uv_hrtime() < end);
+        if (__atomic_load_n(&e->hdr->ready_tail, __ATOMIC_ACQUIRE) <= head) {
+            if (__atomic_load_n(&e->hdr->daemon_idle, __ATOMIC_RELAXED))
+                handoff_poll(e->h);
+            uv_run(&e->loop, UV_RUN_NOWAIT);
+            continue;
+        }
+        stream_unlock(e->s, stream_lock(e->s)); /* as wait_entry: orders the entry's bytes */
+        struct ld_handoff_ready r = *ready_at(e, head);
+        e->hdr->ready_head = ++head;
+        if (r.rows == 0)
+            break;
+        assert_true(head <= STALL_BATCH); /* batch STALL_BATCH never comes */
+        client_release(e, r.slot, r.generation);
+    }
+    /* The end is published once, and nothing after it, whatever the loop does next. */
+    for (int i = 0; i < 20; i++) {
+        uv_run(&e->loop, UV_RUN_NOWAIT);
+        uv_sleep(1);
+    }
+    assert_int_equal(__atomic_load_n(&e->hdr->ready_tail, __ATOMIC_ACQUIRE), head);
+    struct stream_answer a;
+    assert_int_equal(stream_next(e->s, no_callback, NULL, &a), 1);
+    assert_int_equal(a.rc, LD_ETIMEDOUT);
+    assert_int_equal(e->fails, 0);
+    atomic_store(&e->ds.stalled_reads, 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -437,6 +513,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_tail_out_of_bounds, setup, teardown),
         cmocka_unit_test_setup_teardown(test_end_wakes_a_sleeping_client, setup, teardown),
         cmocka_unit_test_setup_teardown(test_close_wakes_a_sleeping_client, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_stall_in_line_ends_once, setup_stall, teardown),
+        cmocka_unit_test_setup_teardown(test_stall_in_line_ends_once, setup_stall, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
