@@ -184,6 +184,7 @@ void client_free(lc_client *c)
     }
     if (c->fd >= 0)
         close(c->fd);
+    client_fds_reset(c);
     proto_reader_free(c->reader);
     free(c->pending);
     free(c->deferred);
@@ -216,6 +217,7 @@ int client_dial(const char *socket_path, int64_t deadline, int timeout_ms, const
         goto out;
     }
     c->fd = -1;
+    c->passed_fd = -1;
     c->timeout_ms = timeout_ms;
     c->max_frame = LD_FRAME_MAX_LIMIT;
     ret = proto_reader_new(CLIENT_REPLY_LIMIT, &c->reader);

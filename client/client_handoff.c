@@ -1,7 +1,9 @@
 /* client_handoff — the trainer's side of the batch hand-off through shared memory.
  *
- * An open that asks for it ("handoff": 1) gets a second shared object beside the ring
- * (struct ld_handoff_header in proto/ld_wire.h): the daemon publishes each batch it
+ * An open that asks for it ("handoff": LD_HANDOFF_VERSION) gets a second shared object
+ * beside the ring (struct ld_handoff_header in proto/ld_wire.h), as a descriptor that
+ * comes with the open reply (it has no name: nobody else can open it; client_recv takes
+ * it off the socket, and it is closed once mapped): the daemon publishes each batch it
  * leases to us in a ready queue, we publish each slot we give back in a release queue.
  * A batch then costs no system call while the daemon keeps ahead: lc_stream_next takes
  * the next entry, lc_batch_release writes one. With nothing to take we sleep on a futex
@@ -61,48 +63,51 @@ void client_handoff_close(lc_stream *s)
     s->ho = NULL;
 }
 
-/* Maps the object the reply names and checks it against the stream. */
-static int client_handoff_map(lc_stream *s, const cJSON *jo, struct client_handoff *h, char *msg)
+/* Maps the object that came with the reply (fd, or -1 when none came) and checks it
+ * against the stream. Closes fd. */
+static int client_handoff_map(lc_stream *s, const cJSON *jo, int fd, struct client_handoff *h, char *msg)
 {
-    const char *shm;
     int64_t size, cap, version;
     char sub[LD_ERRMSG_MAX];
-    struct stat st;
-    int ret, fd = -1;
-    if (proto_get_int(jo, "version", 1, LD_JSON_SAFE_INT, &version, sub) < 0 || version != LD_HANDOFF_VERSION)
-        return 1; /* another layout: the socket serves us */
-    if ((ret = proto_get_str(jo, "shm", LD_SHM_NAME_MAX - 1, &shm, sub)) < 0 ||
-        (ret = proto_get_int(jo, "size", sizeof(struct ld_handoff_header), INT64_MAX / 2, &size, sub)) < 0 ||
-        (ret = proto_get_int(jo, "capacity", 1, LD_HANDOFF_QUEUE_MAX, &cap, sub)) < 0) {
-        client_msgf(msg, "malformed open reply from loaderd: handoff: %s", sub);
-        return LC_EPROTO;
-    }
-    if (shm[0] != '/' || strchr(shm + 1, '/') || (cap & (cap - 1)) || cap <= s->slot_count ||
-        (uint64_t)size > SIZE_MAX) {
-        client_msgf(msg, "malformed open reply from loaderd: handoff %s of %lld bytes, capacity %lld for %u slots",
-                    shm, (long long)size, (long long)cap, s->slot_count);
-        return LC_EPROTO;
-    }
-    fd = shm_open(shm, O_RDWR | O_CLOEXEC, 0);
-    if (fd < 0) {
-        ret = ld_from_errno(errno);
-        client_msgf(msg, "cannot open shared memory %s: %s", shm, strerror(errno));
+    struct stat st = {0};
+    int ret;
+    if (proto_get_int(jo, "version", 1, LD_JSON_SAFE_INT, &version, sub) < 0 || version != LD_HANDOFF_VERSION) {
+        ret = 1; /* another layout: the socket serves us */
         goto out;
     }
-    /* The daemon's, and nobody else's to write. */
-    if (fstat(fd, &st) < 0 || st.st_uid != s->client->server_uid || (st.st_mode & 0002) ||
-        (uint64_t)st.st_size < (uint64_t)size) {
+    if ((ret = proto_get_int(jo, "size", sizeof(struct ld_handoff_header), INT64_MAX / 2, &size, sub)) < 0 ||
+        (ret = proto_get_int(jo, "capacity", 1, LD_HANDOFF_QUEUE_MAX, &cap, sub)) < 0) {
+        client_msgf(msg, "malformed open reply from loaderd: handoff: %s", sub);
+        ret = LC_EPROTO;
+        goto out;
+    }
+    if ((cap & (cap - 1)) || cap <= s->slot_count || (uint64_t)size > SIZE_MAX) {
+        client_msgf(msg, "malformed open reply from loaderd: handoff of %lld bytes, capacity %lld for %u slots",
+                    (long long)size, (long long)cap, s->slot_count);
+        ret = LC_EPROTO;
+        goto out;
+    }
+    if (fd < 0) {
+        client_msgf(msg, "malformed open reply from loaderd: it offers the hand-off, and its memory did not come "
+                    "with it");
+        ret = LC_EPROTO;
+        goto out;
+    }
+    /* The daemon's, and sealed to its size (neither side can shrink it under the other's
+     * mapping). */
+    int seals = fcntl(fd, F_GET_SEALS);
+    if (fstat(fd, &st) < 0 || st.st_uid != s->client->server_uid || !S_ISREG(st.st_mode) ||
+        (uint64_t)st.st_size < (uint64_t)size || seals < 0 || !(seals & F_SEAL_SHRINK)) {
         ret = LC_EPERM;
-        client_msgf(msg, "shared memory %s (uid %u, mode 0%03o, %lld bytes) is not loaderd's hand-off of %lld "
-                    "bytes (uid %u, no write for others): refusing to map it", shm, (unsigned)st.st_uid,
-                    (unsigned)(st.st_mode & 0777), (long long)st.st_size, (long long)size,
-                    (unsigned)s->client->server_uid);
+        client_msgf(msg, "the hand-off's memory (uid %u, %lld bytes, seals 0x%x) is not loaderd's of %lld bytes "
+                    "(uid %u, sealed against shrinking): refusing to map it", (unsigned)st.st_uid,
+                    (long long)st.st_size, (unsigned)seals, (long long)size, (unsigned)s->client->server_uid);
         goto out;
     }
     void *map = mmap(NULL, (size_t)size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (map == MAP_FAILED) {
         ret = ld_from_errno(errno);
-        client_msgf(msg, "cannot map shared memory %s: %s", shm, strerror(errno));
+        client_msgf(msg, "cannot map the hand-off's memory: %s", strerror(errno));
         goto out;
     }
     const struct ld_handoff_header *hd = map;
@@ -114,8 +119,8 @@ static int client_handoff_map(lc_stream *s, const cJSON *jo, struct client_hando
         ready_end > (uint64_t)size || hd->release_offset < ready_end || release_end > (uint64_t)size) {
         munmap(map, (size_t)size);
         ret = LC_EPROTO;
-        client_msgf(msg, "hand-off header of %s does not match the open reply (magic 0x%08x version %u, "
-                    "capacity %u, %u slots, stream %llu)", shm, hd->magic, hd->version, hd->capacity,
+        client_msgf(msg, "the hand-off's header does not match the open reply (magic 0x%08x version %u, "
+                    "capacity %u, %u slots, stream %llu)", hd->magic, hd->version, hd->capacity,
                     hd->slot_count, (unsigned long long)hd->stream_id);
         goto out;
     }
@@ -159,18 +164,23 @@ static int client_handoff_send(lc_stream *s, bool wait)
 int client_handoff_attach(lc_stream *s, const cJSON *reply, char *msg)
 {
     const cJSON *jo = cJSON_GetObjectItemCaseSensitive(reply, "handoff");
+    int fd = client_take_passed_fd(s->client, proto_request_id(reply));
     if (!jo)
         return 0; /* not offered (an older daemon, or none asked): the socket serves us */
     if (!cJSON_IsObject(jo)) {
+        if (fd >= 0)
+            close(fd);
         client_msgf(msg, "malformed open reply from loaderd: 'handoff' is not an object");
         return LC_EPROTO;
     }
     struct client_handoff *h = calloc(1, sizeof *h);
     if (!h) {
+        if (fd >= 0)
+            close(fd);
         client_msgf(msg, "out of memory");
         return LC_ENOMEM;
     }
-    int ret = client_handoff_map(s, jo, h, msg);
+    int ret = client_handoff_map(s, jo, fd, h, msg);
     if (ret != 0) {
         free(h);
         return ret > 0 ? 0 : ret;

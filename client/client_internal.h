@@ -128,8 +128,19 @@ struct lc_stream {
     bool ho_over;               /* the hand-off ended: the socket says why */
 };
 
+/* Descriptors received and not yet claimed by a reply (SCM_RIGHTS): a few at most. */
+#define CLIENT_FDS_IN 4
+
 struct lc_client {
     int fd;                     /* non-blocking, close-on-exec; -1 once broken */
+    /* Descriptors that came with replies (client_transport.c): received in order, and
+     * each claimed by the next reply that says one comes with it, which parks it here
+     * for the call that reads that reply (the hand-off's memory). */
+    int fds_in[CLIENT_FDS_IN];
+    unsigned n_fds_in;
+    bool fds_lost;              /* more came than fit, or were cut: a claim then fails */
+    int passed_fd;              /* parked for the reply with id passed_id, or -1 */
+    int64_t passed_id;
     int timeout_ms;             /* default for every call */
     int64_t next_id;
     uint32_t max_frame;         /* the daemon's frame limit, from hello */
@@ -180,6 +191,12 @@ void client_seterr(lc_client *c, const char *fmt, ...) __attribute__((format(pri
  * LC_ECLOSED quoting this message. */
 int client_break(lc_client *c, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 int client_check_usable(lc_client *c);                 /* LC_ECLOSED once broken, LC_ECONNRESET while lost */
+/* recv() on the connection that also takes the descriptors sent with the bytes. */
+ssize_t client_recv(lc_client *c, void *buf, size_t len);
+/* The descriptor that came with the reply `id` (the caller's from now on), or -1. */
+int client_take_passed_fd(lc_client *c, int64_t id);
+/* Closes every descriptor received and not claimed (the connection goes). */
+void client_fds_reset(lc_client *c);
 struct client_pending *client_pending_find(lc_client *c, int64_t id);
 void client_pending_forget_stream(lc_client *c, const lc_stream *s);
 /* A shared stream's consumer was detached (its next answered LC_EDETACHED): its held

@@ -257,6 +257,7 @@ int client_lost(lc_client *c, const char *fmt, ...)
         if (c->fd >= 0)
             close(c->fd);
         c->fd = -1;
+        client_fds_reset(c);
         /* Whatever was owed a reply, or waited to be sent, was for the daemon that left. */
         c->pending_head = c->pending_len = 0;
         c->deferred_len = 0;
@@ -338,6 +339,7 @@ static int client_reopen_send(lc_stream *s, int64_t deadline, int timeout_ms)
 /* Takes the new connection over from n (a client of its own, as client_dial made it). */
 static void client_take_over(lc_client *c, lc_client *n)
 {
+    client_fds_reset(c); /* whatever came on the old connection */
     c->fd = n->fd;
     n->fd = -1;
     proto_reader *r = c->reader;

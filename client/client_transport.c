@@ -27,6 +27,11 @@
  * hangs up (a daemon that stops or dies) is client_lost instead: the connection is
  * made again and the streams reopened (client_reconnect.c), unless reconnecting is off.
  *
+ * A reply may come with a descriptor (the hand-off's memory, which has no name), sent as
+ * SCM_RIGHTS with its frame's first byte: every read takes the descriptors that come
+ * (client_recv), in order, and a reply whose "handoff" object says "fd" claims the oldest
+ * one, which waits for the call that reads that reply (client_take_passed_fd).
+ *
  * Connecting and saying hello is client_connect.c; streams, next and batches are built
  * on client_send / client_wait / client_call here. Library code: nothing here prints;
  * every failure is a code and a message. */
@@ -105,8 +110,78 @@ int client_break(lc_client *c, int code, const char *fmt, ...)
         if (c->fd >= 0)
             close(c->fd);
         c->fd = -1;
+        client_fds_reset(c);
     }
     return code;
+}
+
+/* ---- descriptors that come with replies -------------------------------------------- */
+
+ssize_t client_recv(lc_client *c, void *buf, size_t len)
+{
+    union {
+        struct cmsghdr h;
+        char space[CMSG_SPACE(sizeof(int) * CLIENT_FDS_IN)];
+    } ctl;
+    struct iovec iov = {.iov_base = buf, .iov_len = len};
+    struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.space, .msg_controllen = sizeof ctl.space};
+    ssize_t n = recvmsg(c->fd, &m, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+    if (n < 0)
+        return n;
+    if (m.msg_flags & MSG_CTRUNC)
+        c->fds_lost = true;
+    for (struct cmsghdr *h = CMSG_FIRSTHDR(&m); h; h = CMSG_NXTHDR(&m, h)) {
+        if (h->cmsg_level != SOL_SOCKET || h->cmsg_type != SCM_RIGHTS)
+            continue;
+        size_t k = (h->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        for (size_t i = 0; i < k; i++) {
+            int fd;
+            memcpy(&fd, CMSG_DATA(h) + i * sizeof(int), sizeof fd);
+            if (c->n_fds_in < CLIENT_FDS_IN) {
+                c->fds_in[c->n_fds_in++] = fd;
+            } else {
+                close(fd);
+                c->fds_lost = true;
+            }
+        }
+    }
+    return n;
+}
+
+/* A reply that says a descriptor comes with it claims the oldest one received. */
+static int client_claim_fd(lc_client *c, const cJSON *reply, int64_t id)
+{
+    const cJSON *ho = cJSON_GetObjectItemCaseSensitive(reply, "handoff");
+    if (!cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(ho, "fd")))
+        return 0;
+    if (c->n_fds_in == 0)
+        return client_break(c, LC_EPROTO, "loaderd's reply %lld says a descriptor comes with it, and none came%s",
+                            (long long)id, c->fds_lost ? " (some were dropped: too many at once)" : "");
+    if (c->passed_fd >= 0)
+        close(c->passed_fd); /* its reply was not read by a call that wanted it (a timed-out open) */
+    c->passed_fd = c->fds_in[0];
+    c->passed_id = id;
+    memmove(c->fds_in, c->fds_in + 1, --c->n_fds_in * sizeof c->fds_in[0]);
+    return 0;
+}
+
+int client_take_passed_fd(lc_client *c, int64_t id)
+{
+    if (c->passed_fd < 0 || c->passed_id != id)
+        return -1;
+    int fd = c->passed_fd;
+    c->passed_fd = -1;
+    return fd;
+}
+
+void client_fds_reset(lc_client *c)
+{
+    while (c->n_fds_in)
+        close(c->fds_in[--c->n_fds_in]);
+    if (c->passed_fd >= 0)
+        close(c->passed_fd);
+    c->passed_fd = -1;
+    c->fds_lost = false;
 }
 
 int client_check_usable(lc_client *c)
@@ -173,7 +248,7 @@ static int client_break_closed(lc_client *c)
 {
     char buf[4096], msg[LD_ERRMSG_MAX];
     ssize_t n;
-    while ((n = recv(c->fd, buf, sizeof buf, MSG_DONTWAIT)) > 0)
+    while ((n = client_recv(c, buf, sizeof buf)) > 0)
         if (proto_reader_feed(c->reader, buf, (size_t)n) < 0)
             break;
     const char *payload;
@@ -437,6 +512,10 @@ static int client_take_frames(lc_client *c, int64_t want, cJSON **ret_reply)
         struct client_pending p = c->pending[c->pending_head++];
         if (c->pending_head == c->pending_len)
             c->pending_head = c->pending_len = 0;
+        if ((r = client_claim_fd(c, reply, id)) < 0) {
+            cJSON_Delete(reply);
+            return r;
+        }
         if (id == want) {
             *ret_reply = reply;
             return 1;
@@ -460,7 +539,7 @@ int client_wait(lc_client *c, int64_t want, int64_t deadline, int timeout_ms, cJ
             *ret_reply = reply;
             return 0;
         }
-        ssize_t n = recv(c->fd, buf, sizeof buf, MSG_DONTWAIT);
+        ssize_t n = client_recv(c, buf, sizeof buf);
         if (n > 0) {
             r = proto_reader_feed(c->reader, buf, (size_t)n);
             if (r == LD_EMSGSIZE)

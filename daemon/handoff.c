@@ -22,6 +22,12 @@
  * end. The loop's calls here take the same lock, so the state below has one owner at
  * a time; an ended, failed or closed hand-off turns the direct path off first.
  *
+ * The object has no name: it is a memfd whose descriptor travels with the open reply
+ * (SCM_RIGHTS), so no other process can open it, not even one of the service group
+ * before the trainer does, and nothing of it outlives its last mapping. It is sealed to
+ * its size: the client gets a writable descriptor, and must not be able to shrink the
+ * object under the daemon's mapping (a SIGBUS here) or grow it.
+ *
  * The client's memory is read once per field into locals and checked before anything
  * is done with it: a release queue that claims more entries than it can hold, or an
  * entry that names a slot not leased at that generation, ends the connection with the
@@ -29,6 +35,7 @@
 #include "handoff.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <limits.h>
 #include <linux/futex.h>
@@ -49,8 +56,7 @@
 struct handoff {
     stream *s;
     uint64_t id;
-    char name[RING_NAME_MAX];
-    bool unlinked;
+    int fd;                     /* until taken for the open reply */
     bool started;               /* the client mapped it: publishing */
     bool asking;                /* a next of ours waits on the stream */
     bool ended;                 /* the end entry is published: nothing more */
@@ -117,10 +123,20 @@ int handoff_open(stream *s, uint64_t id, uint32_t slot_count, handoff_batch_cb o
     uint64_t release_off = ready_off + (uint64_t)h->cap * sizeof(struct ld_handoff_ready);
     uint64_t total = release_off + (uint64_t)h->cap * sizeof(struct ld_handoff_release);
     total = (total + LD_RING_ALIGN - 1) / LD_RING_ALIGN * LD_RING_ALIGN;
-    void *base;
-    /* The client writes its queue: the service group gets write as well as read. */
-    int rc = ring_shm_create("loaderd", id, "h", total, 0600, 0060, h->name, &base, errbuf);
-    if (rc < 0) {
+    void *base = MAP_FAILED;
+    const char *step = "memfd_create";
+    h->fd = memfd_create("loaderd-handoff", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (h->fd >= 0 && (step = "ftruncate", ftruncate(h->fd, (off_t)total)) == 0 &&
+        /* Its pages now: a memory shortage is an error here, not a SIGBUS later. */
+        (step = "fallocate", fallocate(h->fd, 0, 0, (off_t)total)) == 0 &&
+        (step = "sealing", fcntl(h->fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL)) == 0)
+        base = mmap(NULL, (size_t)total, PROT_READ | PROT_WRITE, MAP_SHARED, h->fd, 0), step = "mmap";
+    if (base == MAP_FAILED) {
+        int rc = ld_from_errno(errno);
+        ld_errorf(errbuf, "cannot make the hand-off's memory of stream %" PRIu64 " (%" PRIu64 " bytes): %s: %s", id,
+                  total, step, strerror(errno));
+        if (h->fd >= 0)
+            close(h->fd);
         free(h);
         return rc;
     }
@@ -140,12 +156,11 @@ int handoff_open(stream *s, uint64_t id, uint32_t slot_count, handoff_batch_cb o
     return 0;
 }
 
-void handoff_unlink(handoff *h)
+int handoff_take_fd(handoff *h)
 {
-    if (!h || h->unlinked)
-        return;
-    shm_unlink(h->name); /* ENOENT: removed by hand already; the goal is met */
-    h->unlinked = true;
+    int fd = h->fd;
+    h->fd = -1;
+    return fd;
 }
 
 static void handoff_publish(handoff *h, const struct stream_answer *a);
@@ -168,7 +183,8 @@ void handoff_close(handoff *h)
         handoff_publish(h, &a);
     }
     stream_forget_next(h->s, h); /* the stream may outlive us by a loop turn */
-    handoff_unlink(h);
+    if (h->fd >= 0)
+        close(h->fd);
     munmap(h->hdr, h->size);
     free(h);
 }
@@ -178,7 +194,7 @@ void handoff_describe(const handoff *h, cJSON *obj)
     cJSON *o = cJSON_AddObjectToObject(obj, "handoff");
     if (!o)
         return;
-    cJSON_AddStringToObject(o, "shm", h->name);
+    cJSON_AddTrueToObject(o, "fd"); /* it goes with the reply: handoff_take_fd */
     cJSON_AddNumberToObject(o, "size", (double)h->size);
     cJSON_AddNumberToObject(o, "capacity", h->cap);
     cJSON_AddNumberToObject(o, "version", LD_HANDOFF_VERSION);
@@ -440,7 +456,6 @@ static const struct stream_direct_ops handoff_direct_ops = {
 
 void handoff_kick(handoff *h)
 {
-    handoff_unlink(h);
     if (!h->started) {
         stream_set_eager(h->s); /* our next waits whether or not the trainer does */
         h->started = true;

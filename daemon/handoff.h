@@ -39,13 +39,14 @@ typedef void (*handoff_batch_cb)(void *ctx, uint64_t batches, uint64_t rows, uin
  * through the loop). */
 typedef void (*handoff_fail_cb)(void *ctx, int code, const char *message);
 
-/* Creates the shared object for stream s (stream `id`, slot_count slots), mode 0600 (the
- * service group may write it too, see ring_share_with_group). errbuf says why not. */
+/* Creates the shared object for stream s (stream `id`, slot_count slots): memory with no
+ * name (a memfd, sealed to its size), reachable only through the descriptor that
+ * handoff_take_fd hands out for the open reply. errbuf says why not. */
 int handoff_open(stream *s, uint64_t id, uint32_t slot_count, handoff_batch_cb on_batch, handoff_fail_cb on_fail,
                  void *ctx, handoff **ret_handoff, char *errbuf);
 /* Stops publishing (the direct path too: it waits for a worker still waking the client),
- * forgets its waiting next, unmaps and removes the name. Call before the stream is
- * closed. A started hand-off that has not ended
+ * forgets its waiting next, unmaps and closes the descriptor if not taken. Call before the
+ * stream is closed. A started hand-off that has not ended
  * publishes an end entry first, so that a client asleep on the queue wakes now and finds
  * why on the socket (the connection's last error, or its close). Accepts NULL.
  *
@@ -61,16 +62,17 @@ void handoff_end(handoff *h);
 /* Tells the connection now (on_batch) of the batches published on the direct path
  * since the last time, before its counters are read. Accepts NULL. */
 void handoff_settle_now(handoff *h);
-/* Adds "handoff": {"shm", "size", "capacity", "version"} to an open reply. */
+/* Adds "handoff": {"fd", "size", "capacity", "version"} to an open reply. */
 void handoff_describe(const handoff *h, cJSON *obj);
-/* The client has mapped the object: its name is removed, and publishing starts (the
- * first call) or the release queue is taken (every later one, the client's wake-up). */
+/* The object's descriptor, for the open reply (SCM_RIGHTS): the caller owns it from now
+ * on. -1 once taken. */
+int handoff_take_fd(handoff *h);
+/* The client has mapped the object: publishing starts (the first call) or the release
+ * queue is taken (every later one, the client's wake-up). */
 void handoff_kick(handoff *h);
 /* Takes the release queue now, if the hand-off has started (a release or a next came on
  * the socket). */
 void handoff_poll(handoff *h);
-/* Removes the name (the client mapped it, or will use the socket); idempotent. */
-void handoff_unlink(handoff *h);
 
 /* The reason a release (slot, generation) of stream `id` was refused with rc, as the
  * `release` request and the release queue report it. */

@@ -117,8 +117,12 @@ static int shm_commit(int fd, const char *name, uint8_t *base, uint64_t from, ui
     return 0;
 }
 
-/* ring_shm_create with only [0, commit) committed now; with ret_fd the descriptor stays
- * open for later commits (shm_commit), else it is closed. */
+/* Creates `/<prefix>.<pid>.<stream_id>.<tag><16 random hex>` of `total` bytes, mode `mode`
+ * (plus `group_mode`, and the group, when ring_share_with_group set one), commits
+ * [0, commit) now (LD_ENOSPC names /dev/shm and the size) and maps it read-write into
+ * *ret_base; the name goes into name, and on failure nothing is left and name is empty.
+ * With ret_fd the descriptor stays open for later commits (shm_commit), else it is
+ * closed. */
 static int shm_create(const char *prefix, uint64_t stream_id, const char *tag, uint64_t total, uint64_t commit,
                       unsigned mode, unsigned group_mode, char name[RING_NAME_MAX], void **ret_base, int *ret_fd,
                       char *errbuf)
@@ -210,12 +214,6 @@ fail:
         shm_unlink(name);
     name[0] = '\0';
     return ret;
-}
-
-int ring_shm_create(const char *prefix, uint64_t stream_id, const char *tag, uint64_t total, unsigned mode,
-                    unsigned group_mode, char name[RING_NAME_MAX], void **ret_base, char *errbuf)
-{
-    return shm_create(prefix, stream_id, tag, total, total, mode, group_mode, name, ret_base, NULL, errbuf);
 }
 
 int ring_open(const char *prefix, uint64_t stream_id, uint32_t slot_count, uint64_t slot_bytes,

@@ -53,13 +53,6 @@ int ring_open_partial(const char *prefix, uint64_t stream_id, uint32_t slot_coun
 int ring_commit(ring *r, uint32_t upto, char *errbuf);
 /* Slots [0, this) are committed. Any thread. */
 uint32_t ring_committed(const ring *r);
-/* The object under a ring, for other per-stream shared memory too (handoff.c): creates
- * `/<prefix>.<pid>.<stream_id>.<tag><16 random hex>` of `total` bytes, mode `mode` (plus
- * `group_mode`, and the group, when ring_share_with_group set one), commits its pages
- * (LD_ENOSPC names /dev/shm and the size) and maps it read-write into *ret_base; the name
- * goes into name. On failure nothing is left and name is empty. */
-int ring_shm_create(const char *prefix, uint64_t stream_id, const char *tag, uint64_t total, unsigned mode,
-                    unsigned group_mode, char name[RING_NAME_MAX], void **ret_base, char *errbuf);
 /* Rings created from now on belong to group `gid` and are readable by it (mode 0640
  * from 0600): for a daemon that serves the members of a group (its socket's group).
  * (gid_t)-1 goes back to private rings. Called at start-up, from the loop thread. */

@@ -19,6 +19,11 @@
  * from the loop. Failures seen by a loop callback of our own (a read or write error,
  * the flusher) close at once.
  *
+ * Descriptors. A reply may carry one (the hand-off's memory, which has no name): it leaves
+ * with the first byte of its frame (uv_write2 on the connection, an IPC pipe, which
+ * sends it as SCM_RIGHTS with the first sendmsg of that write). A client that sends us a
+ * descriptor breaks the protocol: the connection ends, and the descriptor with it.
+ *
  * Bad input is answered, not crashed on (server_ops); only a frame over the limit (the
  * stream cannot be resynchronised) or a client that stops reading its replies is
  * disconnected. */
@@ -43,6 +48,7 @@
 struct write_req {
     uv_write_t req;
     conn *c;
+    uv_pipe_t *passed;              /* the descriptor sent with the first frame, or NULL */
     int n;
     uint64_t cost;                  /* of the replies it carries, in conn.queued_bytes */
     char *frames[SERVER_WRITE_BATCH];
@@ -56,10 +62,17 @@ static void server_conn_queued_sub(conn *c, uint64_t cost)
     c->srv->queued_bytes -= cost;
 }
 
+static void server_conn_passed_closed(uv_handle_t *h)
+{
+    free(h);
+}
+
 static void server_conn_write_done(uv_write_t *req, int status)
 {
     struct write_req *w = (struct write_req *)req;
     conn *c = w->c;
+    if (w->passed)
+        uv_close((uv_handle_t *)w->passed, server_conn_passed_closed); /* our copy: the client has its own */
     for (int i = 0; i < w->n; i++)
         free(w->frames[i]);
     server_conn_queued_sub(c, w->cost);
@@ -84,6 +97,25 @@ static int server_conn_flush(conn *c)
         w->c = c;
         while (w->n < SERVER_WRITE_BATCH && c->out_head && c->out_head->frame) {
             struct reply *r = c->out_head;
+            if (r->send_fd >= 0) {
+                if (w->n)
+                    break; /* a write of its own, so that the descriptor goes with its first byte */
+                /* libuv sends a handle's descriptor: the memory's, wrapped in a pipe handle
+                 * (uv_pipe_open works on any descriptor), closed when the write is done. */
+                w->passed = malloc(sizeof *w->passed);
+                if (!w->passed) {
+                    free(w);
+                    return LD_ENOMEM; /* the reply keeps the descriptor: the close closes it */
+                }
+                uv_pipe_init(c->pipe.loop, w->passed, 0);
+                int prc = uv_pipe_open(w->passed, r->send_fd);
+                if (prc < 0) {
+                    uv_close((uv_handle_t *)w->passed, server_conn_passed_closed);
+                    free(w);
+                    return prc;
+                }
+                r->send_fd = -1;
+            }
             bufs[w->n] = uv_buf_init(r->frame, (unsigned)r->len);
             w->frames[w->n++] = r->frame;
             w->cost += SERVER_REPLY_COST(r->len);
@@ -93,8 +125,11 @@ static int server_conn_flush(conn *c)
             c->out_count--;
             free(r);
         }
-        int rc = uv_write(&w->req, (uv_stream_t *)&c->pipe, bufs, (unsigned)w->n, server_conn_write_done);
+        int rc = uv_write2(&w->req, (uv_stream_t *)&c->pipe, bufs, (unsigned)w->n, (uv_stream_t *)w->passed,
+                           server_conn_write_done);
         if (rc < 0) {
+            if (w->passed)
+                uv_close((uv_handle_t *)w->passed, server_conn_passed_closed);
             for (int i = 0; i < w->n; i++)
                 free(w->frames[i]);
             server_conn_queued_sub(c, w->cost);
@@ -158,6 +193,7 @@ struct reply *server_outbox_add(conn *c, int64_t id)
         return NULL;
     c->out_count++;
     r->id = id;
+    r->send_fd = -1;
     if (c->out_tail)
         c->out_tail->next = r;
     else
@@ -205,17 +241,25 @@ void server_reply_fill(conn *c, struct reply *r, cJSON *msg)
         server_conn_flush_later(c); /* else it waits for the reply in front of it */
 }
 
-void server_reply_send(conn *c, cJSON *msg)
+void server_reply_send_fd(conn *c, cJSON *msg, int fd)
 {
     /* A declared open answers in the place its request took (server_declare.c). */
     struct reply *r = c->reply_into ? c->reply_into : server_outbox_add(c, 0);
     c->reply_into = NULL;
     if (!r) {
+        if (fd >= 0)
+            close(fd);
         cJSON_Delete(msg);
         server_conn_abort(c);
         return;
     }
+    r->send_fd = fd;
     server_reply_fill(c, r, msg);
+}
+
+void server_reply_send(conn *c, cJSON *msg)
+{
+    server_reply_send_fd(c, msg, -1);
 }
 
 void server_reply_error(conn *c, int64_t id, int code, const char *message)
@@ -257,6 +301,8 @@ void server_conn_close(conn *c)
         c->out_head = r->next;
         if (r->frame)
             server_conn_queued_sub(c, SERVER_REPLY_COST(r->len));
+        if (r->send_fd >= 0)
+            close(r->send_fd);
         free(r->frame);
         free(r);
     }
@@ -361,6 +407,12 @@ static void server_conn_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf
     }
     if (nread == 0 || c->state != CONN_OPEN)
         return;
+    if (uv_pipe_pending_count(&c->pipe) > 0) {
+        /* libuv keeps what came until the handle closes: the close frees it. */
+        server_conn_fatal(c, LD_EPROTO, "the client sent a file descriptor; loaderd takes none from clients; "
+                                        "closing the connection");
+        return;
+    }
     int rc = proto_reader_feed(c->reader, buf->base, (size_t)nread);
     /* Several requests often arrive in one read (a release and the next request): each
      * is answered now or through the hub; the flusher writes them together. */
@@ -469,7 +521,7 @@ void server_conn_accept(uv_stream_t *listener, int status)
     c->id = ++srv->next_conn_id;
     c->abort.done = server_conn_abort_run;
     snprintf(c->name, sizeof c->name, "client-%" PRIu64, c->id);
-    uv_pipe_init(srv->loop, &c->pipe, 0);
+    uv_pipe_init(srv->loop, &c->pipe, 1); /* IPC: a reply may carry a descriptor */
     c->pipe.data = c;
     int rc = uv_accept(listener, (uv_stream_t *)&c->pipe);
     if (rc < 0 || (rc = proto_reader_new(srv->cfg->max_frame, &c->reader)) < 0) {

@@ -52,6 +52,7 @@ struct reply {
     int64_t id;
     char *frame;                    /* NULL while the answer is not known */
     size_t len;
+    int send_fd;                    /* a descriptor that goes with the frame (SCM_RIGHTS), or -1 */
 };
 
 /* What a queued reply costs: its frame and its outbox entry. */
@@ -207,6 +208,9 @@ struct reply *server_outbox_add(conn *c, int64_t id);
 void server_reply_fill(conn *c, struct reply *r, cJSON *msg);
 /* Queues msg (consumed) as the next reply. */
 void server_reply_send(conn *c, cJSON *msg);
+/* The same, with descriptor fd (owned from now on: closed once sent or dropped; -1:
+ * none) passed along with the reply's frame, as SCM_RIGHTS on its first byte. */
+void server_reply_send_fd(conn *c, cJSON *msg, int fd);
 void server_reply_error(conn *c, int64_t id, int code, const char *message);
 
 /* Adds the connection's credentials (uid, gid, pid, process) to o. */

@@ -333,8 +333,8 @@ static void server_open_run(conn *c, const cJSON *req, int64_t id, dataset **pde
     cs->c = c;
     cs->id = sid;
     /* A client that asks for the hand-off and does not get it uses the socket (the
-     * consumers of a shared stream do). */
-    if (handoff_version >= 1 && !cs->share &&
+     * consumers of a shared stream do, and a client of the named layout, version 1). */
+    if (handoff_version >= LD_HANDOFF_VERSION && !cs->share &&
         handoff_open(cs->s, sid, ring_slot_count(stream_ring(cs->s)), server_open_handoff_batch,
                      server_open_handoff_fail, cs, &cs->ho, err) < 0)
         ld_log(LD_LOG_WARN, "stream %" PRIu64 ": no hand-off in shared memory, the socket carries its batches: %s",
@@ -357,9 +357,14 @@ static void server_open_run(conn *c, const cJSON *req, int64_t id, dataset **pde
         cJSON_AddNumberToObject(r, "start_epoch", (double)e);
         cJSON_AddNumberToObject(r, "start_batch", (double)b);
     }
-    if (cs->ho)
+    /* stream_open told the dataset's cache keeper. The hand-off's memory has no name: its
+     * descriptor goes with the reply. */
+    if (cs->ho) {
         handoff_describe(cs->ho, r);
-    server_reply_send(c, r); /* stream_open told the dataset's cache keeper */
+        server_reply_send_fd(c, r, handoff_take_fd(cs->ho));
+    } else {
+        server_reply_send(c, r);
+    }
 }
 
 void server_open_stream(conn *c, const cJSON *req, int64_t id)

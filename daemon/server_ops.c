@@ -288,8 +288,6 @@ static void server_op_next(conn *c, const cJSON *req, int64_t id)
     struct conn_stream *cs = server_ops_find_stream(c, req, id);
     if (!cs)
         return;
-    /* A client that uses the socket for its batches has no use for the hand-off's name. */
-    handoff_unlink(cs->ho);
     handoff_poll(cs->ho);
     struct reply *r = server_outbox_add(c, id);
     if (!r) {

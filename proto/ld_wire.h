@@ -136,8 +136,10 @@ _Static_assert(offsetof(struct ld_slot_header, batch) == 16, "ld_slot_header.bat
 _Static_assert(offsetof(struct ld_slot_header, rows) == 24, "ld_slot_header.rows");
 _Static_assert(offsetof(struct ld_slot_header, reserved) == 32, "ld_slot_header.reserved");
 
-/* ---- batch hand-off through shared memory (an open with "handoff": 1) -----------
- * One object per stream and connection, beside the ring: a header, a ready queue that
+/* ---- batch hand-off through shared memory (an open with "handoff": 2) -----------
+ * One object per stream and connection, beside the ring, with no name: its descriptor
+ * comes with the open reply (SCM_RIGHTS; the reply's "handoff" object says "fd": true),
+ * and it is sealed to its size. A header, a ready queue that
  * the daemon writes (each entry a batch leased to the connection, in stream order) and
  * a release queue that the client writes (each entry a slot it gives back). Unlike the
  * ring, the client maps it read-write; the daemon trusts nothing in it: every release
@@ -160,7 +162,7 @@ _Static_assert(offsetof(struct ld_slot_header, reserved) == 32, "ld_slot_header.
  * on the socket. Entries before it are batches leased before the end. Counters only grow;
  * entry i of a queue is at i % capacity. Never change without a version bump. */
 #define LD_HANDOFF_MAGIC 0x464f484cu  /* "LHOF" little-endian */
-#define LD_HANDOFF_VERSION 1u
+#define LD_HANDOFF_VERSION 2u     /* 1: the object was opened by name (no longer offered) */
 #define LD_HANDOFF_QUEUE_MAX 131072u  /* capacity: a power of two above the ring's slot count */
 
 struct ld_handoff_header {

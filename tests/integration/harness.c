@@ -740,6 +740,38 @@ char *harness_raw_reply(int fd, int timeout_ms)
     return buf;
 }
 
+char *harness_raw_reply_fd(int fd, int timeout_ms, int *ret_fd)
+{
+    /* The descriptor comes with the frame's first byte: read that byte with recvmsg. */
+    *ret_fd = -1;
+    uint8_t first;
+    union {
+        struct cmsghdr h;
+        char space[CMSG_SPACE(sizeof(int))];
+    } ctl;
+    struct iovec iov = {.iov_base = &first, .iov_len = 1};
+    struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.space, .msg_controllen = sizeof ctl.space};
+    struct pollfd pfd = {.fd = fd, .events = POLLIN};
+    if (poll(&pfd, 1, timeout_ms) <= 0 || recvmsg(fd, &m, MSG_CMSG_CLOEXEC) != 1)
+        return NULL;
+    struct cmsghdr *h = CMSG_FIRSTHDR(&m);
+    if (h && h->cmsg_level == SOL_SOCKET && h->cmsg_type == SCM_RIGHTS)
+        memcpy(ret_fd, CMSG_DATA(h), sizeof(int));
+    int64_t deadline = harness_now_ms() + timeout_ms;
+    uint8_t hdr[4] = {first};
+    if (!harness_read_full(fd, hdr + 1, 3, deadline))
+        return NULL;
+    uint32_t len = (uint32_t)hdr[0] << 24 | (uint32_t)hdr[1] << 16 | (uint32_t)hdr[2] << 8 | hdr[3];
+    char *buf = calloc(1, (size_t)len + 1);
+    if (!buf)
+        fail_msg("harness: out of memory");
+    if (!harness_read_full(fd, buf, len, deadline)) {
+        free(buf);
+        return NULL;
+    }
+    return buf;
+}
+
 /* ---- other users ------------------------------------------------------------------ */
 
 static int harness_system(const char *const *argv)

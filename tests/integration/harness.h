@@ -115,6 +115,8 @@ void harness_flush_releases(struct lc_client *c);
 int harness_raw_connect(const struct harness *h);
 void harness_raw_send(int fd, const char *json);
 char *harness_raw_reply(int fd, int timeout_ms);
+/* The same, also taking a descriptor sent with the reply (SCM_RIGHTS): *ret_fd, or -1. */
+char *harness_raw_reply_fd(int fd, int timeout_ms, int *ret_fd);
 
 /* An unprivileged user `user` whose primary group is `group`, both created (useradd,
  * groupadd) when absent, for tests of what another user may do. Returns 0 with the ids,

@@ -16,6 +16,10 @@
  *   hostile client    a client that writes garbage into its release queue has its
  *                     connection ended with a message that names the entry; another
  *                     client reading at the same time gets its whole epoch, in order.
+ *   no names         the queues' memory reaches the client as a descriptor with the open
+ *                     reply and never has a name; neither side keeps a descriptor of it;
+ *                     a client of the named layout gets the socket, and a client that sends
+ *                     the daemon a descriptor has its connection ended.
  *   woken at the end  a client asleep on one stream's ready queue (a futex wait with no
  *                     time slice: only the daemon can wake it) when the daemon ends its
  *                     connection is woken by the end entry, and the socket says why.
@@ -30,6 +34,7 @@
 #include <cmocka.h>
 
 #include <cJSON.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <linux/futex.h>
@@ -41,6 +46,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -356,9 +362,10 @@ static void raw_open_on(struct raw_handoff *rh, int id)
 {
     char req[160];
     snprintf(req, sizeof req, "{\"op\":\"open\",\"id\":%d,\"dataset\":\"records\",\"batch_size\":16,"
-             "\"prefetch\":2,\"handoff\":1}", id);
+             "\"prefetch\":2,\"handoff\":2}", id);
     harness_raw_send(rh->fd, req);
-    char *reply = harness_raw_reply(rh->fd, 10000);
+    int sfd;
+    char *reply = harness_raw_reply_fd(rh->fd, 10000, &sfd);
     assert_non_null(reply);
     cJSON *j = cJSON_Parse(reply);
     free(reply);
@@ -366,9 +373,9 @@ static void raw_open_on(struct raw_handoff *rh, int id)
     rh->stream = (int64_t)cJSON_GetObjectItem(j, "stream")->valuedouble;
     const cJSON *ho = cJSON_GetObjectItem(j, "handoff");
     assert_non_null(ho);
-    const char *shm = cJSON_GetObjectItem(ho, "shm")->valuestring;
+    assert_null(cJSON_GetObjectItem(ho, "shm")); /* no name: the memory comes as a descriptor */
+    assert_true(cJSON_IsTrue(cJSON_GetObjectItem(ho, "fd")));
     rh->size = (size_t)cJSON_GetObjectItem(ho, "size")->valuedouble;
-    int sfd = shm_open(shm, O_RDWR, 0);
     assert_true(sfd >= 0);
     rh->hdr = mmap(NULL, rh->size, PROT_READ | PROT_WRITE, MAP_SHARED, sfd, 0);
     assert_true(rh->hdr != MAP_FAILED);
@@ -407,14 +414,58 @@ static char *raw_read_until_closed(int fd)
     return last;
 }
 
+/* Descriptors of pid that lead to the hand-off's memory (a memfd). */
+static int handoff_fds(pid_t pid)
+{
+    char dir[64], path[320], link[256];
+    snprintf(dir, sizeof dir, "/proc/%d/fd", (int)pid);
+    DIR *d = opendir(dir);
+    assert_non_null(d);
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        ssize_t k = readlink(path, link, sizeof link - 1);
+        if (k > 0) {
+            link[k] = '\0';
+            n += strstr(link, "memfd:loaderd-handoff") != NULL;
+        }
+    }
+    closedir(d);
+    return n;
+}
+
+/* The daemon closes its descriptor once the reply that carried it is written. */
+static int daemon_handoff_fds(pid_t pid)
+{
+    int n = handoff_fds(pid);
+    for (int i = 0; i < 500 && n; i++) {
+        sleep_ms(10);
+        n = handoff_fds(pid);
+    }
+    return n;
+}
+
 static void test_closed_before_start(void **state)
 {
     struct harness *h = *state;
-    /* Opened with the hand-off, never started: the ring's and the queues' names exist
-     * until the connection goes, and go with it. */
+    /* Opened with the hand-off, never started: the ring's name exists until the
+     * connection goes, and goes with it. The queues' memory never had a name: nobody
+     * but this client, which got it with the reply, can open it (the daemon keeps no
+     * descriptor of it once the reply is sent, and neither does the client once it has
+     * mapped it). */
+    lc_client *ctl = harness_connect(h, 10000, "itest_handoff_ctl");
+    lc_stream *s = open_records(ctl, LC_HANDOFF_SHM, 2, 1);
+    assert_int_equal(handoff_fds(getpid()), 0);
+    assert_int_equal(daemon_handoff_fds(h->pid), 0);
+    assert_int_equal(lc_stream_close(s), 0);
+    lc_client_close(ctl);
     struct raw_handoff rh;
     raw_open(h, &rh);
-    assert_int_equal(harness_shm_count(h->pid, NULL, 0), 2);
+    char names[512];
+    assert_int_equal(harness_shm_count(h->pid, names, sizeof names), 1);
+    assert_null(strstr(names, ".h"));
+    assert_int_equal(daemon_handoff_fds(h->pid), 0);
     munmap(rh.hdr, rh.size);
     close(rh.fd);
     int left = -1;
@@ -568,6 +619,57 @@ static void test_woken_when_the_connection_ends(void **state)
     harness_stop_clean(h);
 }
 
+static void test_old_layout_and_client_descriptors(void **state)
+{
+    struct harness *h = *state;
+    /* An open that asks for the layout with a named object (1) gets the socket path. */
+    int fd = harness_raw_connect(h);
+    harness_raw_send(fd, "{\"op\":\"hello\",\"id\":1,\"version\":1}");
+    free(harness_raw_reply(fd, 10000));
+    harness_raw_send(fd, "{\"op\":\"open\",\"id\":2,\"dataset\":\"records\",\"batch_size\":16,\"handoff\":1}");
+    int passed;
+    char *reply = harness_raw_reply_fd(fd, 10000, &passed);
+    assert_non_null(reply);
+    assert_non_null(strstr(reply, "\"ok\":true"));
+    assert_null(strstr(reply, "\"handoff\""));
+    assert_int_equal(passed, -1);
+    free(reply);
+    /* A descriptor sent to the daemon ends the connection, and nothing of it stays. */
+    int fds = probe_fd_count(h->pid);
+    int p[2];
+    assert_int_equal(pipe(p), 0);
+    const char req[] = "{\"op\":\"status\",\"id\":3}";
+    uint8_t frame[4 + sizeof req - 1];
+    proto_frame_header((uint32_t)(sizeof req - 1), frame);
+    memcpy(frame + 4, req, sizeof req - 1);
+    union {
+        struct cmsghdr hdr;
+        char space[CMSG_SPACE(sizeof(int))];
+    } ctl;
+    memset(&ctl, 0, sizeof ctl);
+    struct iovec iov = {.iov_base = frame, .iov_len = sizeof frame};
+    struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.space, .msg_controllen = sizeof ctl.space};
+    struct cmsghdr *c = CMSG_FIRSTHDR(&m);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(c), &p[0], sizeof(int));
+    assert_int_equal(sendmsg(fd, &m, MSG_NOSIGNAL), (ssize_t)sizeof frame);
+    char *err = raw_read_until_closed(fd);
+    assert_non_null(err);
+    assert_non_null(strstr(err, "file descriptor"));
+    free(err);
+    close(fd);
+    close(p[0]);
+    close(p[1]);
+    int now = -1;
+    for (int i = 0; i < 500 && (now = probe_fd_count(h->pid)) > fds - 1; i++)
+        sleep_ms(10);
+    assert_true(now <= fds - 1); /* its connection's socket went, and the descriptor with it */
+    assert_int_equal(harness_wait_leased(h, 0), 0);
+    harness_stop_clean(h);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -578,6 +680,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_closed_before_start, setup_daemon, teardown),
         cmocka_unit_test_setup_teardown(test_hostile_release_queue, setup_daemon, teardown),
         cmocka_unit_test_setup_teardown(test_woken_when_the_connection_ends, setup_daemon, teardown),
+        cmocka_unit_test_setup_teardown(test_old_layout_and_client_descriptors, setup_daemon, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -54,7 +54,7 @@ int probe_ring_maps(pid_t pid)
         return -1;
     int n = 0;
     while (fgets(line, sizeof line, f))
-        if (strstr(line, "/dev/shm/loaderd."))
+        if (strstr(line, "/dev/shm/loaderd.") || strstr(line, "/memfd:loaderd-handoff"))
             n++;
     fclose(f);
     return n;

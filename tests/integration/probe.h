@@ -17,7 +17,8 @@ struct lc_client;
 int probe_fd_count(pid_t pid);
 /* VmRSS of /proc/PID/status, in KiB. */
 long probe_rss_kib(pid_t pid);
-/* Lines of /proc/PID/maps that map a loaderd ring ("/dev/shm/loaderd."), deleted or not. */
+/* Lines of /proc/PID/maps that map a loaderd ring ("/dev/shm/loaderd."), deleted or not,
+ * or a hand-off's queues (a memfd, "/memfd:loaderd-handoff"). */
 int probe_ring_maps(pid_t pid);
 
 /* The daemon's view, from one `status` request. */

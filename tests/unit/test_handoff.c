@@ -113,13 +113,20 @@ static int setup_with(void **state, const struct dataset_ops *ops)
     uint32_t slots = ring_slot_count(stream_ring(e->s));
     if (handoff_open(e->s, 1, slots, on_batch, on_fail, e, &e->h, err) < 0)
         fail_msg("handoff_open: %s", err);
-    /* The client's side: the name from the open reply, mapped read-write. */
+    /* The client's side: the descriptor that goes with the open reply, mapped read-write;
+     * it is the only way to the memory, and sealed to its size. */
     cJSON *o = cJSON_CreateObject();
     handoff_describe(e->h, o);
     const cJSON *ho = cJSON_GetObjectItem(o, "handoff");
     e->size = (size_t)cJSON_GetObjectItem(ho, "size")->valuedouble;
-    int fd = shm_open(cJSON_GetObjectItem(ho, "shm")->valuestring, O_RDWR, 0);
+    assert_null(cJSON_GetObjectItem(ho, "shm"));
+    assert_true(cJSON_IsTrue(cJSON_GetObjectItem(ho, "fd")));
+    int fd = handoff_take_fd(e->h);
     assert_true(fd >= 0);
+    assert_int_equal(handoff_take_fd(e->h), -1);
+    int seals = fcntl(fd, F_GET_SEALS);
+    assert_int_equal(seals & (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL), F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL);
+    assert_int_equal(ftruncate(fd, 0), -1); /* a client cannot pull the pages from under the daemon */
     e->hdr = mmap(NULL, e->size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     assert_true(e->hdr != MAP_FAILED);
     close(fd);
