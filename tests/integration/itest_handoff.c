@@ -14,8 +14,10 @@
  *                     themselves, without the loop thread) leaves nothing either, and the
  *                     next stream gets every slot of its ring.
  *   hostile client    a client that writes garbage into its release queue has its
- *                     connection ended with a message that names the entry; another
- *                     client reading at the same time gets its whole epoch, in order.
+ *                     connection ended with a message that names the entry; one that
+ *                     tries to shrink or grow the queues' memory gets EPERM (sealed) and
+ *                     is still served; another client reading at the same time gets its
+ *                     whole epoch, in order.
  *   no names         the queues' memory reaches the client as a descriptor with the open
  *                     reply and never has a name; neither side keeps a descriptor of it;
  *                     a client of the named layout gets the socket, and a client that sends
@@ -357,8 +359,9 @@ struct raw_handoff {
     size_t size;
 };
 
-/* Opens one more stream with the hand-off on rh->fd (request id `id`). */
-static void raw_open_on(struct raw_handoff *rh, int id)
+/* Opens one more stream with the hand-off on rh->fd (request id `id`). The descriptor
+ * that came with the reply is closed once mapped, or left in *keep_fd when not NULL. */
+static void raw_open_keep(struct raw_handoff *rh, int id, int *keep_fd)
 {
     char req[160];
     snprintf(req, sizeof req, "{\"op\":\"open\",\"id\":%d,\"dataset\":\"records\",\"batch_size\":16,"
@@ -379,9 +382,17 @@ static void raw_open_on(struct raw_handoff *rh, int id)
     assert_true(sfd >= 0);
     rh->hdr = mmap(NULL, rh->size, PROT_READ | PROT_WRITE, MAP_SHARED, sfd, 0);
     assert_true(rh->hdr != MAP_FAILED);
-    close(sfd);
+    if (keep_fd)
+        *keep_fd = sfd;
+    else
+        close(sfd);
     cJSON_Delete(j);
     assert_int_equal(rh->hdr->magic, LD_HANDOFF_MAGIC);
+}
+
+static void raw_open_on(struct raw_handoff *rh, int id)
+{
+    raw_open_keep(rh, id, NULL);
 }
 
 static void raw_open(struct harness *h, struct raw_handoff *rh)
@@ -487,6 +498,42 @@ static void test_hostile_release_queue(void **state)
     lc_stream *gs = open_records(good, LC_HANDOFF_SHM, 2, 1);
     lc_batch *gb = NULL;
     assert_int_equal(lc_stream_next(gs, 10000, &gb), 0);
+
+    /* A client that cuts (or grows) the queues' memory under the daemon's mapping: the
+     * seals refuse it (EPERM), and the daemon, which touches the header on its next
+     * publish, goes on publishing to that client and serving the others. */
+    {
+        struct raw_handoff rh;
+        int mfd = -1;
+        rh.fd = harness_raw_connect(h);
+        harness_raw_send(rh.fd, "{\"op\":\"hello\",\"id\":1,\"version\":1}");
+        free(harness_raw_reply(rh.fd, 10000));
+        raw_open_keep(&rh, 2, &mfd);
+        errno = 0;
+        assert_int_equal(ftruncate(mfd, 0), -1);
+        assert_int_equal(errno, EPERM);
+        errno = 0;
+        assert_int_equal(ftruncate(mfd, (off_t)rh.size / 2), -1);
+        assert_int_equal(errno, EPERM);
+        errno = 0;
+        assert_int_equal(ftruncate(mfd, (off_t)rh.size * 2), -1);
+        assert_int_equal(errno, EPERM);
+        errno = 0;
+        assert_int_equal(fcntl(mfd, F_ADD_SEALS, F_SEAL_WRITE), -1); /* nor reseal it */
+        assert_int_equal(errno, EPERM);
+        close(mfd);
+        raw_kick(&rh, 3);
+        char *reply = harness_raw_reply(rh.fd, 10000);
+        assert_non_null(reply);
+        assert_non_null(strstr(reply, "\"ok\":true"));
+        free(reply);
+        for (int i = 0; i < 1000 && __atomic_load_n(&rh.hdr->ready_tail, __ATOMIC_ACQUIRE) < 2; i++)
+            sleep_ms(10);
+        assert_int_equal(__atomic_load_n(&rh.hdr->ready_tail, __ATOMIC_ACQUIRE), 2); /* its prefetch */
+        assert_true(harness_alive(h));
+        munmap(rh.hdr, rh.size);
+        close(rh.fd);
+    }
 
     struct {
         const char *what;

@@ -126,7 +126,9 @@ static int setup_with(void **state, const struct dataset_ops *ops)
     assert_int_equal(handoff_take_fd(e->h), -1);
     int seals = fcntl(fd, F_GET_SEALS);
     assert_int_equal(seals & (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL), F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL);
+    errno = 0;
     assert_int_equal(ftruncate(fd, 0), -1); /* a client cannot pull the pages from under the daemon */
+    assert_int_equal(errno, EPERM);
     e->hdr = mmap(NULL, e->size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     assert_true(e->hdr != MAP_FAILED);
     close(fd);
