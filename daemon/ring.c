@@ -281,7 +281,7 @@ int ring_open_partial(const char *prefix, uint64_t stream_id, uint32_t slot_coun
         commit_slots = slot_count;
     }
     /* Group read, never write: a client never writes into a slot. */
-    void *base;
+    void *base = NULL; /* set on success; a compiler that inlines shm_create may not see it */
     ret = shm_create(prefix, stream_id, "", total, eager, mode, 0040, r->name, &base,
                      commit_slots < slot_count ? &r->fd : NULL, errbuf);
     if (ret < 0)
