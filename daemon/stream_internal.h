@@ -137,10 +137,15 @@ void stream_schedule(stream *s);
 int stream_consumer_new(stream *src, uint64_t id, uint64_t seq, stream **ret_consumer);
 /* Tells the scheduler whether a trainer of this stream is waiting (on changes only). */
 void stream_set_urgent(stream *s, bool urgent);
-/* stream.c, for stream_direct.c: the answer to the next request in line when it is
- * known (a batch next in line is leased to it), and a slot whose last chunk is back. */
+/* stream_deliver.c, for stream_direct.c: the answer to the next request in line when it
+ * is known (a batch next in line is leased to it). stream.c: a slot whose last chunk is
+ * back. */
 bool stream_answer_now(stream *s, struct stream_answer *ret);
 void stream_slot_idle(stream *s, struct stream_slot *sl);
+/* stream.c, for stream_deliver.c: records that the stream fails at sequence `seq` (the
+ * earliest failure wins); the bytes a batch of `rows` rows in `slot` holds. */
+void stream_fail(stream *s, uint64_t seq, int rc, const char *msg);
+uint64_t stream_batch_bytes(stream *s, uint32_t slot, uint32_t rows);
 /* stream_direct.c. filled: a worker, the last chunk of the slot is back; false when the
  * slot is the loop's to take (nothing was done). on_direct_worker: this thread is a
  * worker inside filled. init and fini: at open and free (the lock, the completions). */
