@@ -723,11 +723,11 @@ static bool harness_read_full(int fd, void *buf, size_t len, int64_t deadline)
     return true;
 }
 
-char *harness_raw_reply(int fd, int timeout_ms)
+/* The rest of a frame whose first `have` bytes of header are in hdr: its body, NUL
+ * terminated (NULL when it does not come by the deadline). */
+static char *harness_read_frame(int fd, uint8_t hdr[4], size_t have, int64_t deadline)
 {
-    int64_t deadline = harness_now_ms() + timeout_ms;
-    uint8_t hdr[4];
-    if (!harness_read_full(fd, hdr, 4, deadline))
+    if (!harness_read_full(fd, hdr + have, 4 - have, deadline))
         return NULL;
     uint32_t len = (uint32_t)hdr[0] << 24 | (uint32_t)hdr[1] << 16 | (uint32_t)hdr[2] << 8 | hdr[3];
     char *buf = calloc(1, (size_t)len + 1);
@@ -738,6 +738,12 @@ char *harness_raw_reply(int fd, int timeout_ms)
         return NULL;
     }
     return buf;
+}
+
+char *harness_raw_reply(int fd, int timeout_ms)
+{
+    uint8_t hdr[4];
+    return harness_read_frame(fd, hdr, 0, harness_now_ms() + timeout_ms);
 }
 
 char *harness_raw_reply_fd(int fd, int timeout_ms, int *ret_fd)
@@ -757,19 +763,8 @@ char *harness_raw_reply_fd(int fd, int timeout_ms, int *ret_fd)
     struct cmsghdr *h = CMSG_FIRSTHDR(&m);
     if (h && h->cmsg_level == SOL_SOCKET && h->cmsg_type == SCM_RIGHTS)
         memcpy(ret_fd, CMSG_DATA(h), sizeof(int));
-    int64_t deadline = harness_now_ms() + timeout_ms;
     uint8_t hdr[4] = {first};
-    if (!harness_read_full(fd, hdr + 1, 3, deadline))
-        return NULL;
-    uint32_t len = (uint32_t)hdr[0] << 24 | (uint32_t)hdr[1] << 16 | (uint32_t)hdr[2] << 8 | hdr[3];
-    char *buf = calloc(1, (size_t)len + 1);
-    if (!buf)
-        fail_msg("harness: out of memory");
-    if (!harness_read_full(fd, buf, len, deadline)) {
-        free(buf);
-        return NULL;
-    }
-    return buf;
+    return harness_read_frame(fd, hdr, 1, harness_now_ms() + timeout_ms);
 }
 
 /* ---- other users ------------------------------------------------------------------ */
