@@ -117,13 +117,13 @@ static int shm_commit(int fd, const char *name, uint8_t *base, uint64_t from, ui
     return 0;
 }
 
-/* Creates `/<prefix>.<pid>.<stream_id>.<tag><16 random hex>` of `total` bytes, mode `mode`
+/* Creates `/<prefix>.<pid>.<stream_id>.<16 random hex>` of `total` bytes, mode `mode`
  * (plus `group_mode`, and the group, when ring_share_with_group set one), commits
  * [0, commit) now (LD_ENOSPC names /dev/shm and the size) and maps it read-write into
  * *ret_base; the name goes into name, and on failure nothing is left and name is empty.
  * With ret_fd the descriptor stays open for later commits (shm_commit), else it is
  * closed. */
-static int shm_create(const char *prefix, uint64_t stream_id, const char *tag, uint64_t total, uint64_t commit,
+static int shm_create(const char *prefix, uint64_t stream_id, uint64_t total, uint64_t commit,
                       unsigned mode, unsigned group_mode, char name[RING_NAME_MAX], void **ret_base, int *ret_fd,
                       char *errbuf)
 {
@@ -146,8 +146,8 @@ static int shm_create(const char *prefix, uint64_t stream_id, const char *tag, u
             ld_errorf(errbuf, "getrandom: %s", strerror(errno));
             goto fail;
         }
-        int n = snprintf(name, RING_NAME_MAX, "/%s.%ld.%" PRIu64 ".%s%016" PRIx64, prefix,
-                         (long)getpid(), stream_id, tag, rnd);
+        int n = snprintf(name, RING_NAME_MAX, "/%s.%ld.%" PRIu64 ".%016" PRIx64, prefix,
+                         (long)getpid(), stream_id, rnd);
         if (n < 0 || (size_t)n >= RING_NAME_MAX) {
             ret = LD_ENAMETOOLONG;
             ld_errorf(errbuf, "shared memory name for prefix '%s' is too long", prefix);
@@ -282,7 +282,7 @@ int ring_open_partial(const char *prefix, uint64_t stream_id, uint32_t slot_coun
     }
     /* Group read, never write: a client never writes into a slot. */
     void *base = NULL; /* set on success; a compiler that inlines shm_create may not see it */
-    ret = shm_create(prefix, stream_id, "", total, eager, mode, 0040, r->name, &base,
+    ret = shm_create(prefix, stream_id, total, eager, mode, 0040, r->name, &base,
                      commit_slots < slot_count ? &r->fd : NULL, errbuf);
     if (ret < 0)
         goto fail;
