@@ -245,6 +245,7 @@ int client_handoff_next(lc_stream *s, int64_t deadline, int timeout_ms, struct l
     struct client_handoff *h = s->ho;
     lc_client *c = s->client;
     bool look = true; /* at the socket: first, and after each sleep that nothing ended */
+    bool timed_out = false;
     for (;;) {
         uint32_t seq = __atomic_load_n(&h->hdr->ready_seq, __ATOMIC_ACQUIRE);
         uint64_t tail = __atomic_load_n(&h->hdr->ready_tail, __ATOMIC_ACQUIRE);
@@ -288,9 +289,9 @@ int client_handoff_next(lc_stream *s, int64_t deadline, int timeout_ms, struct l
             return LC_ETIMEDOUT;
         }
         /* Replies that came (a wake-up's), or the daemon gone: the socket says. Not
-         * before every sleep (a system call each): a daemon that went away stops waking
-         * us, and the slice runs out. */
-        if (look) {
+         * before every sleep (a system call each): only when a reply is owed to us or
+         * the last slice ran out (a daemon that went away stops waking us). */
+        if (look && (timed_out || c->pending_head != c->pending_len)) {
             struct pollfd pfd = {.fd = c->fd, .events = POLLIN};
             if (poll(&pfd, 1, 0) > 0 && (r = client_wait(c, -1, 0, 0, NULL)) < 0)
                 return r;
@@ -300,7 +301,7 @@ int client_handoff_next(lc_stream *s, int64_t deadline, int timeout_ms, struct l
         /* Sequentially consistent, as the daemon's publishing and its look at
          * client_waiting are: either we see the entry, or it sees us waiting. */
         __atomic_store_n(&h->hdr->client_waiting, 1, __ATOMIC_SEQ_CST);
-        look = __atomic_load_n(&h->hdr->ready_tail, __ATOMIC_SEQ_CST) == h->ready_head &&
+        look = timed_out = __atomic_load_n(&h->hdr->ready_tail, __ATOMIC_SEQ_CST) == h->ready_head &&
                client_handoff_futex_wait(&h->hdr->ready_seq, seq,
                                          left < CLIENT_HANDOFF_SLICE_MS ? left : CLIENT_HANDOFF_SLICE_MS);
         __atomic_store_n(&h->hdr->client_waiting, 0, __ATOMIC_RELAXED);

@@ -69,6 +69,7 @@ struct handoff {
     uint64_t ready_tail, release_head; /* our own copies: the shared ones are only told */
     uint32_t seq, idle_seq;
     bool client_waited;         /* the client slept when the last entry was published */
+    uint64_t woke_tail;         /* ready_tail when the client was last woken */
     handoff_batch_cb on_batch;
     handoff_fail_cb on_fail;
     void *ctx;
@@ -269,10 +270,18 @@ static void handoff_wake_client(handoff *h)
     /* Sequentially consistent, as the client's setting of client_waiting and its second
      * look at the queue are: either it sees the entry, or we see it waiting. */
     __atomic_store_n(&h->hdr->ready_seq, ++h->seq, __ATOMIC_SEQ_CST);
-    h->client_waited = __atomic_load_n(&h->hdr->client_waiting, __ATOMIC_SEQ_CST) != 0;
-    if (h->client_waited && h->direct)
+    /* One wake-up per sleep: the mark is taken back with it, so that the batches
+     * published before the woken client runs (the other worker's, the rest of a run)
+     * cost no system call more. The client sets it again before each sleep. */
+    bool wake = __atomic_load_n(&h->hdr->client_waiting, __ATOMIC_SEQ_CST) != 0 &&
+                __atomic_exchange_n(&h->hdr->client_waiting, 0, __ATOMIC_SEQ_CST) != 0;
+    if (wake)
+        h->woke_tail = h->ready_tail;
+    /* Asleep, or woken and not yet back for the entry that woke it. */
+    h->client_waited = wake || __atomic_load_n(&h->hdr->ready_head, __ATOMIC_RELAXED) < h->woke_tail;
+    if (wake && h->direct)
         h->wake_owed = true; /* direct_wake, once the stream's lock is let go */
-    else if (h->client_waited)
+    else if (wake)
         syscall(SYS_futex, &h->hdr->ready_seq, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
 }
 

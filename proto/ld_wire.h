@@ -148,8 +148,9 @@ _Static_assert(offsetof(struct ld_slot_header, reserved) == 32, "ld_slot_header.
  *
  * Sleeping: a client with nothing to read sets `client_waiting`, checks the queue once
  * more and waits on the futex word `ready_seq` (FUTEX_WAIT, not private: the word is
- * shared); the daemon bumps `ready_seq` after every entry and wakes it when
- * `client_waiting` is set. The daemon takes releases, and reads `ready_head` (batches
+ * shared); the daemon bumps `ready_seq` after every entry and, when `client_waiting`
+ * is set, clears it and wakes the client (one wake-up per sleep). The daemon takes
+ * releases, and reads `ready_head` (batches
  * handed over and not yet taken count towards the stream's prefetch), whenever a batch
  * is filled. With nothing filling (every slot leased, or the prefetch made of batches
  * the client has not taken) it sets `daemon_idle` to a new non-zero number; the client
@@ -185,7 +186,7 @@ struct ld_handoff_header {
     /* written by the client (its own cache line) */
     uint64_t ready_head;        /* ready entries taken (informative: the daemon never needs it) */
     uint64_t release_tail;      /* release entries published */
-    uint32_t client_waiting;    /* 1 while the client sleeps on ready_seq */
+    uint32_t client_waiting;    /* 1: the client sleeps on ready_seq (the daemon clears it as it wakes it) */
     uint8_t reserved2[44];
 };
 _Static_assert(sizeof(struct ld_handoff_header) == 192, "ld_handoff_header is wire layout");

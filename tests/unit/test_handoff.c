@@ -5,7 +5,8 @@
  * with every slot leased says it is idle, and a release plus a poll ends that; release
  * entries that name a slot out of range, one not leased, a stale generation, or a tail
  * the queue cannot hold fail the hand-off once with a message naming the entry, and
- * change nothing in the ring; a client asleep on the ready queue's futex is woken by
+ * change nothing in the ring; a client asleep on the ready queue's futex is woken once
+ * per sleep (the daemon takes its mark back with the wake-up), and by
  * an end entry when the daemon ends the stream (stream_end: the next then answers the
  * code and message, and the batches it holds can still be released) and when the
  * hand-off is closed under it. */
@@ -335,6 +336,7 @@ struct sleeper {
     pthread_t thread;
     atomic_bool done;
     bool timed_out;             /* a wait of LOOP_MS ran out: nothing woke it */
+    bool leave_mark;            /* does not clear client_waiting once woken: the daemon must */
     struct ld_handoff_ready entry;
 };
 
@@ -354,7 +356,8 @@ static void *sleeper_run(void *arg)
                 break;
             }
         }
-        __atomic_store_n(&hdr->client_waiting, 0, __ATOMIC_RELAXED);
+        if (!sl->leave_mark)
+            __atomic_store_n(&hdr->client_waiting, 0, __ATOMIC_RELAXED);
     }
     sl->entry = *ready_at(sl->e, sl->head);
     atomic_store(&sl->done, true);
@@ -398,6 +401,52 @@ static void no_callback(void *ctx, const struct stream_answer *a)
     (void)ctx;
     (void)a;
     fail_msg("an ended stream's next is answered at once");
+}
+
+/* Gives back every batch published so far and wakes the daemon, as a client's release
+ * queue and `handoff` request do. */
+static void release_all(struct env *e)
+{
+    uint64_t tail = __atomic_load_n(&e->hdr->ready_tail, __ATOMIC_ACQUIRE);
+    for (uint64_t i = e->hdr->release_tail; i < tail; i++)
+        client_release(e, ready_at(e, i)->slot, ready_at(e, i)->generation);
+    handoff_kick(e->h);
+}
+
+/* The daemon wakes a sleeping client with the first entry it publishes and takes the
+ * mark back with the wake-up (the batches published before the client runs cost no
+ * second wake-up); a client that sleeps again, mark set anew, is woken again. */
+static void test_wakes_once_per_sleep(void **state)
+{
+    struct env *e = *state;
+    struct sleeper sl;
+    sleep_on_idle_queue(e, &sl);
+    assert_false(atomic_load(&sl.done));
+    release_all(e);
+    wait_sleeper(e, &sl);
+    assert_int_equal(sl.entry.rows, BATCH);
+    assert_int_equal(sl.entry.batch, 2);
+    /* Twice more: asleep with the queue taken, woken by the next batch. The sleeper
+     * leaves its mark: only the daemon's wake-up takes it back. */
+    for (int round = 0; round < 2; round++) {
+        uint64_t end = uv_hrtime() + (uint64_t)LOOP_MS * 1000000u;
+        while (!(idle_now(e) && e->hdr->ready_tail == e->hdr->release_tail + 2) && uv_hrtime() < end) {
+            uv_run(&e->loop, UV_RUN_NOWAIT);
+            uv_sleep(1);
+        }
+        assert_true(idle_now(e));
+        sl = (struct sleeper){.e = e, .head = e->hdr->ready_tail, .leave_mark = true};
+        e->hdr->ready_head = sl.head;
+        assert_int_equal(pthread_create(&sl.thread, NULL, sleeper_run, &sl), 0);
+        while (!__atomic_load_n(&e->hdr->client_waiting, __ATOMIC_SEQ_CST) && uv_hrtime() < end)
+            uv_sleep(1);
+        assert_true(__atomic_load_n(&e->hdr->client_waiting, __ATOMIC_SEQ_CST) != 0);
+        release_all(e);
+        wait_sleeper(e, &sl);
+        assert_int_equal(sl.entry.batch, sl.head % (SAMPLES / BATCH));
+        assert_int_equal(__atomic_load_n(&e->hdr->client_waiting, __ATOMIC_SEQ_CST), 0);
+    }
+    assert_int_equal(e->fails, 0);
 }
 
 static void test_end_wakes_a_sleeping_client(void **state)
@@ -520,6 +569,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_slot_out_of_range, setup, teardown),
         cmocka_unit_test_setup_teardown(test_slot_not_leased, setup, teardown),
         cmocka_unit_test_setup_teardown(test_tail_out_of_bounds, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_wakes_once_per_sleep, setup, teardown),
         cmocka_unit_test_setup_teardown(test_end_wakes_a_sleeping_client, setup, teardown),
         cmocka_unit_test_setup_teardown(test_close_wakes_a_sleeping_client, setup, teardown),
         cmocka_unit_test_setup_teardown(test_stall_in_line_ends_once, setup_stall, teardown),
