@@ -18,10 +18,14 @@
 #include "ld_mix.h"
 
 #include <stddef.h>
+#include <string.h>
 
 /* Enough rounds that even the 2-bit range of a tiny dataset reaches odd as well as
  * even permutations after cycle walking; each round costs one 64-bit mix. */
 #define SAMPLER_ROUNDS 6
+/* Positions computed side by side (sampler_indices), and rows of a batch that
+ * sampler_index computes at once. */
+#define SAMPLER_RUN 32u
 
 /* One key per (seed, epoch). The epoch goes through its own mix first so that
  * (seed, epoch) and (seed + 1, epoch - 1) do not collide the way a plain sum would. */
@@ -71,6 +75,45 @@ uint64_t sampler_permute(uint64_t n, uint64_t seed, uint64_t epoch, uint64_t pos
     return x;
 }
 
+/* sampler_permute of `count` positions (each < n, count <= SAMPLER_RUN) at once. One
+ * position is a chain of dependent multiplications; several chains side by side keep
+ * the multiplier busy, which makes a position about half as costly. Every position
+ * goes through the network together; those that land outside [0, n) walk on, together. */
+static void permute_run(uint64_t n, uint64_t seed, uint64_t epoch, const uint64_t *pos, uint64_t *out,
+                        unsigned count)
+{
+    unsigned h = half_bits(n);
+    uint64_t mask = h == 32 ? UINT32_MAX : (UINT64_C(1) << h) - 1;
+    uint64_t key = epoch_key(seed, epoch);
+    uint64_t left[SAMPLER_RUN], right[SAMPLER_RUN];
+    unsigned lane[SAMPLER_RUN], m = count;
+    for (unsigned i = 0; i < m; i++) {
+        left[i] = pos[i] >> h;
+        right[i] = pos[i] & mask;
+        lane[i] = i;
+    }
+    while (m) {
+        for (unsigned r = 0; r < SAMPLER_ROUNDS; r++)
+            for (unsigned i = 0; i < m; i++) {
+                uint64_t next = left[i] ^ (feistel_round(key, r, right[i]) & mask);
+                left[i] = right[i];
+                right[i] = next;
+            }
+        unsigned k = 0;
+        for (unsigned i = 0; i < m; i++) {
+            uint64_t x = (left[i] << h) | right[i];
+            if (x < n) {
+                out[lane[i]] = x;
+                continue;
+            }
+            left[k] = x >> h;
+            right[k] = x & mask;
+            lane[k++] = lane[i];
+        }
+        m = k;
+    }
+}
+
 int sampler_init(sampler *s, const struct sampler_params *p)
 {
     if (!s || !p || p->n == 0 || p->batch_size == 0 || p->world_size == 0 ||
@@ -107,7 +150,8 @@ uint32_t sampler_batch_rows(const sampler *s, uint64_t batch)
     return (uint32_t)(s->per_rank - (s->batches - 1) * (uint64_t)s->p.batch_size);
 }
 
-uint64_t sampler_index(const sampler *s, uint64_t epoch, uint64_t batch, uint32_t row)
+/* Position in the global order of row `row` of batch `batch` for this rank. */
+static uint64_t sampler_position(const sampler *s, uint64_t batch, uint32_t row)
 {
     uint64_t k = batch * s->p.batch_size + row;
     uint64_t pos = s->p.rank + k * s->p.world_size;
@@ -116,7 +160,57 @@ uint64_t sampler_index(const sampler *s, uint64_t epoch, uint64_t batch, uint32_
      * inside [0, n). */
     if (pos >= s->p.n)
         pos %= s->p.n;
+    return pos;
+}
+
+void sampler_indices(const sampler *s, uint64_t epoch, uint64_t batch, uint32_t row, uint32_t count,
+                     uint64_t *ret_idx)
+{
+    uint64_t pos[SAMPLER_RUN];
+    while (count) {
+        unsigned m = count < SAMPLER_RUN ? count : SAMPLER_RUN;
+        for (unsigned i = 0; i < m; i++)
+            pos[i] = sampler_position(s, batch, row + i);
+        if (!s->p.shuffle || s->p.n <= 1)
+            memcpy(ret_idx, pos, m * sizeof *pos);
+        else
+            permute_run(s->p.n, s->p.seed, epoch, pos, ret_idx, m);
+        row += m;
+        count -= m;
+        ret_idx += m;
+    }
+}
+
+/* The rows of one batch that this thread computed last, from its first call for them:
+ * a worker asks for the rows of its chunk one by one, in order. The key is everything
+ * the indices depend on, so an entry can only ever be right. */
+static _Thread_local struct {
+    uint64_t n, seed, epoch, batch;
+    uint32_t batch_size, rank, world_size;
+    uint32_t row, count;        /* rows [row, row + count) are in idx; count 0: none */
+    uint64_t idx[SAMPLER_RUN];
+} sampler_run;
+
+uint64_t sampler_index(const sampler *s, uint64_t epoch, uint64_t batch, uint32_t row)
+{
     if (!s->p.shuffle)
-        return pos;
-    return sampler_permute(s->p.n, s->p.seed, epoch, pos);
+        return sampler_position(s, batch, row);
+    const struct sampler_params *p = &s->p;
+    if (row - sampler_run.row < sampler_run.count && sampler_run.epoch == epoch && sampler_run.batch == batch &&
+        sampler_run.n == p->n && sampler_run.seed == p->seed && sampler_run.batch_size == p->batch_size &&
+        sampler_run.rank == p->rank && sampler_run.world_size == p->world_size)
+        return sampler_run.idx[row - sampler_run.row];
+    /* The rest of the batch from this row, up to a run. */
+    uint32_t count = row < p->batch_size && p->batch_size - row < SAMPLER_RUN ? p->batch_size - row : SAMPLER_RUN;
+    sampler_indices(s, epoch, batch, row, count, sampler_run.idx);
+    sampler_run.n = p->n;
+    sampler_run.seed = p->seed;
+    sampler_run.epoch = epoch;
+    sampler_run.batch = batch;
+    sampler_run.batch_size = p->batch_size;
+    sampler_run.rank = p->rank;
+    sampler_run.world_size = p->world_size;
+    sampler_run.row = row;
+    sampler_run.count = count;
+    return sampler_run.idx[0];
 }

@@ -35,8 +35,13 @@ uint64_t sampler_batches(const sampler *s);
 uint64_t sampler_samples(const sampler *s);
 /* Rows in batch `batch` (batch_size except a short last batch without drop_last). */
 uint32_t sampler_batch_rows(const sampler *s, uint64_t batch);
-/* Dataset index of row `row` of batch `batch` of `epoch` for this rank. */
+/* Dataset index of row `row` of batch `batch` of `epoch` for this rank. The first call
+ * for a row computes the batch's next rows with it (sampler_indices) and keeps them for
+ * the calling thread, so rows asked for in order cost about half as much. */
 uint64_t sampler_index(const sampler *s, uint64_t epoch, uint64_t batch, uint32_t row);
+/* sampler_index of rows [row, row + count) of one batch, into ret_idx[0..count). */
+void sampler_indices(const sampler *s, uint64_t epoch, uint64_t batch, uint32_t row, uint32_t count,
+                     uint64_t *ret_idx);
 /* The global permutation: position pos in [0, n) of epoch under seed → index in [0, n). */
 uint64_t sampler_permute(uint64_t n, uint64_t seed, uint64_t epoch, uint64_t pos);
 
