@@ -270,15 +270,18 @@ static void handoff_wake_client(handoff *h)
     /* Sequentially consistent, as the client's setting of client_waiting and its second
      * look at the queue are: either it sees the entry, or we see it waiting. */
     __atomic_store_n(&h->hdr->ready_seq, ++h->seq, __ATOMIC_SEQ_CST);
-    /* One wake-up per sleep: the mark is taken back with it, so that the batches
-     * published before the woken client runs (the other worker's, the rest of a run)
-     * cost no system call more. The client sets it again before each sleep. */
-    bool wake = __atomic_load_n(&h->hdr->client_waiting, __ATOMIC_SEQ_CST) != 0 &&
-                __atomic_exchange_n(&h->hdr->client_waiting, 0, __ATOMIC_SEQ_CST) != 0;
+    /* One wake-up per sleep: a client still marked asleep that has not yet taken what the
+     * last wake-up announced is awake already (or about to be), so the batches published
+     * before it runs (the other worker's, the rest of a run) cost no system call more.
+     * Once it has taken them, a mark means a new sleep. The mark is the client's alone:
+     * taking it back here could clear the mark of the client's next sleep, set between
+     * our look and the take, and lose that sleep's wake-up. Its ready_head comes with
+     * its mark (stored before it), so a client that sleeps anew is seen as such. */
+    bool waiting = __atomic_load_n(&h->hdr->client_waiting, __ATOMIC_SEQ_CST) != 0;
+    bool wake = waiting && __atomic_load_n(&h->hdr->ready_head, __ATOMIC_RELAXED) >= h->woke_tail;
     if (wake)
         h->woke_tail = h->ready_tail;
-    /* Asleep, or woken and not yet back for the entry that woke it. */
-    h->client_waited = wake || __atomic_load_n(&h->hdr->ready_head, __ATOMIC_RELAXED) < h->woke_tail;
+    h->client_waited = waiting; /* asleep, or woken and not yet back for its entries */
     if (wake && h->direct)
         h->wake_owed = true; /* direct_wake, once the stream's lock is let go */
     else if (wake)

@@ -186,7 +186,7 @@ struct ld_handoff_header {
     /* written by the client (its own cache line) */
     uint64_t ready_head;        /* ready entries taken (informative: the daemon never needs it) */
     uint64_t release_tail;      /* release entries published */
-    uint32_t client_waiting;    /* 1: the client sleeps on ready_seq (the daemon clears it as it wakes it) */
+    uint32_t client_waiting;    /* 1: the client sleeps on ready_seq (the client's alone to write) */
     uint8_t reserved2[44];
 };
 _Static_assert(sizeof(struct ld_handoff_header) == 192, "ld_handoff_header is wire layout");
