@@ -23,11 +23,22 @@
  * cache built before it.
  *
  * Reclamation. The stream takes the cache for one batch at a time (acquire when the
- * batch is cut into chunks, release when its last chunk is back, both on the loop
- * thread), so every cache has an exact count of the batches reading it; a job that
- * uses a cache holds a reference too. A cache that is no longer attached (replaced,
- * stale, corrupt) is unmapped as soon as that count is 0: the number of caches a run
- * may attach is unbounded, and superseded files are not kept on disk by our mappings.
+ * batch is cut into chunks, release when its last chunk is back), so every cache has an
+ * exact count of the batches reading it; a job that uses a cache holds a reference too.
+ * A cache that is no longer attached (replaced, stale, corrupt) is unmapped as soon as
+ * that count is 0: the number of caches a run may attach is unbounded, and superseded
+ * files are not kept on disk by our mappings.
+ *
+ * Workers. A stream on the direct path (stream_direct.c) cuts and finishes batches on
+ * a worker, which takes and gives back references with try_acquire and try_release.
+ * `refs_lock` makes that safe: the counts, the list of held caches, `current` and
+ * `valid_for` change only under it (always on the loop, but for the counts), and a
+ * worker reads them only under it. What a worker may not do is the loop's, and the
+ * worker leaves it undone: a cache found bad is dropped by cache_keeper_tend (the
+ * worker's batch reads the source meanwhile), and the last reference to a cache no
+ * longer attached is given back on the loop (try_release refuses it), so a cache is
+ * unmapped by the loop alone, once no batch can read it. Lock order: a stream's lock,
+ * then this one; nothing here calls out while holding it.
  *
  * A trainer's declared cache (cache_keeper_new_at) lives in a directory the daemon
  * opened once: every file of it is reached through that descriptor (/proc/self/fd/N/NAME
@@ -93,6 +104,9 @@ struct cache_keeper {
     struct held *current;           /* the attached cache, or NULL */
     uint64_t tickets;               /* tickets issued: one per stream opened */
     uint64_t valid_for;             /* current matches the source for tickets <= this */
+    /* held, current, valid_for and every held's refs: written under it; read by a
+     * worker only under it (the loop reads them freely: it is their only other writer) */
+    pthread_mutex_t refs_lock;
     uint64_t last_force_ns;         /* uv_hrtime() of the last forced build's start; 0: none */
     uint64_t attached, freed;       /* caches attached and unmapped over the run */
     uint64_t freed_hits, freed_hit_bytes;
@@ -229,15 +243,19 @@ static void held_unmap(cache_keeper *k, struct held *h)
     free(h);
 }
 
+/* The loop thread. */
 static void held_unref(cache_keeper *k, struct held *h)
 {
     if (!h)
         return;
+    pthread_mutex_lock(&k->refs_lock);
     ld_require(h->refs > 0); /* else more releases than acquires */
     if (--h->refs == 0 && h != k->current)
         held_unmap(k, h);
+    pthread_mutex_unlock(&k->refs_lock);
 }
 
+/* Under refs_lock, or on the loop thread. */
 static struct held *held_of(cache_keeper *k, const cache *c)
 {
     for (struct held *h = k->held; h; h = h->next)
@@ -259,7 +277,9 @@ static int start_job(cache_keeper *k, enum job_kind kind, bool force)
     k->job.d = k->d;
     if (kind != JOB_BUILD && k->current) {
         k->job.uses = k->current;
+        pthread_mutex_lock(&k->refs_lock);
         k->current->refs++;
+        pthread_mutex_unlock(&k->refs_lock);
     }
     atomic_store(&k->progress_done, 0);
     atomic_store(&k->progress_total, 0);
@@ -301,10 +321,12 @@ static void attach(cache_keeper *k, cache *c, uint64_t ticket, const dataset *d)
     h->c = c;
     h->d = d;
     h->advise = ram && cache_meta(c)->file_size > ram / 2;
+    pthread_mutex_lock(&k->refs_lock);
     h->next = k->held;
     k->held = h;
     k->current = h;
     k->valid_for = ticket;
+    pthread_mutex_unlock(&k->refs_lock);
     k->attached++;
     k->state = K_READY;
     k->error[0] = '\0';
@@ -312,10 +334,12 @@ static void attach(cache_keeper *k, cache *c, uint64_t ticket, const dataset *d)
 
 static void detach(cache_keeper *k)
 {
+    pthread_mutex_lock(&k->refs_lock);
     struct held *h = k->current;
     k->current = NULL;
     if (h && h->refs == 0)
         held_unmap(k, h);
+    pthread_mutex_unlock(&k->refs_lock);
 }
 
 static int start_verify(cache_keeper *k, void (*done)(void *ctx, int rc, const char *message), void *ctx);
@@ -414,8 +438,11 @@ static void on_done(uv_async_t *a)
             ld_log(LD_LOG_INFO, "dataset '%s': serving from the cache %s", name, k->path);
         } else if (k->job.rc == 0) {
             /* Fingerprint unchanged: proven for every stream opened before the check. */
-            if (k->current && k->current == used && k->job.ticket > k->valid_for)
+            if (k->current && k->current == used && k->job.ticket > k->valid_for) {
+                pthread_mutex_lock(&k->refs_lock);
                 k->valid_for = k->job.ticket;
+                pthread_mutex_unlock(&k->refs_lock);
+            }
         } else if (k->job.rc == LD_ENOENT) {
             if (k->current) {
                 detach(k);
@@ -551,6 +578,7 @@ static int keeper_new(uv_loop_t *loop, dataset *d, const struct config_dataset *
         free(k);
         return rc;
     }
+    pthread_mutex_init(&k->refs_lock, NULL);
     k->done.data = k;
     d->keeper = k;
     if (k->mode == CONFIG_CACHE_OFF) {
@@ -635,6 +663,7 @@ void cache_keeper_free(cache_keeper *k)
         cache_free(h->c);
         free(h);
     }
+    pthread_mutex_destroy(&k->refs_lock);
     keeper_free_names(k);
     free(k);
 }
@@ -667,15 +696,16 @@ uint64_t cache_keeper_stream_opened(cache_keeper *k)
     return ticket;
 }
 
-cache *cache_keeper_acquire(cache_keeper *k, const dataset *d, uint64_t ticket, bool *ret_advise)
+/* Under refs_lock: a reference to the attached cache for a batch of the stream holding
+ * `ticket` on d, or NULL; *ret_bad: the attached cache was found bad (nothing taken). */
+static cache *keeper_take(cache_keeper *k, const dataset *d, uint64_t ticket, bool *ret_advise, bool *ret_bad)
 {
     struct held *h = k->current;
+    *ret_bad = false;
     if (!h)
         return NULL;
-    uint64_t bad_index = 0;
-    int why = cache_bad(h->c, &bad_index);
-    if (why != CACHE_BAD_NONE) {
-        drop_bad(k, why, bad_index);
+    if (cache_bad(h->c, NULL) != CACHE_BAD_NONE) {
+        *ret_bad = true;
         return NULL;
     }
     if (ticket > k->valid_for)
@@ -688,6 +718,34 @@ cache *cache_keeper_acquire(cache_keeper *k, const dataset *d, uint64_t ticket, 
     return h->c;
 }
 
+cache *cache_keeper_acquire(cache_keeper *k, const dataset *d, uint64_t ticket, bool *ret_advise)
+{
+    bool bad;
+    pthread_mutex_lock(&k->refs_lock);
+    cache *c = keeper_take(k, d, ticket, ret_advise, &bad);
+    pthread_mutex_unlock(&k->refs_lock);
+    if (bad)
+        cache_keeper_tend(k);
+    return c;
+}
+
+cache *cache_keeper_try_acquire(cache_keeper *k, const dataset *d, uint64_t ticket, bool *ret_advise,
+                                bool *ret_bad)
+{
+    pthread_mutex_lock(&k->refs_lock);
+    cache *c = keeper_take(k, d, ticket, ret_advise, ret_bad);
+    pthread_mutex_unlock(&k->refs_lock);
+    return c;
+}
+
+void cache_keeper_tend(cache_keeper *k)
+{
+    uint64_t bad_index = 0;
+    int why = k->current ? cache_bad(k->current->c, &bad_index) : CACHE_BAD_NONE;
+    if (why != CACHE_BAD_NONE)
+        drop_bad(k, why, bad_index);
+}
+
 void cache_keeper_release(cache_keeper *k, cache *c)
 {
     if (!c)
@@ -695,6 +753,20 @@ void cache_keeper_release(cache_keeper *k, cache *c)
     struct held *h = held_of(k, c);
     ld_require(h != NULL); /* else a cache we never handed out is given back */
     held_unref(k, h);
+}
+
+bool cache_keeper_try_release(cache_keeper *k, cache *c)
+{
+    if (!c)
+        return true;
+    pthread_mutex_lock(&k->refs_lock);
+    struct held *h = held_of(k, c);
+    ld_require(h != NULL && h->refs > 0); /* else a cache we never handed out is given back */
+    bool last_of_retired = h->refs == 1 && h != k->current;
+    if (!last_of_retired)
+        h->refs--;
+    pthread_mutex_unlock(&k->refs_lock);
+    return !last_of_retired;
 }
 
 void cache_keeper_set_dataset(cache_keeper *k, dataset *d)

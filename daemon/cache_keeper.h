@@ -5,7 +5,8 @@
  *
  * Everything slow (fingerprinting thousands of files, building, verifying) runs on the
  * keeper's own thread, one job at a time; results come back to the loop thread through
- * a uv_async handle. All functions here are called on the loop thread. */
+ * a uv_async handle. All functions here are called on the loop thread, but for
+ * try_acquire and try_release, which a worker on a stream's direct path calls. */
 #ifndef LD_CACHE_KEEPER_H
 #define LD_CACHE_KEEPER_H
 
@@ -58,6 +59,19 @@ struct cache *cache_keeper_acquire(cache_keeper *k, const dataset *d, uint64_t t
 /* Drops a reference from cache_keeper_acquire (c may be NULL); a replaced cache is
  * unmapped when its last reader is gone. */
 void cache_keeper_release(cache_keeper *k, struct cache *c);
+/* Any thread (a worker cutting a batch on a stream's direct path). The steady state of
+ * acquire, without what only the loop may do: the same answer, but a cache found bad is
+ * not dropped here: NULL (the batch reads the source) and *ret_bad set, and the caller
+ * has the loop call cache_keeper_tend. */
+struct cache *cache_keeper_try_acquire(cache_keeper *k, const dataset *d, uint64_t ticket, bool *ret_advise,
+                                       bool *ret_bad);
+/* Any thread: drops a reference (c may be NULL) and returns true, unless it is the last
+ * one to a cache no longer attached, whose unmapping is the loop's: false, and nothing
+ * was done (the caller has the loop call cache_keeper_release). */
+bool cache_keeper_try_release(cache_keeper *k, struct cache *c);
+/* A batch found the attached cache bad (try_acquire said so): sets it aside, detaches
+ * it and rebuilds, as acquire does; nothing when it is not. */
+void cache_keeper_tend(cache_keeper *k);
 /* A rescan replaced the keeper's dataset (dataset_watch.h): jobs from now on fingerprint
  * and build d; caches made for the old one are given only to its streams, and the next
  * check finds the cache stale. Sets d->keeper. */

@@ -2,8 +2,11 @@
  * that cache_report makes of it: tickets (a stream opened after a change never reads a
  * cache built before it), reclamation of replaced caches, verify during a build and
  * forced rebuilds, a failed directory retried, mode off, a corrupt sample found while
- * serving, and the keeper's stats agreeing with its JSON. A real uv loop runs the
- * keeper's completions; its thread builds real caches of a real `files` dataset. */
+ * serving, and the keeper's stats agreeing with its JSON; references taken and given
+ * back by worker threads (a stream's direct path) while the loop replaces the cache,
+ * with the last reference to a replaced cache and a cache found bad left to the loop.
+ * A real uv loop runs the keeper's completions; its thread builds real caches of a real
+ * `files` dataset. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -13,6 +16,8 @@
 #include "cache_fixtures.h"
 
 #include <inttypes.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <time.h>
 #include <uv.h>
 
@@ -339,6 +344,168 @@ static void test_keeper_drops_bad_cache(void **state)
     keeper_stop(&f);
 }
 
+/* ---- worker threads ---------------------------------------------------------------- */
+
+#define READERS 2
+#define HANDED_MAX 4096
+
+/* What the readers share with the loop: the ticket they read with, and the references
+ * try_release refused (the last ones to a replaced cache), handed to the loop. */
+struct readers {
+    struct keeper_fixture *f;
+    uint64_t ticket;
+    atomic_bool stop;
+    atomic_uint_fast64_t reads, refused;
+    pthread_mutex_t lock;
+    char error[LD_ERRMSG_MAX];      /* the first thing a reader found wrong (cmocka asserts on the main thread) */
+    cache *handed[HANDED_MAX];
+    unsigned n_handed;
+};
+
+static void reader_failed(struct readers *r, const char *what, unsigned i, const char *err)
+{
+    pthread_mutex_lock(&r->lock);
+    if (!r->error[0])
+        snprintf(r->error, sizeof r->error, "file %u: %s%s", i, what, err);
+    pthread_mutex_unlock(&r->lock);
+    atomic_store(&r->stop, true);
+}
+
+/* A worker: takes the cache for a "batch", checks one sample's bytes against its file
+ * (a replaced cache is still mapped while held), gives the reference back. */
+static void *reader_main(void *arg)
+{
+    struct readers *r = arg;
+    uint8_t buf[1000];
+    char err[LD_ERRMSG_MAX] = "";
+    for (unsigned n = 0; !atomic_load(&r->stop); n++) {
+        bool advise = false, bad = true;
+        unsigned i = 10 + n % 20; /* files 10..29 never change here */
+        cache *c = cache_keeper_try_acquire(r->f->k, r->f->d, r->ticket, &advise, &bad);
+        if (bad)
+            reader_failed(r, "the cache was said to be bad", i, "");
+        if (!c) {
+            sched_yield();
+            continue;
+        }
+        uint64_t len;
+        int64_t label;
+        if (cache_read(c, sample_of(r->f->d, i), buf, sizeof buf, &len, &label, true, err) != 0)
+            reader_failed(r, "a held cache could not be read: ", i, err);
+        else if (buf[5] != testfs_byte(i, 5))
+            reader_failed(r, "wrong bytes from the cache", i, "");
+        atomic_fetch_add(&r->reads, 1);
+        if (!cache_keeper_try_release(r->f->k, c)) {
+            atomic_fetch_add(&r->refused, 1);
+            pthread_mutex_lock(&r->lock);
+            if (r->n_handed < HANDED_MAX)
+                r->handed[r->n_handed++] = c;
+            else
+                snprintf(r->error, sizeof r->error, "more than %u references handed to the loop", HANDED_MAX);
+            pthread_mutex_unlock(&r->lock);
+        }
+    }
+    return NULL;
+}
+
+/* The loop's part: gives back what the readers handed over. */
+static void readers_settle(struct readers *r)
+{
+    pthread_mutex_lock(&r->lock);
+    for (unsigned i = 0; i < r->n_handed; i++)
+        cache_keeper_release(r->f->k, r->handed[i]);
+    r->n_handed = 0;
+    pthread_mutex_unlock(&r->lock);
+}
+
+/* Worker threads take and give back references while the loop replaces the cache
+ * three times: what they read is always right, and every replaced cache is unmapped
+ * once its last reference is back. The last reference to a replaced cache is refused
+ * to a worker (the loop gives it back); a cache found bad is reported, not dropped, by
+ * try_acquire, and dropped by cache_keeper_tend. */
+static void test_keeper_worker_references(void **state)
+{
+    struct tdir *t = *state;
+    struct keeper_fixture f;
+    write_fixed_tree(t->src, 30, 1000);
+    keeper_start(&f, t, CONFIG_CACHE_AUTO, t->cache);
+    keeper_wait(&f, "absent");
+    uint64_t t1 = cache_keeper_stream_opened(f.k);
+    bool advise = true, bad = true;
+    assert_null(cache_keeper_try_acquire(f.k, f.d, t1, &advise, &bad)); /* building: the source */
+    assert_false(bad);
+    cache_keeper_release(f.k, keeper_acquire_wait(&f, t1));
+
+    /* The last reference to a replaced cache: refused to a worker, taken by the loop. */
+    cache *old = cache_keeper_try_acquire(f.k, f.d, t1, &advise, &bad);
+    assert_non_null(old);
+    assert_true(cache_keeper_try_release(f.k, old));      /* attached: given back */
+    old = cache_keeper_try_acquire(f.k, f.d, t1, &advise, &bad);
+    rewrite_file(t->src, 1, 501, 1500000000);
+    uint64_t t2 = cache_keeper_stream_opened(f.k);
+    cache_keeper_release(f.k, keeper_acquire_wait(&f, t2));
+    assert_int_equal((int)keeper_num(f.k, "mapped"), 2);
+    assert_false(cache_keeper_try_release(f.k, old));     /* the last one of a replaced cache */
+    assert_int_equal((int)keeper_num(f.k, "mapped"), 2);  /* nothing was done */
+    cache_keeper_release(f.k, old);
+    assert_int_equal((int)keeper_num(f.k, "mapped"), 1);
+
+    /* Readers on two threads while the loop replaces the cache three times. */
+    struct readers r = {.f = &f, .ticket = t2};
+    pthread_mutex_init(&r.lock, NULL);
+    pthread_t th[READERS];
+    for (int i = 0; i < READERS; i++)
+        assert_int_equal(pthread_create(&th[i], NULL, reader_main, &r), 0);
+    for (unsigned round = 0; round < 3; round++) {
+        double attached = keeper_num(f.k, "attached");
+        rewrite_file(t->src, round + 2, 600 + round, 1500000001 + round);
+        cache_keeper_stream_opened(f.k); /* the check finds the change: rebuilt, attached */
+        for (int i = 0; i < 2000 && !(keeper_in(f.k, "ready") && keeper_num(f.k, "attached") > attached); i++) {
+            uv_run(&f.loop, UV_RUN_NOWAIT);
+            readers_settle(&r);
+            usleep(5000);
+        }
+        assert_true(keeper_num(f.k, "attached") > attached);
+        /* The readers' ticket came before the change: proven for the new cache too
+         * (built after it opened), so they go on reading it. */
+        uint64_t before = atomic_load(&r.reads);
+        for (int i = 0; i < 2000 && atomic_load(&r.reads) < before + 50; i++)
+            usleep(1000);
+        assert_true(atomic_load(&r.reads) >= before + 50);
+    }
+    atomic_store(&r.stop, true);
+    for (int i = 0; i < READERS; i++)
+        pthread_join(th[i], NULL);
+    readers_settle(&r);
+    pthread_mutex_destroy(&r.lock);
+    if (r.error[0])
+        fail_msg("%s", r.error);
+    assert_int_equal((int)keeper_num(f.k, "mapped"), 1);
+    assert_true(keeper_in(f.k, "ready"));
+
+    /* A cache found bad: try_acquire says so and leaves it (the loop's to drop). */
+    char badpath[600];
+    snprintf(badpath, sizeof badpath, "%s.bad", t->cache);
+    cache *c = cache_keeper_try_acquire(f.k, f.d, t2, &advise, &bad);
+    assert_non_null(c);
+    uint64_t len;
+    int64_t label;
+    uint8_t buf[1000];
+    char err[LD_ERRMSG_MAX];
+    flip_byte(t->cache, CACHE_HEADER_SIZE + 5 * align_to(1000) + 9);
+    assert_int_equal(cache_read(c, 5, buf, sizeof buf, &len, &label, true, err), LD_ECACHE);
+    assert_true(cache_keeper_try_release(f.k, c));
+    assert_null(cache_keeper_try_acquire(f.k, f.d, t2, &advise, &bad));
+    assert_true(bad);
+    assert_true(keeper_in(f.k, "ready"));                 /* not dropped by a worker */
+    assert_false(exists(badpath));
+    cache_keeper_tend(f.k);
+    assert_true(exists(badpath));                         /* the loop set it aside */
+    assert_false(keeper_in(f.k, "ready"));
+    cache_keeper_release(f.k, keeper_acquire_wait(&f, t2)); /* rebuilt */
+    keeper_stop(&f);
+}
+
 int main(void)
 {
     ld_log_set_level(LD_LOG_WARN);
@@ -347,6 +514,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_keeper_verify_during_build_and_force, setup, teardown),
         cmocka_unit_test_setup_teardown(test_keeper_failed_retried_and_off, setup, teardown),
         cmocka_unit_test_setup_teardown(test_keeper_drops_bad_cache, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_keeper_worker_references, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
