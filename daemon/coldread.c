@@ -217,6 +217,12 @@ bool coldread_wanted(coldread *ra)
     bool on = atomic_load_explicit(&ra->on, memory_order_relaxed);
     if (reads < COLDREAD_SAMPLE_READS)
         return on;
+    /* Streams of one dataset decide on several threads at once (the loop, workers on
+     * direct paths): one of them takes the reads counted so far, the others go by the
+     * last decision (else both would subtract the same reads). */
+    if (atomic_exchange_explicit(&ra->deciding, true, memory_order_acquire))
+        return on;
+    reads = atomic_load_explicit(&ra->reads, memory_order_relaxed);
     uint64_t misses = atomic_exchange_explicit(&ra->misses, 0, memory_order_relaxed);
     atomic_fetch_sub_explicit(&ra->reads, reads, memory_order_relaxed);
     bool cold = misses * COLDREAD_COLD_DIV >= reads;
@@ -225,6 +231,7 @@ bool coldread_wanted(coldread *ra)
         ld_log(LD_LOG_DEBUG, "read-ahead %s: %" PRIu64 " of %" PRIu64 " reads missed the page cache",
                cold ? "on" : "off", misses, reads);
     }
+    atomic_store_explicit(&ra->deciding, false, memory_order_release);
     return cold;
 }
 

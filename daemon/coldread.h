@@ -105,12 +105,14 @@ void coldread_release(coldread *ra, void (*done)(void *arg), void *arg);
 ssize_t coldread_pread(coldread *ra, int fd, void *buf, size_t len, off_t off);
 
 /* Decides, from the reads counted since the last call, whether samples are read ahead
- * now; true when they are. Loop thread; does not block. */
+ * now; true when they are. Any thread (the loop, a worker on a stream's direct path);
+ * does not block. */
 bool coldread_wanted(coldread *ra);
 /* Queues samples idx[0..n) for read-ahead (copied: the caller keeps idx) on behalf of
  * `owner` (a stream: coldread_forget drops what is left of its buffers). Does not
  * block on I/O. LD_ENOMEM when the job or the threads cannot be had: nothing is read
- * ahead and the workers read as usual. Loop thread. */
+ * ahead and the workers read as usual. Any thread but an I/O thread (the loop, a worker
+ * on a stream's direct path). */
 int coldread_submit(coldread *ra, const void *owner, const uint64_t *idx, size_t n);
 /* Read once: when the read-ahead holds sample `index`'s bytes (`bytes` of them, as
  * recorded) and `same` says the file has not changed since, copies them to dst, frees

@@ -42,6 +42,7 @@ struct coldread {
     atomic_bool on;
     atomic_bool nowait_unsupported; /* the file system refuses RWF_NOWAIT: never cold */
     atomic_uint_fast64_t reads, misses; /* since the last decision */
+    atomic_bool deciding;           /* coldread_wanted: one caller at a time takes the counts */
     atomic_uint_fast64_t samples, ahead_misses, failed, pending;
 };
 
