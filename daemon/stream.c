@@ -22,16 +22,19 @@
  * The direct path (stream_direct.c). A stream whose batches go to a started hand-off in
  * shared memory (handoff.h), filled on the host and not shared, runs the steps above
  * from slot_filled to deliver on the worker that finishes the slot, under the stream's
- * lock, and refills from there; the loop only comes by for what is not the steady state.
- * While it is on, every call here takes that lock (stream_lock), so the flow is the
- * same whichever thread runs it.
+ * lock, and refills from there (schedule and start_fill, the batch's cache reference and
+ * read-ahead included); the loop only comes by for what is not the steady state. While
+ * it is on, every call here takes that lock (stream_lock), so the flow is the same
+ * whichever thread runs it.
  *
  * The dataset's cache. A stream gets a ticket from the dataset's cache keeper when it
  * opens, and each batch asks the keeper, when it is cut into chunks, which cache it
  * may read with that ticket: none until a check started after the stream opened has
  * proven the cache matches the source (so a stream opened after a change never reads a
  * byte of the old cache), and a reference that the batch holds until its last chunk is
- * back (so a replaced cache is unmapped only once no worker can read it). A closing
+ * back (so a replaced cache is unmapped only once no worker can read it). On the direct
+ * path a worker takes and gives back those references itself; a cache found bad and
+ * the last reference to a replaced one stay the loop's (cache_keeper.h). A closing
  * stream cancels its queued chunks and is freed when the chunks already running have
  * come back.
  *
@@ -276,7 +279,12 @@ static void start_fill(stream *s, uint32_t slot, uint64_t seq)
     hdr->rows = sl->rows;
 
     bool advise = false;
-    sl->cache = s->ds->keeper ? cache_keeper_acquire(s->ds->keeper, s->ds, s->cache_ticket, &advise) : NULL;
+    if (!s->ds->keeper)
+        sl->cache = NULL;
+    else if (stream_on_direct_worker())
+        sl->cache = stream_direct_acquire(s, &advise);
+    else
+        sl->cache = cache_keeper_acquire(s->ds->keeper, s->ds, s->cache_ticket, &advise);
     /* A cache much larger than memory: tell the kernel which samples this batch will
      * read, a prefetch depth before the workers get to them. */
     struct cache *cached = sl->cache;
@@ -347,10 +355,6 @@ void stream_schedule(stream *s)
     s = s->src; /* a shared stream's consumer: its producer fills the slots */
     if (s->closing)
         return;
-    if (stream_on_direct_worker() && !s->direct_refill) {
-        hub_post(s->set->hub, &s->refill); /* a cache keeper or read-ahead is the loop's */
-        return;
-    }
     bool locked = stream_lock(s);
     while (s->next_fill < s->total_seq && s->next_fill < s->failed_seq) {
         uint32_t ahead = ring_count(s->ring, RING_FILLING) + ring_count(s->ring, RING_COPYING) +

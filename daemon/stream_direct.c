@@ -8,12 +8,15 @@
  * the slot becomes READY (the host stage), every batch next in line that is READY is
  * leased and handed to the asker's publish (so a worker that finishes batch N publishes
  * N, N+1, ... as far as they are filled), and the asker then takes its client's releases,
- * whose freed slots are filled again from here when the dataset has neither a cache
- * keeper nor read-ahead (else the loop is posted to fill them). Anything that is not the
- * steady state goes to the loop, posted: a failed chunk (a relayout, a bad sample), a
- * cache reference to give back, the ring's slots not all committed yet, the end or a
- * failure in line, a stalled read, a next that is not the asker's, and whatever the asker
- * asks the loop for (nothing left filling, counters to settle, a wrong release entry).
+ * whose freed slots are filled again from here, as stream_schedule does on the loop: the
+ * batch's cache reference is taken (cache_keeper_try_acquire) and its samples are handed
+ * to read-ahead when the disk is cold (coldread_submit), both safe on any thread.
+ * Anything that is not the steady state goes to the loop, posted: a failed chunk (a
+ * relayout, a bad sample), the last reference to a replaced cache (its unmapping), a
+ * cache found bad (cache_keeper_tend; the batch reads the source), the ring's slots not
+ * all committed yet, the end or a failure in line, a stalled read, a next that is not
+ * the asker's, and whatever the asker asks the loop for (nothing left filling, counters
+ * to settle, a wrong release entry).
  *
  * While the path is on, the loop thread takes the same lock in every call on the stream
  * (stream_lock), so the flow of stream.c is unchanged: only some of its steps run on a
@@ -24,6 +27,7 @@
 
 #include <stddef.h>
 
+#include "cache_keeper.h"
 #include "dataset.h"
 #include "hub.h"
 #include "log.h"
@@ -44,13 +48,14 @@ bool stream_direct_filled(stream *s, uint32_t slot)
 {
     struct stream_slot *sl = &s->slots[slot];
     pthread_mutex_lock(&s->lock);
-    /* A failed chunk (a relayout, a bad sample), a cache reference to give back or the
-     * ring's other slots still to be committed: the loop's. */
+    /* A failed chunk (a relayout, a bad sample), the last reference to a replaced cache
+     * or the ring's other slots still to be committed: the loop's. */
     if (!atomic_load_explicit(&s->direct, memory_order_relaxed) || s->closing || atomic_load(&sl->err) ||
-        sl->cache || !s->commit_started) {
+        !s->commit_started || (sl->cache && !cache_keeper_try_release(s->ds->keeper, sl->cache))) {
         pthread_mutex_unlock(&s->lock);
         return false;
     }
+    sl->cache = NULL; /* given back: the batch's reads are done */
     on_direct_worker = true;
     stream_slot_idle(s, sl);
     int ready = ring_ready(s->ring, slot); /* the host stage: READY at once */
@@ -98,10 +103,20 @@ static void direct_woken(struct hub_completion *c)
     stream_unlock(s, locked);
 }
 
-/* The loop thread: a worker on the direct path freed slots that only the loop fills. */
-static void direct_refill(struct hub_completion *c)
+/* The loop thread: a worker on the direct path found the dataset's cache bad. */
+static void direct_cache_bad(struct hub_completion *c)
 {
-    stream_schedule((stream *)((char *)c - offsetof(stream, refill)));
+    stream *s = (stream *)((char *)c - offsetof(stream, cache_bad));
+    cache_keeper_tend(s->ds->keeper);
+}
+
+struct cache *stream_direct_acquire(stream *s, bool *ret_advise)
+{
+    bool bad = false;
+    struct cache *c = cache_keeper_try_acquire(s->ds->keeper, s->ds, s->cache_ticket, ret_advise, &bad);
+    if (bad)
+        hub_post(s->set->hub, &s->cache_bad);
+    return c;
 }
 
 void stream_set_direct(stream *s, const struct stream_direct_ops *ops, void *ctx)
@@ -112,7 +127,6 @@ void stream_set_direct(stream *s, const struct stream_direct_ops *ops, void *ctx
     pthread_mutex_lock(&s->lock);
     s->direct_ops = ops;
     s->direct_ctx = ctx;
-    s->direct_refill = !s->ds->keeper && !s->ds->ahead;
     atomic_store_explicit(&s->direct, true, memory_order_release);
     pthread_mutex_unlock(&s->lock);
 }
@@ -153,14 +167,14 @@ void stream_direct_init(stream *s)
     pthread_mutex_init(&s->lock, &ma);
     pthread_mutexattr_destroy(&ma);
     s->direct_wake.done = direct_woken;
-    s->refill.done = direct_refill;
+    s->cache_bad.done = direct_cache_bad;
 }
 
 void stream_direct_fini(stream *s)
 {
     if (s->set) {
         hub_cancel(s->set->hub, &s->direct_wake);
-        hub_cancel(s->set->hub, &s->refill);
+        hub_cancel(s->set->hub, &s->cache_bad);
     }
     pthread_mutex_destroy(&s->lock);
 }

@@ -93,9 +93,8 @@ struct stream {
     atomic_bool direct;
     const struct stream_direct_ops *direct_ops;
     void *direct_ctx;
-    bool direct_refill;             /* workers may start fills (no cache keeper, no read-ahead) */
     struct hub_completion direct_wake; /* a worker asks the loop to come by */
-    struct hub_completion refill;   /* a worker asks the loop to start fills */
+    struct hub_completion cache_bad; /* a worker found the dataset's cache bad: the loop drops it */
     uint32_t busy_slots;
     uint64_t cache_ticket;          /* from the dataset's cache keeper at open */
     bool closing, unlinked;
@@ -151,6 +150,10 @@ uint64_t stream_batch_bytes(stream *s, uint32_t slot, uint32_t rows);
  * worker inside filled. init and fini: at open and free (the lock, the completions). */
 bool stream_direct_filled(stream *s, uint32_t slot);
 bool stream_on_direct_worker(void);
+/* stream_direct.c, for start_fill on a worker (the dataset has a cache keeper): the
+ * cache the batch may read, as cache_keeper_acquire; a cache found bad is left to the
+ * loop (the batch reads the source). */
+struct cache *stream_direct_acquire(stream *s, bool *ret_advise);
 void stream_direct_init(stream *s);
 void stream_direct_fini(stream *s);
 /* stream_commit.c. Loop thread. start: after the first batch is filled, starts the

@@ -6,7 +6,8 @@
  * never served (set aside, rebuilt); `verify` finds a flipped byte; mode rebuild builds
  * again; two streams share one build; a cache directory that cannot be written gives a
  * clear error while the source keeps being served; a `packed` dataset serves a shipped
- * cache file on its own. */
+ * cache file on its own; a hand-off stream (batches cut and finished on the workers)
+ * reads exactly while the cache is replaced under it, and the old one is unmapped. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -779,6 +780,93 @@ static void test_files_added_and_removed(void **state)
     free(log);
 }
 
+/* A stream through the hand-off reads on while the source changes and the cache is
+ * rebuilt and replaced under it: each of its epochs serves every file once with its
+ * bytes, it goes on from the new cache, and the replaced cache is unmapped once its
+ * last batch is back (its workers give their references back to the loop). */
+static void test_replaced_under_a_handoff_stream(void **state)
+{
+    struct harness *h = *state;
+    start_with_cache(h, "auto");
+    build_now(h);
+    lc_client *c = harness_connect(h, 10000, "itest_cache");
+    lc_client *other = harness_connect(h, 10000, "itest_cache");
+    lc_stream_options o;
+    lc_stream_options_init(&o);
+    o.batch_size = 32;
+    o.seed = 3;
+    o.epochs = 0;
+    o.handoff = LC_HANDOFF_SHM;
+    lc_stream *s = NULL;
+    if (lc_stream_open(c, "records", &o, &s) < 0)
+        fail_msg("open: %s", lc_client_error(c));
+    char *seen = calloc(N_FILES, 1), path[4300];
+    uint64_t epoch = 0, n = 0, epochs_done = 0;
+    double attached0 = -1, hits_at = -1;
+    snprintf(path, sizeof path, "%s/rec/class_001/0000005.bin", h->dir);
+    for (int phase = 0; phase < 3; n++) {
+        lc_batch *b;
+        if (lc_stream_next(s, 10000, &b) < 0)
+            fail_msg("next: %s", lc_client_error(c));
+        if (lc_batch_epoch(b) != epoch) {
+            for (uint64_t i = 0; i < N_FILES; i++)
+                if (!seen[i])
+                    fail_msg("epoch %llu: file %llu not served", (unsigned long long)epoch, (unsigned long long)i);
+            memset(seen, 0, N_FILES);
+            epoch = lc_batch_epoch(b);
+            epochs_done++;
+        }
+        lc_field data, label;
+        assert_int_equal(lc_batch_field_by_name(b, "data", &data), 0);
+        assert_int_equal(lc_batch_field_by_name(b, "label", &label), 0);
+        for (uint32_t row = 0; row < lc_batch_rows(b); row++) {
+            const uint8_t *buf = (const uint8_t *)data.data + (size_t)row * FILE_SIZE;
+            uint64_t i = (uint64_t)((const int64_t *)label.data)[row];
+            while (i < N_FILES && !harness_file_matches(i, buf, FILE_SIZE, FILE_SIZE, false))
+                i += N_CLASSES;
+            if (i >= N_FILES || seen[i]++)
+                fail_msg("epoch %llu: a sample is no file, or one served twice", (unsigned long long)epoch);
+        }
+        lc_batch_release(b);
+        if (n % 4)
+            continue;
+        cJSON *j = cache_call(other, "cache_info", NULL);
+        double hits = num(j, "hits", NULL), attached = num(j, "attached", NULL);
+        bool ready = strcmp(state_of(j), "ready") == 0;
+        cJSON_Delete(j);
+        if (phase == 0 && hits >= N_FILES) {
+            /* Served from the cache: change the source; another stream's open has the
+             * change found and the cache rebuilt while this one reads on. */
+            struct timespec times[2] = {{.tv_sec = 1000000000}, {.tv_sec = 1000000000}};
+            assert_int_equal(utimensat(AT_FDCWD, path, times, 0), 0);
+            attached0 = attached;
+            assert_int_equal(read_epoch_checked(other, 11), N_FILES);
+            phase = 1;
+        } else if (phase == 1 && ready && attached > attached0) {
+            hits_at = hits;
+            phase = 2;
+        } else if (phase == 2 && hits >= hits_at + 2 * N_FILES && epochs_done >= 3) {
+            phase = 3; /* read from the new cache, over more than one epoch */
+        }
+        assert_true(n < 100000);
+    }
+    free(seen);
+    lc_stream_close(s);
+    /* The close is the connection's to finish: wait for the old mapping to go. */
+    for (int i = 0;; i++) {
+        cJSON *j = cache_call(other, "cache_info", NULL);
+        bool one = (int)num(j, "mapped", NULL) == 1;
+        cJSON_Delete(j);
+        if (one && deleted_cache_maps(h->pid) == 0)
+            break;
+        assert_true(i < 400);
+        usleep(20000);
+    }
+    lc_client_close(c);
+    lc_client_close(other);
+    harness_stop_clean(h);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -791,6 +879,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_mode_off_and_sweep_at_start, setup, teardown),
         cmocka_unit_test_setup_teardown(test_many_rebuilds_reclaimed, setup, teardown),
         cmocka_unit_test_setup_teardown(test_files_added_and_removed, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_replaced_under_a_handoff_stream, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
