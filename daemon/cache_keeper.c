@@ -740,6 +740,10 @@ cache *cache_keeper_try_acquire(cache_keeper *k, const dataset *d, uint64_t tick
 
 void cache_keeper_tend(cache_keeper *k)
 {
+    /* Closed (the daemon stops): a worker's report may still come, and nothing more
+     * may start (a rebuild's thread would outlive the keeper). */
+    if (k->state == K_OFF)
+        return;
     uint64_t bad_index = 0;
     int why = k->current ? cache_bad(k->current->c, &bad_index) : CACHE_BAD_NONE;
     if (why != CACHE_BAD_NONE)

@@ -70,7 +70,7 @@ struct cache *cache_keeper_try_acquire(cache_keeper *k, const dataset *d, uint64
  * was done (the caller has the loop call cache_keeper_release). */
 bool cache_keeper_try_release(cache_keeper *k, struct cache *c);
 /* A batch found the attached cache bad (try_acquire said so): sets it aside, detaches
- * it and rebuilds, as acquire does; nothing when it is not. */
+ * it and rebuilds, as acquire does; nothing when it is not, or once the keeper is closed. */
 void cache_keeper_tend(cache_keeper *k);
 /* A rescan replaced the keeper's dataset (dataset_watch.h): jobs from now on fingerprint
  * and build d; caches made for the old one are given only to its streams, and the next

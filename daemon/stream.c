@@ -677,6 +677,7 @@ void stream_close(stream *s)
         return;
     stream_clear_direct(s); /* no worker publishes past this: the loop has it all */
     hub_cancel(s->set->hub, &s->ended); /* an end's answers are forgotten with the rest */
+    hub_cancel(s->set->hub, &s->cache_bad); /* the keeper may close before the stream goes */
     if (s->member) {
         share_leave(s->member); /* gives back what it held; the last one closes the producer */
         stream_free(s);

@@ -503,7 +503,28 @@ static void test_keeper_worker_references(void **state)
     assert_true(exists(badpath));                         /* the loop set it aside */
     assert_false(keeper_in(f.k, "ready"));
     cache_keeper_release(f.k, keeper_acquire_wait(&f, t2)); /* rebuilt */
-    keeper_stop(&f);
+
+    /* Found bad by a worker once more, and the daemon stops before the loop comes by:
+     * the tend that comes after the keeper was closed starts no rebuild (its thread
+     * would outlive the keeper) and sets nothing aside. */
+    assert_int_equal(unlink(badpath), 0);
+    c = cache_keeper_try_acquire(f.k, f.d, t2, &advise, &bad);
+    assert_non_null(c);
+    flip_byte(t->cache, CACHE_HEADER_SIZE + 7 * align_to(1000) + 3);
+    assert_int_equal(cache_read(c, 7, buf, sizeof buf, &len, &label, true, err), LD_ECACHE);
+    assert_true(cache_keeper_try_release(f.k, c));
+    assert_null(cache_keeper_try_acquire(f.k, f.d, t2, &advise, &bad));
+    assert_true(bad);
+    cache_keeper_close(f.k, keeper_closed_cb, &f);
+    cache_keeper_tend(f.k);
+    assert_false(exists(badpath));
+    assert_true(keeper_in(f.k, "off"));
+    while (!f.closed)
+        uv_run(&f.loop, UV_RUN_NOWAIT);
+    cache_keeper_free(f.k);
+    assert_null(f.d->keeper);
+    assert_int_equal(uv_loop_close(&f.loop), 0);
+    dataset_free(f.d);
 }
 
 int main(void)
