@@ -227,12 +227,22 @@ static void *keeper_thread(void *arg)
 
 /* ---- references ----------------------------------------------------------------------- */
 
-static void held_unmap(cache_keeper *k, struct held *h)
+/* Under refs_lock: takes a superseded cache nobody reads off the list. */
+static struct held *held_unlink(cache_keeper *k, struct held *h)
 {
     struct held **pp = &k->held;
     while (*pp != h)
         pp = &(*pp)->next;
     *pp = h->next;
+    return h;
+}
+
+/* The loop thread, after held_unlink and outside refs_lock: unmapping a large cache
+ * takes a while, and workers of every stream on the dataset take that lock. */
+static void held_unmap(cache_keeper *k, struct held *h)
+{
+    if (!h)
+        return;
     uint64_t hits, bytes;
     cache_hits(h->c, &hits, &bytes);
     k->freed_hits += hits;
@@ -248,11 +258,13 @@ static void held_unref(cache_keeper *k, struct held *h)
 {
     if (!h)
         return;
+    struct held *gone = NULL;
     pthread_mutex_lock(&k->refs_lock);
     ld_require(h->refs > 0); /* else more releases than acquires */
     if (--h->refs == 0 && h != k->current)
-        held_unmap(k, h);
+        gone = held_unlink(k, h);
     pthread_mutex_unlock(&k->refs_lock);
+    held_unmap(k, gone);
 }
 
 /* Under refs_lock, or on the loop thread. */
@@ -334,12 +346,14 @@ static void attach(cache_keeper *k, cache *c, uint64_t ticket, const dataset *d)
 
 static void detach(cache_keeper *k)
 {
+    struct held *gone = NULL;
     pthread_mutex_lock(&k->refs_lock);
     struct held *h = k->current;
     k->current = NULL;
     if (h && h->refs == 0)
-        held_unmap(k, h);
+        gone = held_unlink(k, h);
     pthread_mutex_unlock(&k->refs_lock);
+    held_unmap(k, gone);
 }
 
 static int start_verify(cache_keeper *k, void (*done)(void *ctx, int rc, const char *message), void *ctx);
