@@ -257,6 +257,12 @@ int cache_read(cache *c, uint64_t index, void *dst, uint64_t cap, uint64_t *ret_
  * per merged range. Indices out of range are ignored. Does not block on I/O.
  * Returns the number of madvise calls made (>= 0). Thread-safe. */
 int cache_advise(const cache *c, const uint64_t *indices, size_t n);
+/* Tells the CPU that samples indices[0..n) are about to be read (a worker's next rows):
+ * their index entries, then the first bytes of their data, are prefetched into its
+ * caches, so the reads that follow wait for memory side by side rather than one after
+ * another. A hint: nothing is checked or counted; a file cut short is left to the read
+ * (the entries are read under the mapping's guard). Thread-safe. */
+void cache_prefetch(const cache *c, const uint64_t *indices, size_t n);
 /* Checks every sample against its checksum, in file order; the first bad one fails
  * with LD_ECACHE and a message naming it. Progress as CACHE_STAGE_VERIFY. Blocking
  * (reads the whole file); LD_ECANCELED when *cancel becomes non-zero. cb and cancel

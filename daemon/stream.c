@@ -78,6 +78,10 @@
  * stream's batch waits for a free worker at most about that long. */
 #define CHUNK_MAX_NS (2u * 1000u * 1000u)
 #define MAX_TIMED_CHUNKS 64u
+/* A chunk reading a cache looks this many rows ahead (cache_prefetch): the rows' index
+ * entries and data are scattered over the file, and each read would otherwise wait for
+ * memory on its own. */
+#define CHUNK_PREFETCH_ROWS 16u
 
 static uint64_t align_up(uint64_t v, uint64_t a)
 {
@@ -180,10 +184,19 @@ static void chunk_run(struct pool_task *t)
         d->ops->run_begin(d, run, k->row_end - k->row_begin);
     }
 
+    uint64_t ahead[CHUNK_PREFETCH_ROWS];
+    uint32_t ahead_from = k->row_begin, ahead_n = 0;
     for (uint32_t row = k->row_begin; row < k->row_end; row++) {
         if (atomic_load_explicit(&sl->err, memory_order_relaxed))
             break; /* another chunk failed: the batch will not be delivered */
-        uint64_t idx = sampler_index(&s->smp, sl->epoch, sl->batch, row);
+        if (sl->cache && row == ahead_from + ahead_n) {
+            ahead_from = row;
+            ahead_n = k->row_end - row < CHUNK_PREFETCH_ROWS ? k->row_end - row : CHUNK_PREFETCH_ROWS;
+            for (uint32_t i = 0; i < ahead_n; i++)
+                ahead[i] = sampler_index(&s->smp, sl->epoch, sl->batch, row + i);
+            cache_prefetch(sl->cache, ahead, ahead_n);
+        }
+        uint64_t idx = sl->cache ? ahead[row - ahead_from] : sampler_index(&s->smp, sl->epoch, sl->batch, row);
         for (int f = 0; f < d->n_fields; f++) {
             const struct field_layout *l = &s->layout[f];
             if (d->fields[f].ragged) {
