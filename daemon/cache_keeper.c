@@ -49,7 +49,7 @@
  * the quota then counts every byte reserved, and the keepers of one spec opened many
  * times at once (a keeper per open, one open per rank) build it once, the others
  * finding it written when their turn comes. */
-#include "cache_keeper.h"
+#include "cache_keeper_internal.h"
 
 #include <inttypes.h>
 #include <libgen.h>
@@ -66,164 +66,11 @@
 #include "ld_format.h"
 #include "log.h"
 
-enum keeper_state { K_CHECKING, K_ABSENT, K_BUILDING, K_READY, K_STALE, K_FAILED, K_OFF };
 static const char *const state_names[] = {"checking", "absent", "building", "ready", "stale", "failed", "off"};
-
-enum job_kind { JOB_NONE, JOB_CHECK, JOB_BUILD, JOB_VERIFY };
 
 /* `cache build --force` over a valid cache at most this often: any client may ask,
  * and each forced build rereads the whole source. */
 #define FORCE_INTERVAL_NS (60ull * 1000000000ull)
-
-/* A cache this keeper opened, with the number of readers holding it. */
-struct held {
-    cache *c;
-    const dataset *d;               /* the scan of the source it was checked against */
-    uint32_t refs;                  /* batches reading it + the job using it */
-    bool advise;                    /* much larger than memory: advise the next pages */
-    struct held *next;
-};
-
-struct cache_keeper {
-    uv_async_t done;
-    dataset *d;
-    char *path;                     /* the cache file, as shown */
-    char *io_path;                  /* as opened: path, or /proc/self/fd/N/NAME beneath dirfd */
-    int dirfd;                      /* the directory of a declared cache (owned), or -1 */
-    char *name;                     /* its file name in dirfd */
-    uint64_t quota;                 /* bytes all files in dirfd may take (0: none) */
-    int mode, fp_mode;
-    enum keeper_state state;
-    bool rebuilt_once;              /* mode rebuild: the forced build of this run is done */
-    bool pending_build, pending_force;
-    bool pending_check;             /* a job ran on a dataset a rescan has replaced */
-    void (*pending_verify)(void *ctx, int rc, const char *message); /* a verify waiting for the job */
-    void *pending_verify_ctx;
-    char error[LD_ERRMSG_MAX];
-    struct held *held;              /* every cache still mapped; current is one of them */
-    struct held *current;           /* the attached cache, or NULL */
-    uint64_t tickets;               /* tickets issued: one per stream opened */
-    uint64_t valid_for;             /* current matches the source for tickets <= this */
-    /* held, current, valid_for and every held's refs: written under it; read by a
-     * worker only under it (the loop reads them freely: it is their only other writer) */
-    pthread_mutex_t refs_lock;
-    uint64_t last_force_ns;         /* uv_hrtime() of the last forced build's start; 0: none */
-    uint64_t attached, freed;       /* caches attached and unmapped over the run */
-    uint64_t freed_hits, freed_hit_bytes;
-    /* the running job; written by the thread until it signals `done` */
-    pthread_t thread;
-    bool thread_live;
-    struct {
-        enum job_kind kind;
-        bool force;
-        uint64_t ticket;            /* the last ticket issued when the job started */
-        dataset *d;                 /* the dataset it reads (held until the job is done) */
-        struct held *uses;          /* check/verify: the cache it looks at (a reference) */
-        int rc;
-        cache *opened;              /* check/build: the cache to attach */
-        bool set_aside, stale;      /* check: what was found */
-        bool reused;                /* build: another build had just written the same cache */
-        char msg[LD_ERRMSG_MAX];
-        void (*verify_done)(void *ctx, int rc, const char *message);
-        void *verify_ctx;
-    } job;
-    atomic_int cancel;
-    _Atomic uint64_t progress_done, progress_total;
-    void (*on_closed)(void *ctx);
-    void *closed_ctx;
-};
-
-static void progress_cb(void *ctx, enum cache_stage stage, uint64_t done, uint64_t total)
-{
-    cache_keeper *k = ctx;
-    if (stage == CACHE_STAGE_READ || stage == CACHE_STAGE_VERIFY) {
-        atomic_store(&k->progress_total, total);
-        atomic_store(&k->progress_done, done);
-    }
-}
-
-/* ---- the keeper's thread ---------------------------------------------------------- */
-
-static int keeper_open(cache_keeper *k, uint64_t fp, cache **ret, char *errbuf)
-{
-    if (k->dirfd >= 0)
-        return cache_open_at(k->dirfd, k->name, k->io_path, fp, ret, errbuf);
-    return cache_open(k->path, fp, ret, errbuf);
-}
-
-static void job_check(cache_keeper *k)
-{
-    uint64_t fp;
-    char err[LD_ERRMSG_MAX];
-    const dataset *d = k->job.d;
-    int rc = d->ops->fingerprint(d, k->fp_mode, &fp, k->job.msg);
-    if (rc < 0) {
-        k->job.rc = rc;
-        return;
-    }
-    if (k->job.uses && cache_meta(k->job.uses->c)->fingerprint == fp) {
-        k->job.rc = 0; /* unchanged: keep what is attached */
-        return;
-    }
-    rc = keeper_open(k, fp, &k->job.opened, err);
-    k->job.rc = rc;
-    if (rc == LD_ECACHE) {
-        k->job.set_aside = true;
-        char aside[LD_ERRMSG_MAX];
-        if (cache_set_aside(k->io_path, err, aside) < 0)
-            ld_log(LD_LOG_WARN, "dataset '%s': %s", d->name, aside);
-    } else if (rc == LD_ECACHESTALE || rc == LD_ECACHEVERSION) {
-        k->job.stale = true;
-    }
-    snprintf(k->job.msg, sizeof k->job.msg, "%s", rc < 0 ? err : "");
-}
-
-static void job_build(cache_keeper *k)
-{
-    uint64_t fp;
-    /* The fingerprint is taken before the build: a file changed during the build
-     * makes the new cache stale at the next check, never silently wrong. */
-    const dataset *d = k->job.d;
-    int rc = d->ops->fingerprint(d, k->fp_mode, &fp, k->job.msg), lock = -1;
-    uint64_t need = 0;
-    k->job.reused = false;
-    if (rc == 0 && k->dirfd >= 0) {
-        /* A declared cache: the directory's builds take turns. One that waited may find
-         * the cache it was to write already there, written for the same spec by another
-         * open (another rank of the same job): it serves that one. */
-        rc = cache_quota_lock(k->dirfd, k->path, &k->cancel, &lock, k->job.msg);
-        char err[LD_ERRMSG_MAX];
-        if (rc == 0 && !k->job.force && keeper_open(k, fp, &k->job.opened, err) == 0) {
-            k->job.reused = true;
-            close(lock);
-            k->job.rc = 0;
-            return;
-        }
-        if (rc == 0 && (rc = cache_plan_bytes(d, &need, k->job.msg)) == 0)
-            rc = cache_quota_make_room(k->dirfd, k->name, k->path, k->quota, need, k->job.msg);
-    }
-    if (rc == 0)
-        rc = cache_build_mode(d, k->io_path, fp, k->dirfd >= 0 ? 0600 : 0644, progress_cb, k, &k->cancel,
-                              k->job.msg);
-    if (lock >= 0)
-        close(lock);
-    if (rc == 0)
-        rc = keeper_open(k, fp, &k->job.opened, k->job.msg);
-    k->job.rc = rc;
-}
-
-static void *keeper_thread(void *arg)
-{
-    cache_keeper *k = arg;
-    switch (k->job.kind) {
-    case JOB_CHECK: job_check(k); break;
-    case JOB_BUILD: job_build(k); break;
-    case JOB_VERIFY: k->job.rc = cache_verify(k->job.uses->c, progress_cb, k, &k->cancel, k->job.msg); break;
-    case JOB_NONE: break;
-    }
-    uv_async_send(&k->done);
-    return NULL;
-}
 
 /* ---- references ----------------------------------------------------------------------- */
 
@@ -295,7 +142,7 @@ static int start_job(cache_keeper *k, enum job_kind kind, bool force)
     }
     atomic_store(&k->progress_done, 0);
     atomic_store(&k->progress_total, 0);
-    int e = pthread_create(&k->thread, NULL, keeper_thread, k);
+    int e = pthread_create(&k->thread, NULL, cache_keeper_thread, k);
     if (e != 0) {
         held_unref(k, k->job.uses);
         k->job.uses = NULL;
