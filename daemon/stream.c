@@ -78,9 +78,10 @@
  * stream's batch waits for a free worker at most about that long. */
 #define CHUNK_MAX_NS (2u * 1000u * 1000u)
 #define MAX_TIMED_CHUNKS 64u
-/* A chunk reading a cache looks this many rows ahead (cache_prefetch): the rows' index
- * entries and data are scattered over the file, and each read would otherwise wait for
- * memory on its own. */
+/* A chunk computes its rows' sample indices this many at a time (sampler_indices), and
+ * one reading a cache prefetches those rows (cache_prefetch): their index entries and
+ * data are scattered over the file, and each read would otherwise wait for memory on
+ * its own. */
 #define CHUNK_PREFETCH_ROWS 16u
 
 static uint64_t align_up(uint64_t v, uint64_t a)
@@ -179,8 +180,7 @@ static void chunk_run(struct pool_task *t)
     /* A kind that fetches in blocks (a database server) learns the chunk's samples. */
     uint64_t *run = d->ops->run_begin && !sl->cache ? malloc((k->row_end - k->row_begin) * sizeof *run) : NULL;
     if (run) {
-        for (uint32_t row = k->row_begin; row < k->row_end; row++)
-            run[row - k->row_begin] = sampler_index(&s->smp, sl->epoch, sl->batch, row);
+        sampler_indices(&s->smp, sl->epoch, sl->batch, k->row_begin, k->row_end - k->row_begin, run);
         d->ops->run_begin(d, run, k->row_end - k->row_begin);
     }
 
@@ -189,14 +189,14 @@ static void chunk_run(struct pool_task *t)
     for (uint32_t row = k->row_begin; row < k->row_end; row++) {
         if (atomic_load_explicit(&sl->err, memory_order_relaxed))
             break; /* another chunk failed: the batch will not be delivered */
-        if (sl->cache && row == ahead_from + ahead_n) {
+        if (row == ahead_from + ahead_n) {
             ahead_from = row;
             ahead_n = k->row_end - row < CHUNK_PREFETCH_ROWS ? k->row_end - row : CHUNK_PREFETCH_ROWS;
-            for (uint32_t i = 0; i < ahead_n; i++)
-                ahead[i] = sampler_index(&s->smp, sl->epoch, sl->batch, row + i);
-            cache_prefetch(sl->cache, ahead, ahead_n);
+            sampler_indices(&s->smp, sl->epoch, sl->batch, row, ahead_n, ahead);
+            if (sl->cache)
+                cache_prefetch(sl->cache, ahead, ahead_n);
         }
-        uint64_t idx = sl->cache ? ahead[row - ahead_from] : sampler_index(&s->smp, sl->epoch, sl->batch, row);
+        uint64_t idx = ahead[row - ahead_from];
         for (int f = 0; f < d->n_fields; f++) {
             const struct field_layout *l = &s->layout[f];
             if (d->fields[f].ragged) {
@@ -306,10 +306,9 @@ static void start_fill(stream *s, uint32_t slot, uint64_t seq)
     bool ahead = !cached && s->ds->ahead && coldread_wanted(s->ds->ahead);
     if ((cached && advise) || ahead) {
         uint64_t idx[256];
-        for (uint32_t row = 0; row < sl->rows;) {
-            size_t n = 0;
-            for (; row < sl->rows && n < 256; row++)
-                idx[n++] = sampler_index(&s->smp, sl->epoch, sl->batch, row);
+        for (uint32_t row = 0, n; row < sl->rows; row += n) {
+            n = sl->rows - row < 256 ? sl->rows - row : 256;
+            sampler_indices(&s->smp, sl->epoch, sl->batch, row, n, idx);
             if (cached)
                 cache_advise(cached, idx, n);
             else
