@@ -229,6 +229,30 @@ static void test_idle_daemon(void **state)
     harness_stop_clean(h);
 }
 
+/* After a trainer was killed: waits until the daemon has taken everything back (no
+ * stream, slot or memory left, `ctl` the only client, no ring mapped, its descriptors as
+ * `fds`), then checks it, and that no shared-memory object is left. */
+static void wait_all_back(struct harness *h, lc_client *ctl, int fds, bool ctl_only)
+{
+    struct probe_status st = {0};
+    for (int i = 0; i < 300; i++) {
+        assert_int_equal(probe_status(ctl, &st), 0);
+        if (st.streams == 0 && st.leased == 0 && st.memory_used == 0 && st.clients == 1 &&
+            probe_ring_maps(h->pid) == 0 && probe_fd_count(h->pid) == fds)
+            break;
+        sleep_ms(10);
+    }
+    assert_int_equal(st.streams, 0);
+    assert_int_equal(st.leased, 0);
+    assert_int_equal(st.memory_used, 0);
+    if (ctl_only)
+        assert_int_equal(st.clients, 1);
+    assert_int_equal(probe_ring_maps(h->pid), 0);
+    assert_int_equal(probe_fd_count(h->pid), fds);
+    char names[256];
+    assert_int_equal(harness_shm_count(h->pid, names, sizeof names), 0);
+}
+
 static void test_killed_asleep(void **state)
 {
     struct harness *h = *state;
@@ -261,21 +285,7 @@ static void test_killed_asleep(void **state)
         sleep_ms(round == 0 ? 100 : 5 * round);
         assert_int_equal(kill(child, SIGKILL), 0);
         assert_int_equal(waitpid(child, NULL, 0), child);
-        for (int i = 0; i < 300; i++) {
-            assert_int_equal(probe_status(ctl, &st), 0);
-            if (st.streams == 0 && st.leased == 0 && st.memory_used == 0 && st.clients == 1 &&
-                probe_ring_maps(h->pid) == 0 && probe_fd_count(h->pid) == fds)
-                break;
-            sleep_ms(10);
-        }
-        assert_int_equal(st.streams, 0);
-        assert_int_equal(st.leased, 0);
-        assert_int_equal(st.memory_used, 0);
-        assert_int_equal(st.clients, 1);
-        assert_int_equal(probe_ring_maps(h->pid), 0);
-        assert_int_equal(probe_fd_count(h->pid), fds);
-        char names[256];
-        assert_int_equal(harness_shm_count(h->pid, names, sizeof names), 0);
+        wait_all_back(h, ctl, fds, true);
     }
     lc_client_close(ctl);
     harness_stop_clean(h);
@@ -312,21 +322,7 @@ static void test_killed_polling(void **state)
         close(ready[0]);
         assert_int_equal(kill(child, SIGKILL), 0);
         assert_int_equal(waitpid(child, NULL, 0), child);
-        struct probe_status st = {0};
-        for (int i = 0; i < 300; i++) {
-            assert_int_equal(probe_status(ctl, &st), 0);
-            if (st.streams == 0 && st.leased == 0 && st.memory_used == 0 && st.clients == 1 &&
-                probe_ring_maps(h->pid) == 0 && probe_fd_count(h->pid) == fds)
-                break;
-            sleep_ms(10);
-        }
-        assert_int_equal(st.streams, 0);
-        assert_int_equal(st.leased, 0);
-        assert_int_equal(st.memory_used, 0);
-        assert_int_equal(probe_ring_maps(h->pid), 0);
-        assert_int_equal(probe_fd_count(h->pid), fds);
-        char names[256];
-        assert_int_equal(harness_shm_count(h->pid, names, sizeof names), 0);
+        wait_all_back(h, ctl, fds, false);
     }
     /* The next stream gets its whole ring: every slot comes, in order, and is leased. */
     lc_client *c = harness_connect(h, 10000, "itest_handoff");
