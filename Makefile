@@ -196,7 +196,7 @@ $(LOADERD): $(call obj,daemon/main.c) $(CORE_A)
 
 $(LOADERCTL): $(call obj,$(sort $(wildcard tools/loaderctl*.c))) $(CLIENT_A)
 	@mkdir -p $(dir $@)
-	$(CC) -o $@ $^ $(LDFLAGS_ALL) $(CLIENT_LIBS) -lm
+	$(CC) -o $@ $^ $(LDFLAGS_ALL) $(CLIENT_LIBS) $(shell pkg-config --libs libxxhash) -lm
 
 $(GENDATA): $(call obj,tools/gendata.c)
 	@mkdir -p $(dir $@)
