@@ -12,6 +12,15 @@
  * `handoff` request: the only socket message in the loop, and only for a trainer slower
  * than its data.
  *
+ * Wake-ups are coalesced while batches come fast. A trainer that outruns cheap batches
+ * (token windows, a packed cache) would sleep after nearly every one, and a sleep and
+ * its wake-up cost the two sides more CPU than such a batch: so while more batches are
+ * filling and the last one came less than `wake_gap_ns` before, a sleeping client is
+ * woken once half the prefetch depth is ready, and takes those without sleeping.
+ * Never for the stream's first batch, never when nothing else fills (no more batches
+ * come before the client gives slots back), never at the end, and never for a batch
+ * held `wake_hold_ns` or more: a slow stream (images) wakes its trainer at once.
+ *
  * The direct path. Once the client has mapped the object, the stream runs it without
  * the loop (stream_direct.c): the worker that fills the batch next in line
  * publishes it (handoff_publish, under the stream's lock) and then takes the releases
@@ -47,6 +56,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "ld_wire.h"
@@ -70,6 +80,9 @@ struct handoff {
     uint32_t seq, idle_seq;
     bool client_waited;         /* the client slept when the last entry was published */
     uint64_t woke_tail;         /* ready_tail when the client was last woken */
+    uint64_t last_publish_ns;   /* when the last entry was published (monotonic) */
+    uint64_t held_since_ns;     /* a sleeping client's wake-up is held since then (0: none) */
+    uint64_t wake_gap_ns, wake_hold_ns; /* the coalescing rule's times (above) */
     handoff_batch_cb on_batch;
     handoff_fail_cb on_fail;
     void *ctx;
@@ -78,6 +91,12 @@ struct handoff {
     bool wake_owed;             /* the client sleeps and was not woken yet */
     atomic_uint waking;         /* workers about to wake the client: close waits for them */
 };
+
+/* The coalescing rule's defaults: batches this close together are "coming fast" (token
+ * windows and packed-cache batches come every 10-100 µs, decoded images every few ms),
+ * and a wake-up is never held longer than this. */
+#define HANDOFF_WAKE_GAP_NS 200000u
+#define HANDOFF_WAKE_HOLD_NS 1000000u
 
 /* Batches published on the direct path before the loop is asked to settle the counts. */
 #define HANDOFF_SETTLE_BATCHES 64u
@@ -120,6 +139,8 @@ int handoff_open(stream *s, uint64_t id, uint32_t slot_count, handoff_batch_cb o
     h->on_fail = on_fail;
     h->ctx = ctx;
     h->client_waited = true; /* the first batch is waited for: the trainer has just opened */
+    h->wake_gap_ns = HANDOFF_WAKE_GAP_NS;
+    h->wake_hold_ns = HANDOFF_WAKE_HOLD_NS;
     uint64_t ready_off = sizeof(struct ld_handoff_header);
     uint64_t release_off = ready_off + (uint64_t)h->cap * sizeof(struct ld_handoff_ready);
     uint64_t total = release_off + (uint64_t)h->cap * sizeof(struct ld_handoff_release);
@@ -265,6 +286,36 @@ static int handoff_take_releases(handoff *h, bool direct)
     return n;
 }
 
+static bool handoff_stream_busy(const handoff *h);
+
+static uint64_t handoff_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* Whether the wake-up of a client asleep with `head` taken waits for more batches (the
+ * coalescing rule, above). Under the stream's lock, at each publication. */
+static bool handoff_hold_wake(handoff *h, uint64_t head, uint64_t now)
+{
+    uint64_t gap = now - h->last_publish_ns;
+    uint32_t half = stream_prefetch_target(h->s) / 2;
+    if (h->ended || head == 0 || h->ready_tail - head >= half || gap >= h->wake_gap_ns ||
+        (h->held_since_ns && now - h->held_since_ns >= h->wake_hold_ns) || !handoff_stream_busy(h))
+        return false;
+    if (!h->held_since_ns)
+        h->held_since_ns = now;
+    return true;
+}
+
+/* Marks the client woken up to what is published; the caller makes the system call. */
+static void handoff_woke(handoff *h)
+{
+    h->woke_tail = h->ready_tail;
+    h->held_since_ns = 0;
+}
+
 static void handoff_wake_client(handoff *h)
 {
     /* Sequentially consistent, as the client's setting of client_waiting and its second
@@ -278,9 +329,12 @@ static void handoff_wake_client(handoff *h)
      * our look and the take, and lose that sleep's wake-up. Its ready_head comes with
      * its mark (stored before it), so a client that sleeps anew is seen as such. */
     bool waiting = __atomic_load_n(&h->hdr->client_waiting, __ATOMIC_SEQ_CST) != 0;
-    bool wake = waiting && __atomic_load_n(&h->hdr->ready_head, __ATOMIC_RELAXED) >= h->woke_tail;
+    uint64_t head = __atomic_load_n(&h->hdr->ready_head, __ATOMIC_RELAXED);
+    uint64_t now = handoff_now_ns();
+    bool wake = waiting && head >= h->woke_tail && !handoff_hold_wake(h, head, now);
+    h->last_publish_ns = now;
     if (wake)
-        h->woke_tail = h->ready_tail;
+        handoff_woke(h);
     h->client_waited = waiting; /* asleep, or woken and not yet back for its entries */
     if (wake && h->direct)
         h->wake_owed = true; /* direct_wake, once the stream's lock is let go */
@@ -373,6 +427,13 @@ static void handoff_pump(handoff *h)
          * at daemon_idle after taking or releasing: one of us sees the other). */
         if (++h->idle_seq == 0)
             h->idle_seq = 1;
+        /* A wake-up held for more batches (the coalescing rule) goes now: none come. */
+        uint64_t head = __atomic_load_n(&h->hdr->ready_head, __ATOMIC_SEQ_CST);
+        if (h->held_since_ns && __atomic_load_n(&h->hdr->client_waiting, __ATOMIC_SEQ_CST) &&
+            head >= h->woke_tail && h->ready_tail > head) {
+            handoff_woke(h);
+            syscall(SYS_futex, &h->hdr->ready_seq, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+        }
         uint32_t target = stream_prefetch_target(h->s);
         __atomic_store_n(&h->hdr->wake_after, target / 2 ? target / 2 : 1, __ATOMIC_RELAXED);
         __atomic_store_n(&h->hdr->daemon_idle, h->idle_seq, __ATOMIC_SEQ_CST);
@@ -391,6 +452,14 @@ static void handoff_answer(void *ctx, const struct stream_answer *a)
         return; /* the slot stays leased to the connection, which is ending */
     handoff_publish(h, a);
     handoff_pump(h);
+}
+
+void handoff_set_coalescing(handoff *h, uint64_t gap_ns, uint64_t hold_ns)
+{
+    bool locked = stream_lock(h->s);
+    h->wake_gap_ns = gap_ns;
+    h->wake_hold_ns = hold_ns;
+    stream_unlock(h->s, locked);
 }
 
 void handoff_settle_now(handoff *h)

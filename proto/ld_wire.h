@@ -149,7 +149,8 @@ _Static_assert(offsetof(struct ld_slot_header, reserved) == 32, "ld_slot_header.
  * Sleeping: a client with nothing to read sets `client_waiting`, checks the queue once
  * more and waits on the futex word `ready_seq` (FUTEX_WAIT, not private: the word is
  * shared); the daemon bumps `ready_seq` after every entry and, when `client_waiting`
- * is set, clears it and wakes the client (one wake-up per sleep). The daemon takes
+ * is set, wakes the client: once per sleep, and possibly only once a few entries are
+ * ready (a held wake-up; the daemon never writes `client_waiting`). The daemon takes
  * releases, and reads `ready_head` (batches
  * handed over and not yet taken count towards the stream's prefetch), whenever a batch
  * is filled. With nothing filling (every slot leased, or the prefetch made of batches

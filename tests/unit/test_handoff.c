@@ -72,6 +72,7 @@ struct env {
     struct ld_handoff_header *hdr;  /* the client's mapping */
     size_t size;
     uint64_t batches;               /* published, counted by the callback */
+    atomic_uint_fast64_t allowed;   /* gated_read: samples below this index may be read */
     int fails;
     char fail_msg[LD_ERRMSG_MAX];
 };
@@ -92,7 +93,7 @@ static void on_fail(void *ctx, int code, const char *message)
     snprintf(e->fail_msg, sizeof e->fail_msg, "%s", message);
 }
 
-static int setup_with(void **state, const struct dataset_ops *ops)
+static int setup_with(void **state, const struct dataset_ops *ops, uint32_t prefetch, uint64_t count)
 {
     struct env *e = calloc(1, sizeof *e);
     assert_non_null(e);
@@ -102,13 +103,14 @@ static int setup_with(void **state, const struct dataset_ops *ops)
     assert_int_equal(stream_set_new(e->hub, e->workers, &e->set), 0);
     e->ds.ops = ops;
     snprintf(e->ds.name, sizeof e->ds.name, "index");
-    e->ds.count = SAMPLES;
+    e->ds.count = count;
+    atomic_store(&e->allowed, UINT64_MAX);
     e->ds.n_fields = 1;
     snprintf(e->ds.fields[0].name, sizeof e->ds.fields[0].name, "index");
     e->ds.fields[0].dtype = LD_DTYPE_INT64;
     e->ds.on_error = CONFIG_ON_ERROR_FAIL;
     dataset_hold(&e->ds);
-    struct stream_params p = {.batch_size = BATCH, .world_size = 1, .prefetch = 2, .epochs = 2};
+    struct stream_params p = {.batch_size = BATCH, .world_size = 1, .prefetch = prefetch, .epochs = 2};
     char err[LD_ERRMSG_MAX] = "";
     if (stream_open(e->set, &e->ds, 1, &p, UINT64_MAX, &e->s, err) < 0)
         fail_msg("stream_open: %s", err);
@@ -144,12 +146,13 @@ static int setup_with(void **state, const struct dataset_ops *ops)
 
 static int setup(void **state)
 {
-    return setup_with(state, &index_ops);
+    return setup_with(state, &index_ops, 2, SAMPLES);
 }
 
 static int teardown(void **state)
 {
     struct env *e = *state;
+    atomic_store(&e->allowed, UINT64_MAX); /* no read waits on a gate any more */
     munmap(e->hdr, e->size);
     handoff_close(e->h);
     stream_close(e->s);
@@ -525,7 +528,7 @@ static const struct dataset_ops stall_ops = {.kind = "index", .free = index_free
 
 static int setup_stall(void **state)
 {
-    return setup_with(state, &stall_ops);
+    return setup_with(state, &stall_ops, 2, SAMPLES);
 }
 
 static void test_stall_in_line_ends_once(void **state)
@@ -562,6 +565,172 @@ static void test_stall_in_line_ends_once(void **state)
     atomic_store(&e->ds.stalled_reads, 0);
 }
 
+/* ---- coalesced wake-ups: a gated dataset whose batches the test lets through -------- */
+
+#define GATED_PREFETCH 8            /* half of it: the batches a held wake-up waits for */
+#define GATED_SAMPLES (16 * BATCH)
+
+/* A read waits until the test allows its sample (in order: the stream fills in order). */
+static int gated_read(const dataset *d, uint64_t index, void *const dst[], char *errbuf)
+{
+    struct env *e = (struct env *)((char *)d - offsetof(struct env, ds));
+    while (index >= atomic_load(&e->allowed))
+        usleep(100);
+    return index_read(d, index, dst, errbuf);
+}
+
+static const struct dataset_ops gated_ops = {.kind = "index", .free = index_free, .read = gated_read};
+
+static int setup_gated(void **state)
+{
+    int rc = setup_with(state, &gated_ops, GATED_PREFETCH, GATED_SAMPLES);
+    struct env *e = *state;
+    atomic_store(&e->allowed, 0);
+    return rc;
+}
+
+/* A client asleep on the ready queue from `head`, that says what it saw when a wake-up
+ * (FUTEX_WAKE, not a moved word) ended its sleep. */
+struct napper {
+    struct env *e;
+    uint64_t head;
+    pthread_t thread;
+    atomic_int tid;
+    atomic_bool done;
+    int rc;                         /* of FUTEX_WAIT: 0 woken */
+    uint64_t tail;                  /* ready_tail when it woke */
+};
+
+static void *napper_run(void *arg)
+{
+    struct napper *n = arg;
+    struct ld_handoff_header *hdr = n->e->hdr;
+    atomic_store(&n->tid, (int)syscall(SYS_gettid));
+    uint32_t seq = __atomic_load_n(&hdr->ready_seq, __ATOMIC_ACQUIRE);
+    __atomic_store_n(&hdr->ready_head, n->head, __ATOMIC_SEQ_CST);
+    __atomic_store_n(&hdr->client_waiting, 1, __ATOMIC_SEQ_CST);
+    n->rc = -1;
+    if (__atomic_load_n(&hdr->ready_tail, __ATOMIC_SEQ_CST) == n->head) {
+        struct timespec ts = {LOOP_MS / 1000, 0};
+        n->rc = (int)syscall(SYS_futex, &hdr->ready_seq, FUTEX_WAIT, seq, &ts, NULL, 0);
+    }
+    n->tail = __atomic_load_n(&hdr->ready_tail, __ATOMIC_ACQUIRE);
+    __atomic_store_n(&hdr->client_waiting, 0, __ATOMIC_SEQ_CST);
+    atomic_store(&n->done, true);
+    return NULL;
+}
+
+/* Starts a napper at `head` and returns once it is blocked in FUTEX_WAIT (the kernel
+ * says which system call a thread is blocked in): from then on only a wake-up ends it. */
+static void nap(struct env *e, struct napper *n, uint64_t head)
+{
+    *n = (struct napper){.e = e, .head = head};
+    assert_int_equal(pthread_create(&n->thread, NULL, napper_run, n), 0);
+    uint64_t end = uv_hrtime() + (uint64_t)LOOP_MS * 1000000u;
+    for (;;) {
+        assert_true(uv_hrtime() < end);
+        assert_false(atomic_load(&n->done));
+        int tid = atomic_load(&n->tid);
+        char path[64], buf[64] = "";
+        snprintf(path, sizeof path, "/proc/self/task/%d/syscall", tid);
+        FILE *f = tid ? fopen(path, "r") : NULL;
+        if (f) {
+            if (!fgets(buf, sizeof buf, f))
+                buf[0] = 0;
+            fclose(f);
+        }
+        if (atoi(buf) == SYS_futex && buf[0] != '-')
+            return;
+        uv_sleep(1);
+    }
+}
+
+/* Turns the loop until the napper is back; returns the ready_tail it woke to. */
+static uint64_t woken_at(struct env *e, struct napper *n)
+{
+    uint64_t end = uv_hrtime() + (uint64_t)LOOP_MS * 1000000u;
+    while (!atomic_load(&n->done)) {
+        assert_true(uv_hrtime() < end);
+        uv_run(&e->loop, UV_RUN_NOWAIT);
+        uv_sleep(1);
+    }
+    assert_int_equal(pthread_join(n->thread, NULL), 0);
+    assert_int_equal(n->rc, 0); /* a wake-up, not the end of its wait */
+    return n->tail;
+}
+
+/* Lets the batches before `upto` through and turns the loop until they are published;
+ * then gives a napper that a wrong wake-up ended a moment to say so. */
+static void let_through(struct env *e, uint64_t upto)
+{
+    atomic_store(&e->allowed, upto * BATCH);
+    uint64_t end = uv_hrtime() + (uint64_t)LOOP_MS * 1000000u;
+    while (__atomic_load_n(&e->hdr->ready_tail, __ATOMIC_ACQUIRE) < upto) {
+        assert_true(uv_hrtime() < end);
+        uv_run(&e->loop, UV_RUN_NOWAIT);
+        uv_sleep(1);
+    }
+    uv_sleep(2);
+}
+
+/* While batches come fast and more fill, a sleeping client is woken once half the
+ * prefetch depth is ready; at once for the stream's first batch, for a batch held past
+ * the hold time, for batches that do not come fast, and when nothing else fills. */
+static void test_wake_ups_coalesced(void **state)
+{
+    struct env *e = *state;
+    struct napper n;
+    const uint64_t forever = (uint64_t)LOOP_MS * 2 * 1000000u;
+    handoff_set_coalescing(e->h, forever, forever);
+    assert_int_equal(ring_slot_count(stream_ring(e->s)), GATED_PREFETCH + 3);
+
+    /* The first batch: at once. */
+    nap(e, &n, 0);
+    atomic_store(&e->allowed, 1 * BATCH);
+    handoff_kick(e->h);
+    assert_int_equal(woken_at(e, &n), 1);
+
+    /* Batches 1-4 while 5-8 fill: asleep through the first three, woken by the fourth. */
+    nap(e, &n, 1);
+    for (uint64_t upto = 2; upto < 5; upto++) {
+        let_through(e, upto);
+        assert_false(atomic_load(&n.done));
+    }
+    let_through(e, 5);
+    assert_int_equal(woken_at(e, &n), 5);
+
+    /* Held past the hold time: woken by the next batch (5 is held, 6 wakes). */
+    handoff_set_coalescing(e->h, forever, 1);
+    nap(e, &n, 5);
+    let_through(e, 6);
+    assert_false(atomic_load(&n.done));
+    let_through(e, 7);
+    assert_int_equal(woken_at(e, &n), 7);
+
+    /* Batches that do not come fast: each wakes at once. */
+    handoff_set_coalescing(e->h, 1, forever);
+    nap(e, &n, 7);
+    atomic_store(&e->allowed, 8 * BATCH);
+    assert_int_equal(woken_at(e, &n), 8);
+
+    /* Nothing else fills: the client holds 8 of the 11 slots, so batches 8-10 are the
+     * last before it gives some back, and the third wakes it with 3 < 4 ready. */
+    handoff_set_coalescing(e->h, forever, forever);
+    assert_int_equal(ring_count(stream_ring(e->s), RING_LEASED), 8);
+    nap(e, &n, 8);
+    let_through(e, 9);
+    assert_false(atomic_load(&n.done));
+    let_through(e, 11);
+    assert_int_equal(woken_at(e, &n), 11);
+
+    /* Every batch came in order, each once. */
+    for (uint64_t i = 0; i < 11; i++) {
+        assert_int_equal(ready_at(e, i)->batch, i);
+        assert_int_equal(ready_at(e, i)->rows, BATCH);
+    }
+    assert_int_equal(e->fails, 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -576,6 +745,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_close_wakes_a_sleeping_client, setup, teardown),
         cmocka_unit_test_setup_teardown(test_stall_in_line_ends_once, setup_stall, teardown),
         cmocka_unit_test_setup_teardown(test_stall_in_line_ends_once, setup_stall, teardown),
+        cmocka_unit_test_setup_teardown(test_wake_ups_coalesced, setup_gated, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
