@@ -18,8 +18,9 @@
  * filling and the last one came less than `wake_gap_ns` before, a sleeping client is
  * woken once half the prefetch depth is ready, and takes those without sleeping.
  * Never for the stream's first batch, never when nothing else fills (no more batches
- * come before the client gives slots back), never at the end, and never for a batch
- * held `wake_hold_ns` or more: a slow stream (images) wakes its trainer at once.
+ * come before the client gives slots back), never at the end, and a wake-up held since
+ * `wake_hold_ns` or more goes out with the next batch (there is no timer: a batch that
+ * comes late brings it). A slow stream (images) wakes its trainer at once.
  *
  * The direct path. Once the client has mapped the object, the stream runs it without
  * the loop (stream_direct.c): the worker that fills the batch next in line
