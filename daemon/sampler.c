@@ -23,8 +23,9 @@
 /* Enough rounds that even the 2-bit range of a tiny dataset reaches odd as well as
  * even permutations after cycle walking; each round costs one 64-bit mix. */
 #define SAMPLER_ROUNDS 6
-/* Positions computed side by side (sampler_indices), and rows of a batch that
- * sampler_index computes at once. */
+/* Positions computed side by side (sampler_indices). */
+#define SAMPLER_LANES 16u
+/* Rows of a batch that sampler_index computes at once. */
 #define SAMPLER_RUN 32u
 
 /* One key per (seed, epoch). The epoch goes through its own mix first so that
@@ -73,45 +74,6 @@ uint64_t sampler_permute(uint64_t n, uint64_t seed, uint64_t epoch, uint64_t pos
         x = (left << h) | right;
     } while (x >= n);
     return x;
-}
-
-/* sampler_permute of `count` positions (each < n, count <= SAMPLER_RUN) at once. One
- * position is a chain of dependent multiplications; several chains side by side keep
- * the multiplier busy, which makes a position about half as costly. Every position
- * goes through the network together; those that land outside [0, n) walk on, together. */
-static void permute_run(uint64_t n, uint64_t seed, uint64_t epoch, const uint64_t *pos, uint64_t *out,
-                        unsigned count)
-{
-    unsigned h = half_bits(n);
-    uint64_t mask = h == 32 ? UINT32_MAX : (UINT64_C(1) << h) - 1;
-    uint64_t key = epoch_key(seed, epoch);
-    uint64_t left[SAMPLER_RUN], right[SAMPLER_RUN];
-    unsigned lane[SAMPLER_RUN], m = count;
-    for (unsigned i = 0; i < m; i++) {
-        left[i] = pos[i] >> h;
-        right[i] = pos[i] & mask;
-        lane[i] = i;
-    }
-    while (m) {
-        for (unsigned r = 0; r < SAMPLER_ROUNDS; r++)
-            for (unsigned i = 0; i < m; i++) {
-                uint64_t next = left[i] ^ (feistel_round(key, r, right[i]) & mask);
-                left[i] = right[i];
-                right[i] = next;
-            }
-        unsigned k = 0;
-        for (unsigned i = 0; i < m; i++) {
-            uint64_t x = (left[i] << h) | right[i];
-            if (x < n) {
-                out[lane[i]] = x;
-                continue;
-            }
-            left[k] = x >> h;
-            right[k] = x & mask;
-            lane[k++] = lane[i];
-        }
-        m = k;
-    }
 }
 
 int sampler_init(sampler *s, const struct sampler_params *p)
@@ -163,22 +125,62 @@ static uint64_t sampler_position(const sampler *s, uint64_t batch, uint32_t row)
     return pos;
 }
 
+/* sampler_permute of many positions at once. One position is a chain of dependent
+ * multiplications; SAMPLER_LANES chains side by side keep the multiplier busy, which makes
+ * a position several times cheaper. A lane whose value lands inside [0, n) hands its
+ * result out and takes the next position at once, so the lanes stay full while positions
+ * are left (the walks' lengths vary: waiting for the longest of a group would leave most
+ * lanes idle); those that land outside walk on. */
+static void permute_rows(const sampler *s, uint64_t epoch, uint64_t batch, uint32_t row, uint32_t count,
+                         uint64_t *out)
+{
+    const uint64_t n = s->p.n;
+    unsigned h = half_bits(n);
+    uint64_t mask = h == 32 ? UINT32_MAX : (UINT64_C(1) << h) - 1;
+    uint64_t key = epoch_key(s->p.seed, epoch);
+    uint64_t left[SAMPLER_LANES], right[SAMPLER_LANES];
+    uint32_t lane[SAMPLER_LANES], m = 0, next = 0;
+    while (m < SAMPLER_LANES && next < count) {
+        uint64_t x = sampler_position(s, batch, row + next);
+        left[m] = x >> h;
+        right[m] = x & mask;
+        lane[m++] = next++;
+    }
+    while (m) {
+        for (unsigned r = 0; r < SAMPLER_ROUNDS; r++)
+            for (unsigned i = 0; i < m; i++) {
+                uint64_t nr = left[i] ^ (feistel_round(key, r, right[i]) & mask);
+                left[i] = right[i];
+                right[i] = nr;
+            }
+        unsigned k = 0;
+        for (unsigned i = 0; i < m; i++) {
+            uint64_t x = (left[i] << h) | right[i];
+            uint32_t l = lane[i];
+            if (x < n) {
+                out[l] = x;
+                if (next == count)
+                    continue; /* nothing left to start: the lane closes */
+                x = sampler_position(s, batch, row + next);
+                l = next++;
+            }
+            left[k] = x >> h;
+            right[k] = x & mask;
+            lane[k++] = l;
+        }
+        m = k;
+    }
+}
+
 void sampler_indices(const sampler *s, uint64_t epoch, uint64_t batch, uint32_t row, uint32_t count,
                      uint64_t *ret_idx)
 {
-    uint64_t pos[SAMPLER_RUN];
-    while (count) {
-        unsigned m = count < SAMPLER_RUN ? count : SAMPLER_RUN;
-        for (unsigned i = 0; i < m; i++)
-            pos[i] = sampler_position(s, batch, row + i);
-        if (!s->p.shuffle || s->p.n <= 1)
-            memcpy(ret_idx, pos, m * sizeof *pos);
-        else
-            permute_run(s->p.n, s->p.seed, epoch, pos, ret_idx, m);
-        row += m;
-        count -= m;
-        ret_idx += m;
+    if (!s->p.shuffle || s->p.n <= 1) {
+        for (uint32_t i = 0; i < count; i++)
+            ret_idx[i] = sampler_position(s, batch, row + i);
+        return;
     }
+    permute_rows(s, epoch, batch, row, count, ret_idx);
 }
 
 /* The rows of one batch that this thread computed last, from its first call for them:

@@ -78,10 +78,11 @@
  * stream's batch waits for a free worker at most about that long. */
 #define CHUNK_MAX_NS (2u * 1000u * 1000u)
 #define MAX_TIMED_CHUNKS 64u
-/* A chunk computes its rows' sample indices this many at a time (sampler_indices), and
- * one reading a cache prefetches those rows (cache_prefetch): their index entries and
- * data are scattered over the file, and each read would otherwise wait for memory on
- * its own. */
+/* A chunk computes its rows' sample indices this many at a time (sampler_indices: the
+ * more side by side, the cheaper each), once each; one reading a cache prefetches them
+ * CHUNK_PREFETCH_ROWS at a time (cache_prefetch): their index entries and data are
+ * scattered over the file, and each read would otherwise wait for memory on its own. */
+#define CHUNK_INDEX_ROWS 64u
 #define CHUNK_PREFETCH_ROWS 16u
 
 static uint64_t align_up(uint64_t v, uint64_t a)
@@ -184,19 +185,24 @@ static void chunk_run(struct pool_task *t)
         d->ops->run_begin(d, run, k->row_end - k->row_begin);
     }
 
-    uint64_t ahead[CHUNK_PREFETCH_ROWS];
+    uint64_t ahead[CHUNK_INDEX_ROWS];
+    const uint64_t *idxs = ahead;
     uint32_t ahead_from = k->row_begin, ahead_n = 0;
     for (uint32_t row = k->row_begin; row < k->row_end; row++) {
         if (atomic_load_explicit(&sl->err, memory_order_relaxed))
             break; /* another chunk failed: the batch will not be delivered */
         if (row == ahead_from + ahead_n) {
             ahead_from = row;
-            ahead_n = k->row_end - row < CHUNK_PREFETCH_ROWS ? k->row_end - row : CHUNK_PREFETCH_ROWS;
-            sampler_indices(&s->smp, sl->epoch, sl->batch, row, ahead_n, ahead);
-            if (sl->cache)
-                cache_prefetch(sl->cache, ahead, ahead_n);
+            ahead_n = k->row_end - row < CHUNK_INDEX_ROWS ? k->row_end - row : CHUNK_INDEX_ROWS;
+            if (run)
+                idxs = run + (row - k->row_begin);
+            else
+                sampler_indices(&s->smp, sl->epoch, sl->batch, row, ahead_n, ahead);
         }
-        uint64_t idx = ahead[row - ahead_from];
+        uint32_t at = row - ahead_from;
+        if (sl->cache && at % CHUNK_PREFETCH_ROWS == 0)
+            cache_prefetch(sl->cache, idxs + at, ahead_n - at < CHUNK_PREFETCH_ROWS ? ahead_n - at : CHUNK_PREFETCH_ROWS);
+        uint64_t idx = idxs[at];
         for (int f = 0; f < d->n_fields; f++) {
             const struct field_layout *l = &s->layout[f];
             if (d->fields[f].ragged) {
