@@ -425,6 +425,24 @@ int cache_sample(cache *c, uint64_t index, const void **ret_ptr, uint64_t *ret_l
 int cache_read(cache *c, uint64_t index, void *dst, uint64_t cap, uint64_t *ret_len,
                int64_t *ret_label, bool verify, char *errbuf)
 {
+    struct cache_tally t = {0, 0};
+    int rc = cache_read_tally(c, index, dst, cap, ret_len, ret_label, verify, &t, errbuf);
+    cache_count_tally(c, &t);
+    return rc;
+}
+
+void cache_count_tally(cache *c, struct cache_tally *tally)
+{
+    if (tally->samples) {
+        atomic_fetch_add_explicit(&c->hit_samples, tally->samples, memory_order_relaxed);
+        atomic_fetch_add_explicit(&c->hit_bytes, tally->bytes, memory_order_relaxed);
+    }
+    *tally = (struct cache_tally){0, 0};
+}
+
+int cache_read_tally(cache *c, uint64_t index, void *dst, uint64_t cap, uint64_t *ret_len,
+                     int64_t *ret_label, bool verify, struct cache_tally *tally, char *errbuf)
+{
     if (index >= c->meta.count)
         return cache_fail(errbuf, LD_ERANGE, c->path, "sample %" PRIu64 " out of range (%"
                           PRIu64 " samples)", index, c->meta.count);
@@ -444,7 +462,8 @@ int cache_read(cache *c, uint64_t index, void *dst, uint64_t cap, uint64_t *ret_
                           ", %" PRIu64 " bytes): checksum mismatch (data corrupt)", index,
                           e.offset, e.length);
     }
-    count_hit(c, e.length);
+    tally->samples++;
+    tally->bytes += e.length;
     *ret_len = e.length;
     *ret_label = e.label;
     return 0;

@@ -252,6 +252,17 @@ int cache_sample(cache *c, uint64_t index, const void **ret_ptr, uint64_t *ret_l
  * bad (cache_bad()). Thread-safe; counts a hit. */
 int cache_read(cache *c, uint64_t index, void *dst, uint64_t cap, uint64_t *ret_len,
                int64_t *ret_label, bool verify, char *errbuf);
+/* Hits counted by the reader and added to the cache's counters in one go: a worker
+ * reading a run of samples would otherwise add to counters that every worker shares,
+ * twice a sample. */
+struct cache_tally {
+    uint64_t samples, bytes;
+};
+/* cache_read, with the hit added to *tally instead of the cache's counters. */
+int cache_read_tally(cache *c, uint64_t index, void *dst, uint64_t cap, uint64_t *ret_len,
+                     int64_t *ret_label, bool verify, struct cache_tally *tally, char *errbuf);
+/* Adds *tally to the cache's hit counters and clears it. Thread-safe. */
+void cache_count_tally(cache *c, struct cache_tally *tally);
 /* Asks the kernel to read ahead the pages of the given samples (the next batches', in
  * the sampler's order): the ranges are sorted and merged, then one madvise(WILLNEED)
  * per merged range. Indices out of range are ignored. Does not block on I/O.

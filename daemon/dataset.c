@@ -153,8 +153,11 @@ uint64_t dataset_row_bytes(const dataset *d, int field)
 
 int dataset_label_field(const dataset *d)
 {
+    /* Asked for every sample read from a cache: memcmp of the name's array, which the
+     * compiler turns into two loads, rather than a call to strcmp. */
     for (int f = 0; f < d->n_fields; f++)
-        if (d->fields[f].dtype == LD_DTYPE_INT64 && d->fields[f].ndim == 0 && strcmp(d->fields[f].name, "label") == 0)
+        if (d->fields[f].dtype == LD_DTYPE_INT64 && d->fields[f].ndim == 0 &&
+            memcmp(d->fields[f].name, "label", sizeof "label") == 0)
             return f;
     return -1;
 }
@@ -175,7 +178,9 @@ static int read_once(const dataset *d, uint64_t index, const struct dataset_read
         int64_t label;
         uint64_t want = d->fields[0].ragged ? d->ops->item_bytes(d, index, 0) : dataset_row_bytes(d, 0);
         char cerr[LD_ERRMSG_MAX];
-        if (cache_read(c, index, dst[0], want, &len, &label, true, cerr) == 0 && len == want) {
+        int rc = ctx->tally ? cache_read_tally(c, index, dst[0], want, &len, &label, true, ctx->tally, cerr)
+                            : cache_read(c, index, dst[0], want, &len, &label, true, cerr);
+        if (rc == 0 && len == want) {
             int lf = dataset_label_field(d);
             if (lf > 0)
                 memcpy(dst[lf], &label, sizeof label);

@@ -43,6 +43,10 @@ struct dataset_read_ctx {
     uint64_t seed;
     uint64_t epoch;
     struct cache *cache;
+    /* Where dataset_read's reads from `cache` count their hits (the caller adds them to
+     * the cache with cache_count_tally once its run of reads is done); NULL: each read
+     * adds its own, as the kinds that read the cache themselves (read_ctx) do. */
+    struct cache_tally *tally;
 };
 
 struct dataset_ops {

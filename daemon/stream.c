@@ -177,7 +177,8 @@ static void chunk_run(struct pool_task *t)
     void *dst[LD_MAX_FIELDS];
     uint64_t lens[LD_MAX_FIELDS] = {0};
     char err[LD_ERRMSG_MAX];
-    const struct dataset_read_ctx rctx = {.seed = s->p.seed, .epoch = sl->epoch, .cache = sl->cache};
+    struct cache_tally hits = {0, 0};
+    const struct dataset_read_ctx rctx = {.seed = s->p.seed, .epoch = sl->epoch, .cache = sl->cache, .tally = &hits};
     /* A kind that fetches in blocks (a database server) learns the chunk's samples. */
     uint64_t *run = d->ops->run_begin && !sl->cache ? malloc((k->row_end - k->row_begin) * sizeof *run) : NULL;
     if (run) {
@@ -225,6 +226,8 @@ static void chunk_run(struct pool_task *t)
         d->ops->run_end(d);
         free(run);
     }
+    if (sl->cache)
+        cache_count_tally(sl->cache, &hits); /* while the batch still holds the cache */
     /* The slot is busy until it is handed on, so s lives until then; after that the
      * stream may be closed and freed at any time: s is not touched again. */
     if (atomic_fetch_sub(&sl->chunks_left, 1) == 1 &&

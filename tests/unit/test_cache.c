@@ -407,9 +407,28 @@ static void test_corrupt_data(void **state)
     assert_int_equal(buf[123], orig[123] ^ 0x5a);
     buf[123] = orig[123];
     assert_memory_equal(buf, orig, 500);
-    uint64_t hits;
+    uint64_t hits, hit_bytes;
     cache_hits(c, &hits, NULL);
     assert_int_equal(hits, 2);                                 /* the refused read is no hit */
+
+    /* A reader's tally: dataset_read counts its hits there, and the cache's counters see
+     * them when the tally is added; the corrupt sample, served by the source, is none. */
+    struct cache_tally tally = {0, 0};
+    struct dataset_read_ctx ctx = {.cache = c, .tally = &tally};
+    assert_int_equal(dataset_read(d, 6, &ctx, dst, NULL, err), 0);
+    assert_int_equal(dataset_read(d, 5, &ctx, dst, NULL, err), 0);
+    assert_int_equal(dataset_read(d, 7, &ctx, dst, NULL, err), 0);
+    assert_memory_equal(orig, buf, 500);                       /* sample 7: the source's bytes */
+    assert_int_equal(tally.samples, 2);
+    assert_int_equal(tally.bytes, 2 * 500);
+    cache_hits(c, &hits, &hit_bytes);
+    assert_int_equal(hits, 2);
+    cache_count_tally(c, &tally);
+    assert_int_equal(tally.samples, 0);
+    assert_int_equal(tally.bytes, 0);
+    cache_hits(c, &hits, &hit_bytes);
+    assert_int_equal(hits, 4);
+    assert_int_equal(hit_bytes, 4 * 500);
     cache_free(c);
     dataset_free(d);
 }
