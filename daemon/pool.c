@@ -5,7 +5,8 @@
  * per flow (one per stream) in the scheduler (scheduler.c), which this file drives under
  * one mutex: a free worker asks it for the next task, runs the task outside the lock,
  * and reports the task's cost, its thread's CPU time (CLOCK_THREAD_CPUTIME_ID), so that
- * shares are shares of the work done and not of the time spent blocked on storage. One
+ * shares are shares of the work done and not of the time spent blocked on storage (the
+ * tasks it runs back to back for one flow are reported together: struct pool_run). One
  * lock is enough because a task is a run of samples (micro- to milliseconds of work),
  * not a single one. A closing stream takes its queued tasks back with pool_cancel and
  * closes its flow, which is freed when its last running task is done. The wall time
@@ -76,6 +77,11 @@ static void spin_for_work(pool *p)
     }
 }
 
+/* A worker reports the tasks it ran back to back for one flow together (struct
+ * pool_run): at most this many, or this much wall time. */
+#define POOL_RUN_TASKS 16u
+#define POOL_RUN_NS (2u * 1000u * 1000u)
+
 /* The pool whose worker this thread is, NULL on any other thread. */
 static _Thread_local pool *pool_self;
 
@@ -107,23 +113,84 @@ static void worker_sleep(pool *p, uint64_t wait_ns)
     p->idle--;
 }
 
+/* The tasks a worker ran back to back for one flow and has not reported yet: their
+ * cost is known together, from one read of the thread's CPU clock (a system call, where
+ * the monotonic clock is not), when the run ends: before the next pick when another
+ * flow has work, when nothing is left, or after POOL_RUN_TASKS tasks or POOL_RUN_NS.
+ * Until then each stays charged what its pick charged (scheduler.h: the flow's recent
+ * cost per unit), so a cap's credit sees it at once, and the real cost at most
+ * POOL_RUN_NS later (a cap's bucket holds SCHEDULER_CAP_BURST_NS). */
+struct pool_run {
+    pool_flow *flow;                /* NULL: empty */
+    unsigned n;
+    uint64_t wall_ns;               /* the tasks' wall time, summed */
+    uint64_t cpu_start;             /* the thread's CPU clock when the run began */
+    struct scheduler_ticket tickets[POOL_RUN_TASKS];
+    uint64_t wall[POOL_RUN_TASKS];
+};
+
+/* Under the lock: reports the run's tasks, its CPU time (to `now`, the thread's CPU
+ * clock; 0: read it here) split among them in proportion to their wall time, and frees
+ * a closed flow whose last task it was. Returns the clock, where the next run begins. */
+static uint64_t run_settle(pool *p, struct pool_run *r, uint64_t now)
+{
+    if (!now)
+        now = clock_ns(CLOCK_THREAD_CPUTIME_ID);
+    uint64_t cost = now - r->cpu_start, given = 0;
+    for (unsigned i = 0; i < r->n; i++) {
+        uint64_t c = i + 1 == r->n ? cost - given
+                                   : (r->wall_ns ? (uint64_t)((double)cost * (double)r->wall[i] / (double)r->wall_ns)
+                                                 : cost / r->n);
+        if (c > cost - given)
+            c = cost - given;
+        given += c;
+        scheduler_done(p->sched, &r->tickets[i], c);
+    }
+    pool_flow *f = r->flow;
+    if (f->closed && scheduler_flow_idle(f->sf))
+        flow_free(p, f);
+    r->flow = NULL;
+    r->n = 0;
+    r->wall_ns = 0;
+    return now;
+}
+
+/* Under the lock: whether another flow has work, so that the next pick depends on the
+ * run's costs. */
+static bool run_competes(pool *p, const struct pool_run *r)
+{
+    struct scheduler_flow_stats st;
+    scheduler_flow_get_stats(r->flow->sf, &st);
+    return scheduler_queued(p->sched) > st.queued;
+}
+
 static void *worker_main(void *arg)
 {
     pool *p = arg;
     bool spun = false;
-    /* The thread's CPU clock when the last task ended (a system call to read, unlike the
-     * monotonic clock): the next task's cost starts there when no wait came between, so
-     * tasks that run back to back cost one read each. What the pick in between costs
-     * (a lock and a scheduler step) is counted to the next task. */
-    uint64_t cpu = 0;
-    bool cpu_known = false;
+    /* The thread's CPU clock is read when a run of one flow's tasks ends (another
+     * flow's task is next, nothing is, or the run is long enough) rather than after
+     * every task: a worker filling one stream's batches reads it once every
+     * POOL_RUN_TASKS tasks. What the picks in between cost (a lock and a scheduler
+     * step) is counted to the run. */
+    struct pool_run run = {.flow = NULL};
+    bool cpu_known = false; /* run.cpu_start holds the clock as the last run ended */
     pool_self = p;
     pthread_mutex_lock(&p->lock);
     /* Stopping wins over a non-empty queue: pool_free drops what is queued. */
     while (!p->stopping) {
         struct scheduler_ticket ticket;
         uint64_t wait = 0;
+        /* The run's costs go in before a pick between flows. */
+        if (run.flow && run_competes(p, &run)) {
+            run.cpu_start = run_settle(p, &run, 0);
+            cpu_known = true;
+        }
         struct pool_task *t = (struct pool_task *)scheduler_pick(p->sched, now_ns(), &ticket, &wait);
+        if (run.flow && (!t || t->flow != run.flow)) {
+            run.cpu_start = run_settle(p, &run, 0);
+            cpu_known = true;
+        }
         if (!t) {
             cpu_known = false; /* a spin or a sleep is nobody's cost */
             if (!wait && !spun) {
@@ -142,19 +209,29 @@ static void *worker_main(void *arg)
         pthread_mutex_unlock(&p->lock);
 
         uint64_t start = now_ns();
-        if (!cpu_known)
-            cpu = clock_ns(CLOCK_THREAD_CPUTIME_ID);
-        t->run(t); /* t may be freed by now: do not touch it again */
-        uint64_t end = clock_ns(CLOCK_THREAD_CPUTIME_ID), cost = end - cpu;
-        cpu = end;
+        if (!run.flow && !cpu_known)
+            run.cpu_start = clock_ns(CLOCK_THREAD_CPUTIME_ID);
         cpu_known = true;
-        atomic_fetch_add_explicit(&p->busy_ns, now_ns() - start, memory_order_relaxed);
+        t->run(t); /* t may be freed by now: do not touch it again */
+        uint64_t wall = now_ns() - start;
+        atomic_fetch_add_explicit(&p->busy_ns, wall, memory_order_relaxed);
+        /* The run ends here when it is long enough, and most likely when nothing is
+         * queued (the worker is about to wait): the clock is read before the lock. */
+        uint64_t cpu_end = 0;
+        if (run.n + 1 >= POOL_RUN_TASKS || run.wall_ns + wall >= POOL_RUN_NS ||
+            !atomic_load_explicit(&p->queued, memory_order_relaxed))
+            cpu_end = clock_ns(CLOCK_THREAD_CPUTIME_ID);
 
         pthread_mutex_lock(&p->lock);
-        scheduler_done(p->sched, &ticket, cost);
-        if (f->closed && scheduler_flow_idle(f->sf))
-            flow_free(p, f);
+        run.flow = f;
+        run.tickets[run.n] = ticket;
+        run.wall[run.n++] = wall;
+        run.wall_ns += wall;
+        if (cpu_end)
+            run.cpu_start = run_settle(p, &run, cpu_end);
     }
+    if (run.flow)
+        run_settle(p, &run, 0);
     pthread_mutex_unlock(&p->lock);
     return NULL;
 }

@@ -499,6 +499,63 @@ static void test_flow_cpu_time(void **state)
     pool_free(p);
 }
 
+/* One worker runs a flow's queued tasks back to back and reports them together, with
+ * one read of its CPU clock per run: every task is still counted, the run's CPU time is
+ * charged in full, nothing stays reported as running once the worker waits, and a flow
+ * closed meanwhile is freed by the report of its last run (ASan sees a leak otherwise). */
+static void test_flow_run_charged(void **state)
+{
+    (void)state;
+    enum { N = 20 };
+    atomic_store(&total_runs, 0);
+    struct gate g;
+    gate_init(&g);
+    pool *p = NULL;
+    pool_flow *f = NULL;
+    assert_int_equal(pool_new(1, &p), 0);
+    const struct scheduler_flow_params fp = {.weight = 1};
+    assert_int_equal(pool_flow_new(p, &fp, &f), 0);
+    struct job first, jobs[N];
+    job_init(&first, f, &g);
+    pool_submit(p, first.flow, &first.task);
+    gate_wait_for(&g, 1); /* the worker holds the first: the others queue behind it */
+    for (int i = 0; i < N; i++) {
+        job_init(&jobs[i], f, NULL);
+        jobs[i].spin_ns = 1000 * 1000;
+        jobs[i].cpu_spin = true;
+        jobs[i].task.item.units = 1;
+        pool_submit(p, jobs[i].flow, &jobs[i].task);
+    }
+    gate_open(&g);
+    wait_runs(N + 1);
+    struct scheduler_flow_stats st;
+    for (int i = 0; i < 2000; i++) { /* the last run is reported before the worker waits */
+        pool_flow_get_stats(p, f, &st);
+        if (st.tasks == N + 1 && st.running == 0)
+            break;
+        struct timespec ts = {0, 1000000};
+        nanosleep(&ts, NULL);
+    }
+    assert_int_equal(st.tasks, N + 1);
+    assert_int_equal(st.running, 0);
+    assert_int_equal(st.queued, 0);
+    assert_true(st.cpu_ns >= (uint64_t)N * 1000 * 1000); /* 20 ms of CPU spun */
+    assert_true(st.unit_cost_ns > 0);
+
+    /* Closed while a run of its tasks is being reported or still running. */
+    struct job more[4];
+    for (int i = 0; i < 4; i++) {
+        job_init(&more[i], f, NULL);
+        more[i].spin_ns = 200 * 1000;
+        more[i].cpu_spin = true;
+        pool_submit(p, more[i].flow, &more[i].task);
+    }
+    wait_runs(N + 5);
+    pool_flow_close(p, f);
+    pool_free(p);
+    gate_destroy(&g);
+}
+
 /* A flow closed while its task runs is freed when the task is done (ASan sees a use
  * after free or a leak otherwise); one closed while idle is freed at once. */
 static void test_flow_close_while_running(void **state)
@@ -579,6 +636,7 @@ int main(void)
         cmocka_unit_test(test_free_drops_queued),
         cmocka_unit_test(test_flow_fair_order),
         cmocka_unit_test(test_flow_cpu_time),
+        cmocka_unit_test(test_flow_run_charged),
         cmocka_unit_test(test_flow_close_while_running),
         cmocka_unit_test(test_flow_cap),
     };
