@@ -8,7 +8,10 @@
  * A batch then costs no system call while the daemon keeps ahead: lc_stream_next takes
  * the next entry, lc_batch_release writes one. With nothing to take we sleep on a futex
  * (in slices, looking at the socket in between, so a daemon that went away is noticed
- * as it is on the socket path). The daemon sleeps in its event loop, not on a futex: when
+ * as it is on the socket path). After a short sleep the next one is brief: we say so
+ * (LD_HANDOFF_WAIT_BRIEF) and look again by ourselves within LD_HANDOFF_BRIEF_NS (5 ms), and
+ * the daemon may then wake us once a few batches are ready instead of at the first
+ * (batches that come fast: a sleep and wake-up per batch would cost more than them). The daemon sleeps in its event loop, not on a futex: when
  * it has nothing left to fill it says so (`daemon_idle`), and we send it one `handoff`
  * request, once we have given back half the ring or before we sleep ourselves.
  *
@@ -43,6 +46,7 @@ struct client_handoff {
     uint32_t woke_idle;         /* the idle spell we sent a wake-up for */
     uint32_t idle_seen;         /* the idle spell the events below count for */
     uint32_t idle_events;       /* batches taken and released since it began */
+    uint64_t last_sleep_ns;     /* how long the last sleep lasted (UINT64_MAX: none yet) */
 };
 
 bool client_handoff_wanted(const lc_stream_options *o)
@@ -180,6 +184,7 @@ int client_handoff_attach(lc_stream *s, const cJSON *reply, char *msg)
         client_msgf(msg, "out of memory");
         return LC_ENOMEM;
     }
+    h->last_sleep_ns = UINT64_MAX;
     int ret = client_handoff_map(s, jo, fd, h, msg);
     if (ret != 0) {
         free(h);
@@ -232,10 +237,17 @@ int client_handoff_release(lc_stream *s, int slot, uint64_t generation)
     return client_handoff_wake(s, false, true);
 }
 
-/* Returns whether the wait ran out (nothing woke us): then the socket is looked at. */
-static bool client_handoff_futex_wait(uint32_t *word, uint32_t seen, int ms)
+static uint64_t client_handoff_now_ns(void)
 {
-    struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000L};
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* Returns whether the wait ran out (nothing woke us). */
+static bool client_handoff_futex_wait(uint32_t *word, uint32_t seen, uint64_t ns)
+{
+    struct timespec ts = {.tv_sec = (time_t)(ns / 1000000000u), .tv_nsec = (long)(ns % 1000000000u)};
     /* EAGAIN (the word moved), EINTR, a wake-up: look at the queue again. */
     return syscall(SYS_futex, word, FUTEX_WAIT, seen, &ts, NULL, 0) < 0 && errno == ETIMEDOUT;
 }
@@ -298,12 +310,24 @@ int client_handoff_next(lc_stream *s, int64_t deadline, int timeout_ms, struct l
             if (c->lost || c->broken)
                 return client_check_usable(c);
         }
+        /* Brief after a short sleep (the daemon may hold our wake-up for a few batches,
+         * above), else a slice. The socket is looked at after a slice that ran out. */
+        bool brief = h->last_sleep_ns < LD_HANDOFF_BRIEF_NS && left >= 1;
+        uint64_t slice = brief ? LD_HANDOFF_BRIEF_NS
+                               : (uint64_t)(left < CLIENT_HANDOFF_SLICE_MS ? left : CLIENT_HANDOFF_SLICE_MS) * 1000000u;
         /* Sequentially consistent, as the daemon's publishing and its look at
          * client_waiting are: either we see the entry, or it sees us waiting. */
-        __atomic_store_n(&h->hdr->client_waiting, 1, __ATOMIC_SEQ_CST);
-        look = timed_out = __atomic_load_n(&h->hdr->ready_tail, __ATOMIC_SEQ_CST) == h->ready_head &&
-               client_handoff_futex_wait(&h->hdr->ready_seq, seq,
-                                         left < CLIENT_HANDOFF_SLICE_MS ? left : CLIENT_HANDOFF_SLICE_MS);
+        __atomic_store_n(&h->hdr->client_waiting, brief ? LD_HANDOFF_WAIT_BRIEF : LD_HANDOFF_WAIT_SLEEP,
+                         __ATOMIC_SEQ_CST);
+        if (__atomic_load_n(&h->hdr->ready_tail, __ATOMIC_SEQ_CST) == h->ready_head) {
+            uint64_t t0 = client_handoff_now_ns();
+            bool ran_out = client_handoff_futex_wait(&h->hdr->ready_seq, seq, slice);
+            h->last_sleep_ns = client_handoff_now_ns() - t0;
+            look = ran_out;
+            timed_out = ran_out && !brief;
+        } else {
+            look = timed_out = false;
+        }
         __atomic_store_n(&h->hdr->client_waiting, 0, __ATOMIC_RELAXED);
     }
 }

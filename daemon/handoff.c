@@ -14,13 +14,15 @@
  *
  * Wake-ups are coalesced while batches come fast. A trainer that outruns cheap batches
  * (token windows, a packed cache) would sleep after nearly every one, and a sleep and
- * its wake-up cost the two sides more CPU than such a batch: so while more batches are
- * filling and the last one came less than `wake_gap_ns` before, a sleeping client is
- * woken once half the prefetch depth is ready, and takes those without sleeping.
- * Never for the stream's first batch, never when nothing else fills (no more batches
- * come before the client gives slots back), never at the end, and a wake-up held since
- * `wake_hold_ns` or more goes out with the next batch (there is no timer: a batch that
- * comes late brings it). A slow stream (images) wakes its trainer at once.
+ * its wake-up cost the two sides more CPU than such a batch. A client whose last sleep
+ * was short sleeps "briefly" (LD_HANDOFF_WAIT_BRIEF: it looks again by itself within
+ * 5 ms); while batches come fast (the last one less than `wake_gap_ns` before) and more
+ * are filling, such a client is woken once half the prefetch depth is ready, and takes
+ * those without sleeping. Never a client that sleeps long (its first sleep, or one after
+ * a slow batch: a stream of decoded images wakes its trainer at once), never when
+ * nothing else fills (no more batches come before the client gives slots back), never at
+ * the end, and not once the hold is `wake_hold_ns` old when a batch comes; the client's
+ * own brief timeout bounds a hold whose next batch is late.
  *
  * The direct path. Once the client has mapped the object, the stream runs it without
  * the loop (stream_direct.c): the worker that fills the batch next in line
@@ -296,13 +298,13 @@ static uint64_t handoff_now_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
-/* Whether the wake-up of a client asleep with `head` taken waits for more batches (the
- * coalescing rule, above). Under the stream's lock, at each publication. */
+/* Whether the wake-up of a client asleep briefly with `head` taken waits for more
+ * batches (the coalescing rule, above). Under the stream's lock, at each publication. */
 static bool handoff_hold_wake(handoff *h, uint64_t head, uint64_t now)
 {
     uint64_t gap = now - h->last_publish_ns;
     uint32_t half = stream_prefetch_target(h->s) / 2;
-    if (h->ended || head == 0 || h->ready_tail - head >= half || gap >= h->wake_gap_ns ||
+    if (h->ended || h->ready_tail - head >= half || gap >= h->wake_gap_ns ||
         (h->held_since_ns && now - h->held_since_ns >= h->wake_hold_ns) || !handoff_stream_busy(h))
         return false;
     if (!h->held_since_ns)
@@ -329,10 +331,12 @@ static void handoff_wake_client(handoff *h)
      * taking it back here could clear the mark of the client's next sleep, set between
      * our look and the take, and lose that sleep's wake-up. Its ready_head comes with
      * its mark (stored before it), so a client that sleeps anew is seen as such. */
-    bool waiting = __atomic_load_n(&h->hdr->client_waiting, __ATOMIC_SEQ_CST) != 0;
+    uint32_t mark = __atomic_load_n(&h->hdr->client_waiting, __ATOMIC_SEQ_CST);
+    bool waiting = mark != 0;
     uint64_t head = __atomic_load_n(&h->hdr->ready_head, __ATOMIC_RELAXED);
     uint64_t now = handoff_now_ns();
-    bool wake = waiting && head >= h->woke_tail && !handoff_hold_wake(h, head, now);
+    bool wake = waiting && head >= h->woke_tail &&
+                !(mark == LD_HANDOFF_WAIT_BRIEF && handoff_hold_wake(h, head, now));
     h->last_publish_ns = now;
     if (wake)
         handoff_woke(h);
@@ -428,13 +432,6 @@ static void handoff_pump(handoff *h)
          * at daemon_idle after taking or releasing: one of us sees the other). */
         if (++h->idle_seq == 0)
             h->idle_seq = 1;
-        /* A wake-up held for more batches (the coalescing rule) goes now: none come. */
-        uint64_t head = __atomic_load_n(&h->hdr->ready_head, __ATOMIC_SEQ_CST);
-        if (h->held_since_ns && __atomic_load_n(&h->hdr->client_waiting, __ATOMIC_SEQ_CST) &&
-            head >= h->woke_tail && h->ready_tail > head) {
-            handoff_woke(h);
-            syscall(SYS_futex, &h->hdr->ready_seq, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
-        }
         uint32_t target = stream_prefetch_target(h->s);
         __atomic_store_n(&h->hdr->wake_after, target / 2 ? target / 2 : 1, __ATOMIC_RELAXED);
         __atomic_store_n(&h->hdr->daemon_idle, h->idle_seq, __ATOMIC_SEQ_CST);

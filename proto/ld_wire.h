@@ -149,8 +149,10 @@ _Static_assert(offsetof(struct ld_slot_header, reserved) == 32, "ld_slot_header.
  * Sleeping: a client with nothing to read sets `client_waiting`, checks the queue once
  * more and waits on the futex word `ready_seq` (FUTEX_WAIT, not private: the word is
  * shared); the daemon bumps `ready_seq` after every entry and, when `client_waiting`
- * is set, wakes the client: once per sleep, and possibly only once a few entries are
- * ready (a held wake-up; the daemon never writes `client_waiting`). The daemon takes
+ * is set, wakes the client, once per sleep (the daemon never writes `client_waiting`).
+ * A client that sets it to LD_HANDOFF_WAIT_BRIEF promises to look at the queue again by
+ * itself within LD_HANDOFF_BRIEF_NS: its wake-up may then be held back until a few
+ * entries are ready (LD_HANDOFF_WAIT_SLEEP, 1: woken at the first). The daemon takes
  * releases, and reads `ready_head` (batches
  * handed over and not yet taken count towards the stream's prefetch), whenever a batch
  * is filled. With nothing filling (every slot leased, or the prefetch made of batches
@@ -166,6 +168,11 @@ _Static_assert(offsetof(struct ld_slot_header, reserved) == 32, "ld_slot_header.
 #define LD_HANDOFF_MAGIC 0x464f484cu  /* "LHOF" little-endian */
 #define LD_HANDOFF_VERSION 2u     /* 1: the object was opened by name (no longer offered) */
 #define LD_HANDOFF_QUEUE_MAX 131072u  /* capacity: a power of two above the ring's slot count */
+#define LD_HANDOFF_WAIT_SLEEP 1u      /* client_waiting: asleep; wake it at the first entry */
+#define LD_HANDOFF_WAIT_BRIEF 2u      /* asleep at most LD_HANDOFF_BRIEF_NS, then it looks itself */
+/* Not shorter: a sleep whose timeout comes before the kernel's next tick reprograms the
+ * timer at each sleep and wake-up, which doubled a fast trainer's CPU (1 ms measured). */
+#define LD_HANDOFF_BRIEF_NS 5000000u
 
 struct ld_handoff_header {
     uint32_t magic;
@@ -187,7 +194,7 @@ struct ld_handoff_header {
     /* written by the client (its own cache line) */
     uint64_t ready_head;        /* ready entries taken (informative: the daemon never needs it) */
     uint64_t release_tail;      /* release entries published */
-    uint32_t client_waiting;    /* 1: the client sleeps on ready_seq (the client's alone to write) */
+    uint32_t client_waiting;    /* LD_HANDOFF_WAIT_*: it sleeps on ready_seq (the client's alone to write) */
     uint8_t reserved2[44];
 };
 _Static_assert(sizeof(struct ld_handoff_header) == 192, "ld_handoff_header is wire layout");

@@ -589,11 +589,12 @@ static int setup_gated(void **state)
     return rc;
 }
 
-/* A client asleep on the ready queue from `head`, that says what it saw when a wake-up
- * (FUTEX_WAKE, not a moved word) ended its sleep. */
+/* A client asleep on the ready queue from `head` (marked `mark`: a brief or a long
+ * sleep), that says what it saw when a wake-up (FUTEX_WAKE, not a moved word) ended it. */
 struct napper {
     struct env *e;
     uint64_t head;
+    uint32_t mark;
     pthread_t thread;
     atomic_int tid;
     atomic_bool done;
@@ -608,7 +609,7 @@ static void *napper_run(void *arg)
     atomic_store(&n->tid, (int)syscall(SYS_gettid));
     uint32_t seq = __atomic_load_n(&hdr->ready_seq, __ATOMIC_ACQUIRE);
     __atomic_store_n(&hdr->ready_head, n->head, __ATOMIC_SEQ_CST);
-    __atomic_store_n(&hdr->client_waiting, 1, __ATOMIC_SEQ_CST);
+    __atomic_store_n(&hdr->client_waiting, n->mark, __ATOMIC_SEQ_CST);
     n->rc = -1;
     if (__atomic_load_n(&hdr->ready_tail, __ATOMIC_SEQ_CST) == n->head) {
         struct timespec ts = {LOOP_MS / 1000, 0};
@@ -622,9 +623,9 @@ static void *napper_run(void *arg)
 
 /* Starts a napper at `head` and returns once it is blocked in FUTEX_WAIT (the kernel
  * says which system call a thread is blocked in): from then on only a wake-up ends it. */
-static void nap(struct env *e, struct napper *n, uint64_t head)
+static void nap(struct env *e, struct napper *n, uint64_t head, uint32_t mark)
 {
-    *n = (struct napper){.e = e, .head = head};
+    *n = (struct napper){.e = e, .head = head, .mark = mark};
     assert_int_equal(pthread_create(&n->thread, NULL, napper_run, n), 0);
     uint64_t end = uv_hrtime() + (uint64_t)LOOP_MS * 1000000u;
     for (;;) {
@@ -673,25 +674,26 @@ static void let_through(struct env *e, uint64_t upto)
     uv_sleep(2);
 }
 
-/* While batches come fast and more fill, a sleeping client is woken once half the
- * prefetch depth is ready; at once for the stream's first batch, for a batch held past
- * the hold time, for batches that do not come fast, and when nothing else fills. */
+/* While batches come fast and more fill, a client asleep briefly is woken once half the
+ * prefetch depth is ready; at once a client that sleeps long, for a batch once the hold
+ * is older than the hold time, for batches that do not come fast, when nothing else
+ * fills, and for the end. */
 static void test_wake_ups_coalesced(void **state)
 {
     struct env *e = *state;
     struct napper n;
-    const uint64_t forever = (uint64_t)LOOP_MS * 2 * 1000000u;
+    const uint64_t forever = UINT64_MAX;
     handoff_set_coalescing(e->h, forever, forever);
     assert_int_equal(ring_slot_count(stream_ring(e->s)), GATED_PREFETCH + 3);
 
-    /* The first batch: at once. */
-    nap(e, &n, 0);
+    /* A long sleep (the first one): woken at once. */
+    nap(e, &n, 0, LD_HANDOFF_WAIT_SLEEP);
     atomic_store(&e->allowed, 1 * BATCH);
     handoff_kick(e->h);
     assert_int_equal(woken_at(e, &n), 1);
 
-    /* Batches 1-4 while 5-8 fill: asleep through the first three, woken by the fourth. */
-    nap(e, &n, 1);
+    /* A brief sleep, batches 1-4 while 5-8 fill: asleep through three, woken by the fourth. */
+    nap(e, &n, 1, LD_HANDOFF_WAIT_BRIEF);
     for (uint64_t upto = 2; upto < 5; upto++) {
         let_through(e, upto);
         assert_false(atomic_load(&n.done));
@@ -699,29 +701,50 @@ static void test_wake_ups_coalesced(void **state)
     let_through(e, 5);
     assert_int_equal(woken_at(e, &n), 5);
 
-    /* Held past the hold time: woken by the next batch (5 is held, 6 wakes). */
-    handoff_set_coalescing(e->h, forever, 1);
-    nap(e, &n, 5);
+    /* A long sleep while batches come fast: woken at once. */
+    nap(e, &n, 5, LD_HANDOFF_WAIT_SLEEP);
     let_through(e, 6);
-    assert_false(atomic_load(&n.done));
+    assert_int_equal(woken_at(e, &n), 6);
+
+    /* Held past the hold time: woken by the next batch (6 is held, 7 wakes). */
+    handoff_set_coalescing(e->h, forever, 1);
+    nap(e, &n, 6, LD_HANDOFF_WAIT_BRIEF);
     let_through(e, 7);
-    assert_int_equal(woken_at(e, &n), 7);
+    assert_false(atomic_load(&n.done));
+    let_through(e, 8);
+    assert_int_equal(woken_at(e, &n), 8);
 
     /* Batches that do not come fast: each wakes at once. */
     handoff_set_coalescing(e->h, 1, forever);
-    nap(e, &n, 7);
-    atomic_store(&e->allowed, 8 * BATCH);
-    assert_int_equal(woken_at(e, &n), 8);
-
-    /* Nothing else fills: the client holds 8 of the 11 slots, so batches 8-10 are the
-     * last before it gives some back, and the third wakes it with 3 < 4 ready. */
-    handoff_set_coalescing(e->h, forever, forever);
-    assert_int_equal(ring_count(stream_ring(e->s), RING_LEASED), 8);
-    nap(e, &n, 8);
+    nap(e, &n, 8, LD_HANDOFF_WAIT_BRIEF);
     let_through(e, 9);
+    assert_int_equal(woken_at(e, &n), 9);
+
+    /* Nothing else fills: the client holds 9 of the 11 slots, so batches 9 and 10 are the
+     * last before it gives some back, and the second wakes it with 2 < 4 ready. */
+    handoff_set_coalescing(e->h, forever, forever);
+    assert_int_equal(ring_count(stream_ring(e->s), RING_LEASED), 9);
+    nap(e, &n, 9, LD_HANDOFF_WAIT_BRIEF);
+    let_through(e, 10);
     assert_false(atomic_load(&n.done));
     let_through(e, 11);
     assert_int_equal(woken_at(e, &n), 11);
+
+    /* The end, while batches fill (two slots given back, their batches held at the gate):
+     * woken by it. */
+    for (uint64_t i = 0; i < 2; i++)
+        client_release(e, ready_at(e, i)->slot, ready_at(e, i)->generation);
+    handoff_poll(e->h);
+    uint64_t end = uv_hrtime() + (uint64_t)LOOP_MS * 1000000u;
+    while (ring_count(stream_ring(e->s), RING_FILLING) < 2) {
+        assert_true(uv_hrtime() < end);
+        uv_run(&e->loop, UV_RUN_NOWAIT);
+        uv_sleep(1);
+    }
+    nap(e, &n, 11, LD_HANDOFF_WAIT_BRIEF);
+    handoff_end(e->h);
+    assert_int_equal(woken_at(e, &n), 12);
+    assert_int_equal(ready_at(e, 11)->rows, 0);
 
     /* Every batch came in order, each once. */
     for (uint64_t i = 0; i < 11; i++) {
