@@ -116,10 +116,13 @@ static void worker_sleep(pool *p, uint64_t wait_ns)
 /* The tasks a worker ran back to back for one flow and has not reported yet: their
  * cost is known together, from one read of the thread's CPU clock (a system call, where
  * the monotonic clock is not), when the run ends: before the next pick when another
- * flow has work, when nothing is left, or after POOL_RUN_TASKS tasks or POOL_RUN_NS.
- * Until then each stays charged what its pick charged (scheduler.h: the flow's recent
- * cost per unit), so a cap's credit sees it at once, and the real cost at most
- * POOL_RUN_NS later (a cap's bucket holds SCHEDULER_CAP_BURST_NS). */
+ * flow has work, when nothing is left, after the first task of a flow that has no cost
+ * yet (its picks charge nothing until one is known), or once the run has POOL_RUN_TASKS
+ * tasks or POOL_RUN_NS of their wall time. That is looked at as each task ends, so a
+ * run's report can also wait for the end of the flow's next task (one that blocks on
+ * storage holds it as long). Until then each stays charged what its pick charged
+ * (scheduler.h: the flow's recent cost per unit), so a cap's credit sees it at once (a
+ * cap's bucket holds SCHEDULER_CAP_BURST_NS). */
 struct pool_run {
     pool_flow *flow;                /* NULL: empty */
     unsigned n;
@@ -227,6 +230,12 @@ static void *worker_main(void *arg)
         run.tickets[run.n] = ticket;
         run.wall[run.n++] = wall;
         run.wall_ns += wall;
+        if (!cpu_end) {
+            struct scheduler_flow_stats st;
+            scheduler_flow_get_stats(f->sf, &st);
+            if (!st.tasks) /* a new flow: its first cost, for the picks that follow */
+                cpu_end = clock_ns(CLOCK_THREAD_CPUTIME_ID);
+        }
         if (cpu_end)
             run.cpu_start = run_settle(p, &run, cpu_end);
     }

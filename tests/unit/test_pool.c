@@ -556,6 +556,41 @@ static void test_flow_run_charged(void **state)
     gate_destroy(&g);
 }
 
+/* A new flow's first task is reported as soon as it ends, even with more of its tasks
+ * queued (its picks have no cost to charge until then): seen while the second one waits
+ * at a gate. */
+static void test_flow_first_task_reported(void **state)
+{
+    (void)state;
+    atomic_store(&total_runs, 0);
+    struct gate g1, g2;
+    gate_init(&g1);
+    gate_init(&g2);
+    pool *p = NULL;
+    pool_flow *f = NULL;
+    assert_int_equal(pool_new(1, &p), 0);
+    const struct scheduler_flow_params fp = {.weight = 1};
+    assert_int_equal(pool_flow_new(p, &fp, &f), 0);
+    struct job a, b;
+    job_init(&a, f, &g1);
+    job_init(&b, f, &g2);
+    pool_submit(p, a.flow, &a.task);
+    gate_wait_for(&g1, 1);
+    pool_submit(p, b.flow, &b.task); /* queued behind the first: the run goes on */
+    gate_open(&g1);
+    gate_wait_for(&g2, 1);
+    struct scheduler_flow_stats st;
+    pool_flow_get_stats(p, f, &st);
+    assert_int_equal(st.tasks, 1);
+    assert_int_equal(st.running, 1);
+    gate_open(&g2);
+    wait_runs(2);
+    pool_flow_close(p, f);
+    pool_free(p);
+    gate_destroy(&g1);
+    gate_destroy(&g2);
+}
+
 /* A flow closed while its task runs is freed when the task is done (ASan sees a use
  * after free or a leak otherwise); one closed while idle is freed at once. */
 static void test_flow_close_while_running(void **state)
@@ -637,6 +672,7 @@ int main(void)
         cmocka_unit_test(test_flow_fair_order),
         cmocka_unit_test(test_flow_cpu_time),
         cmocka_unit_test(test_flow_run_charged),
+        cmocka_unit_test(test_flow_first_task_reported),
         cmocka_unit_test(test_flow_close_while_running),
         cmocka_unit_test(test_flow_cap),
     };
