@@ -209,6 +209,12 @@ static void *worker_main(void *arg)
         spun = false;
         atomic_fetch_sub_explicit(&p->queued, 1, memory_order_relaxed);
         pool_flow *f = t->flow;
+        /* Another flow has work: this task's run will end at the next pick, so its
+         * clock is read after the task, before the lock (a system call not to make
+         * while the other workers wait for the lock). */
+        struct scheduler_flow_stats fst;
+        scheduler_flow_get_stats(f->sf, &fst);
+        bool others = scheduler_queued(p->sched) > fst.queued;
         pthread_mutex_unlock(&p->lock);
 
         uint64_t start = now_ns();
@@ -218,10 +224,11 @@ static void *worker_main(void *arg)
         t->run(t); /* t may be freed by now: do not touch it again */
         uint64_t wall = now_ns() - start;
         atomic_fetch_add_explicit(&p->busy_ns, wall, memory_order_relaxed);
-        /* The run ends here when it is long enough, and most likely when nothing is
-         * queued (the worker is about to wait): the clock is read before the lock. */
+        /* The run ends here when another flow had work, when it is long enough, and
+         * most likely when nothing is queued (the worker is about to wait): the clock is
+         * read before the lock. */
         uint64_t cpu_end = 0;
-        if (run.n + 1 >= POOL_RUN_TASKS || run.wall_ns + wall >= POOL_RUN_NS ||
+        if (others || run.n + 1 >= POOL_RUN_TASKS || run.wall_ns + wall >= POOL_RUN_NS ||
             !atomic_load_explicit(&p->queued, memory_order_relaxed))
             cpu_end = clock_ns(CLOCK_THREAD_CPUTIME_ID);
 
