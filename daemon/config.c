@@ -120,7 +120,7 @@ static const struct config_key server_keys[] = {
      SERVER_AT(max_streams)},
     {.name = "max_frame", .type = CONFIG_KEY_SIZE, .min = LD_FRAME_MIN_LIMIT, .max = LD_FRAME_MAX_LIMIT,
      .def = LD_FRAME_DEFAULT_LIMIT, SERVER_AT(max_frame)},
-    {.name = "prefetch", .type = CONFIG_KEY_INT, .min = 1, .max = LD_PREFETCH_MAX, .def = 4, SERVER_AT(prefetch),
+    {.name = "prefetch", .type = CONFIG_KEY_INT, .min = 1, .max = LD_PREFETCH_MAX, .def = 0, SERVER_AT(prefetch),
      .flags = CONFIG_KEY_AUTO},
     {.name = "log_level", .type = CONFIG_KEY_ENUM, .def = LD_LOG_INFO, SERVER_AT(log_level),
      .from_name = ld_log_level_from_name, .choices = "error, warn, info, debug"},

@@ -199,7 +199,7 @@ static void test_defaults(void **state)
     assert_int_equal(c->max_clients, 64);
     assert_int_equal(c->max_streams, 64);
     assert_int_equal(c->max_frame, LD_FRAME_DEFAULT_LIMIT);
-    assert_int_equal(c->prefetch, 4);
+    assert_int_equal(c->prefetch, 0); /* auto */
     assert_int_equal(c->log_level, LD_LOG_INFO);
     assert_int_equal(c->n_datasets, 1);
     assert_string_equal(c->datasets[0].pattern, "*");

@@ -87,7 +87,7 @@ READ_AHEAD = 2
 # Slots of a stream's ring beyond `prefetch` (SLOTS_BEYOND_PREFETCH in daemon/stream.c):
 # the batch the trainer holds and the read-ahead's (or a deferred batch's) slots.
 SLOTS_BEYOND_PREFETCH = 3
-DEFAULT_PREFETCH = 4   # server.prefetch: the tests' daemon does not set it
+DEFAULT_PREFETCH = 4   # server.prefetch as the tests' daemon sets it (the daemon's own default is auto)
 
 
 def stream_entry(client, stream, timeout=5.0):

@@ -113,7 +113,8 @@ class Daemon:
     """loaderd on a private socket, with a config written from `datasets` (YAML text,
     entries indented by two spaces; relative paths are taken from `directory`)."""
 
-    def __init__(self, directory, datasets, server_extra="  workers: 2\n  memory_budget: 128MiB\n", env=None):
+    def __init__(self, directory, datasets, server_extra="  workers: 2\n  memory_budget: 128MiB\n  prefetch: 4\n",
+                 env=None):
         self.dir = directory
         self.env = env              # added to the environment the daemon starts with
         self.socket = os.path.join(directory, "s.sock")
