@@ -9,11 +9,12 @@
  * the next entry, lc_batch_release writes one. With nothing to take we sleep on a futex
  * (in slices, looking at the socket in between, so a daemon that went away is noticed
  * as it is on the socket path). After a short sleep the next one is brief: we say so
- * (LD_HANDOFF_WAIT_BRIEF) and look again by ourselves within LD_HANDOFF_BRIEF_NS (5 ms), and
- * the daemon may then wake us once a few batches are ready instead of at the first
- * (batches that come fast: a sleep and wake-up per batch would cost more than them). The daemon sleeps in its event loop, not on a futex: when
- * it has nothing left to fill it says so (`daemon_idle`), and we send it one `handoff`
- * request, once we have given back half the ring or before we sleep ourselves.
+ * (LD_HANDOFF_WAIT_BRIEF) and look again by ourselves within LD_HANDOFF_BRIEF_NS (5 ms),
+ * and the daemon may then wake us once a few batches are ready instead of at the first
+ * (batches that come fast: a sleep and wake-up per batch would cost more than them).
+ * The daemon sleeps in its event loop, not on a futex: when it has nothing left to fill
+ * it says so (`daemon_idle`), and we send it one `handoff` request, once we have given
+ * back half the ring or before we sleep ourselves.
  *
  * Nothing in the object is trusted more than a socket reply: an entry must name a slot
  * of the ring, the batch that comes next in the stream's order, and the generation the

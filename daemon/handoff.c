@@ -97,7 +97,8 @@ struct handoff {
 
 /* The coalescing rule's defaults: batches this close together are "coming fast" (token
  * windows and packed-cache batches come every 10-100 µs, decoded images every few ms),
- * and a wake-up is never held longer than this. */
+ * and a held wake-up goes with the next batch once it is this old (the client's own
+ * brief timeout bounds it when no batch comes). */
 #define HANDOFF_WAKE_GAP_NS 200000u
 #define HANDOFF_WAKE_HOLD_NS 1000000u
 

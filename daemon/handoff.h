@@ -59,9 +59,10 @@ void handoff_close(handoff *h);
  * no longer lets its peer read it): a client asleep on the queue wakes, and its `next`
  * on the socket gets the reason. Nothing is published after it. Accepts NULL. */
 void handoff_end(handoff *h);
-/* The times of the rule that coalesces a sleeping client's wake-ups (handoff.c): batches
- * published less than gap_ns apart are "coming fast", and a wake-up is held at most
- * hold_ns. gap_ns 0: every batch wakes a sleeping client at once. Defaults 200 µs, 1 ms. */
+/* The times of the rule that coalesces a briefly sleeping client's wake-ups (handoff.c):
+ * batches published less than gap_ns apart are "coming fast", and a held wake-up goes
+ * with the first batch published once it is hold_ns old. gap_ns 0: every batch wakes a
+ * sleeping client at once. Defaults 200 µs, 1 ms. */
 void handoff_set_coalescing(handoff *h, uint64_t gap_ns, uint64_t hold_ns);
 /* Tells the connection now (on_batch) of the batches published on the direct path
  * since the last time, before its counters are read. Accepts NULL. */
