@@ -59,8 +59,9 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
-#include <time.h>
 #include <unistd.h>
+
+#include <uv.h>
 
 #include "ld_wire.h"
 #include "log.h"
@@ -292,13 +293,6 @@ static int handoff_take_releases(handoff *h, bool direct)
 
 static bool handoff_stream_busy(const handoff *h);
 
-static uint64_t handoff_now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
 /* Whether the wake-up of a client asleep briefly with `head` taken waits for more
  * batches (the coalescing rule, above). Under the stream's lock, at each publication. */
 static bool handoff_hold_wake(handoff *h, uint64_t head, uint64_t now)
@@ -335,7 +329,7 @@ static void handoff_wake_client(handoff *h)
     uint32_t mark = __atomic_load_n(&h->hdr->client_waiting, __ATOMIC_SEQ_CST);
     bool waiting = mark != 0;
     uint64_t head = __atomic_load_n(&h->hdr->ready_head, __ATOMIC_RELAXED);
-    uint64_t now = handoff_now_ns();
+    uint64_t now = uv_hrtime(); /* the monotonic clock, from the vDSO */
     bool wake = waiting && head >= h->woke_tail &&
                 !(mark == LD_HANDOFF_WAIT_BRIEF && handoff_hold_wake(h, head, now));
     h->last_publish_ns = now;
