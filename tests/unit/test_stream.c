@@ -426,6 +426,36 @@ static void test_first_slot_first(void **state)
     assert_true(env_run_until(e, set_empty, &l));
 }
 
+/* prefetch auto (0, the daemon's default): a ring for 8 batches ahead and the 3 beyond
+ * when the memory budget left holds them, fewer when it holds fewer, and a clear error
+ * naming the budget when it holds not even one batch ahead. */
+static void test_auto_ring_within_budget(void **state)
+{
+    struct env *e = *state;
+    struct stream_params p = {.batch_size = 4, .seed = 1, .world_size = 1, .prefetch = 0, .epochs = 1};
+    char err[LD_ERRMSG_MAX] = "";
+    stream *s = NULL;
+    assert_int_equal(stream_open(e->set, &e->ds.base, 20, &p, UINT64_MAX, &s, err), 0);
+    const uint64_t slot = ring_slot_size(stream_ring(s));
+    assert_int_equal(ring_slot_count(stream_ring(s)), 8 + 3);
+    stream_close(s);
+    struct live l = {e->set};
+    assert_true(env_run_until(e, set_empty, &l));
+
+    /* Room for 7 slots: 4 ahead and the 3 beyond. */
+    assert_int_equal(stream_open(e->set, &e->ds.base, 21, &p, LD_RING_ALIGN + 7 * slot, &s, err), 0);
+    assert_int_equal(ring_slot_count(stream_ring(s)), 4 + 3);
+    stream_close(s);
+    assert_true(env_run_until(e, set_empty, &l));
+
+    /* Room for 3: not one batch ahead. */
+    s = NULL;
+    assert_true(stream_open(e->set, &e->ds.base, 22, &p, LD_RING_ALIGN + 3 * slot, &s, err) < 0);
+    assert_null(s);
+    if (!strstr(err, "memory_budget"))
+        fail_msg("%s", err);
+}
+
 /* A stream closed while its first batch fills (the committer not started) and one
  * closed at once after it (the committer possibly running) both go cleanly. */
 static void test_close_while_committing(void **state)
@@ -562,6 +592,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_waiting_nexts_in_order, env_setup, env_teardown),
         cmocka_unit_test_setup_teardown(test_prefetch_depth, env_setup, env_teardown),
         cmocka_unit_test_setup_teardown(test_first_slot_first, env_setup, env_teardown),
+        cmocka_unit_test_setup_teardown(test_auto_ring_within_budget, env_setup, env_teardown),
         cmocka_unit_test_setup_teardown(test_close_while_committing, env_setup, env_teardown),
         cmocka_unit_test_setup_teardown(test_failure_at_batch, env_setup, env_teardown),
         cmocka_unit_test_setup_teardown(test_close_with_work_in_flight, env_setup, env_teardown),
