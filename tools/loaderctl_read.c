@@ -131,8 +131,13 @@ static int ctl_read(lc_client *c, const struct ctl_opts *o, const char *dataset,
             if (lc_batch_field(b, i, &f) < 0)
                 continue;
             cur->bytes += f.nbytes;
-            if (touch)
+            if (touch) {
+                /* The field's length first: bytes moved from one field to the next
+                 * change the checksum too. */
+                uint64_t n = f.nbytes;
+                XXH3_64bits_update(hash, &n, sizeof n);
                 XXH3_64bits_update(hash, f.data, f.nbytes);
+            }
         }
         cur->samples += lc_batch_rows(b);
         cur->batches++;
