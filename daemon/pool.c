@@ -158,12 +158,12 @@ static uint64_t run_settle(pool *p, struct pool_run *r, uint64_t now)
     return now;
 }
 
-/* Under the lock: whether another flow has work, so that the next pick depends on the
- * run's costs. */
-static bool run_competes(pool *p, const struct pool_run *r)
+/* Under the lock: whether a flow other than f has work, so that the next pick depends
+ * on the costs of f's run. */
+static bool others_queued(pool *p, const pool_flow *f)
 {
     struct scheduler_flow_stats st;
-    scheduler_flow_get_stats(r->flow->sf, &st);
+    scheduler_flow_get_stats(f->sf, &st);
     return scheduler_queued(p->sched) > st.queued;
 }
 
@@ -185,7 +185,7 @@ static void *worker_main(void *arg)
         struct scheduler_ticket ticket;
         uint64_t wait = 0;
         /* The run's costs go in before a pick between flows. */
-        if (run.flow && run_competes(p, &run)) {
+        if (run.flow && others_queued(p, run.flow)) {
             run.cpu_start = run_settle(p, &run, 0);
             cpu_known = true;
         }
@@ -212,9 +212,7 @@ static void *worker_main(void *arg)
         /* Another flow has work: this task's run will end at the next pick, so its
          * clock is read after the task, before the lock (a system call not to make
          * while the other workers wait for the lock). */
-        struct scheduler_flow_stats fst;
-        scheduler_flow_get_stats(f->sf, &fst);
-        bool others = scheduler_queued(p->sched) > fst.queued;
+        bool others = others_queued(p, f);
         pthread_mutex_unlock(&p->lock);
 
         uint64_t start = now_ns();
