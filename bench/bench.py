@@ -4,7 +4,8 @@
 Generates two datasets with ld-gendata (many small files; one flat token file), warms
 the page cache, starts one loaderd, then runs every configuration several times,
 interleaved: loaderd read by a Python trainer through loaderclient, loaderd read by
-`loaderctl read --touch`, and torch.utils.data.DataLoader at 0, 1 and 2 workers
+`loaderctl read --touch`, and torch.utils.data.DataLoader at 0, 1 and 2 workers; plus,
+for token windows, `loaderctl read` without --touch (the hand-off alone: no byte read)
 (persistent, with a prefetch factor). Every trainer is a fresh process running the same
 loop (`child_main`): epoch 0 untimed, then the timed epochs, every byte of every batch
 read. Reported per configuration: median samples/s and its spread, CPU seconds per
@@ -472,14 +473,24 @@ def run_trainer(args, ds, path, batch, loader, workers, results_dir, tag, daemon
     return row
 
 
-def run_loaderctl(args, ds, batch, daemon, results_dir, tag):
+# Timed epochs of the hand-off row: its epochs are short (0.03 s of token windows), and
+# its CPU covers epoch 0 too (ring pages touched the first time), so it reads more.
+HANDOFF_TIMED_EPOCHS = 10
+
+
+def run_loaderctl(args, ds, batch, daemon, results_dir, tag, touch=True):
     """loaderd read by `loaderctl read --touch` (the C client, every byte read): a
     reference for what the Python layer costs. CPU = daemon (/proc) + loaderctl (wait4's
     rusage) over the whole read, epoch 0 included (loaderctl is not stopped between
-    epochs); samples/s over the timed epochs only."""
+    epochs); samples/s over the timed epochs only. touch=False: the hand-off alone
+    (batches announced, leased and given back, no byte read by the client), over
+    HANDOFF_TIMED_EPOCHS timed epochs."""
+    timed_epochs = args.timed_epochs if touch else max(args.timed_epochs, HANDOFF_TIMED_EPOCHS)
     reset_peak_rss(daemon.proc.pid)
     cmd = [daemon.bins["loaderctl"], "--socket", daemon.sock, "read", ds, "--epochs",
-           str(1 + args.timed_epochs), "--batch-size", str(batch), "--seed", str(SEED), "--touch", "--json"]
+           str(1 + timed_epochs), "--batch-size", str(batch), "--seed", str(SEED), "--json"]
+    if touch:
+        cmd.insert(-1, "--touch")
     out_p = os.path.join(results_dir, f"{tag}.json")
     err_p = os.path.join(results_dir, f"{tag}.err")
     c0 = tree_cpu([daemon.proc.pid])
@@ -499,7 +510,7 @@ def run_loaderctl(args, ds, batch, daemon, results_dir, tag):
         return None
     want = expected_samples(args, ds)
     bad = [e["epoch"] for e in eps if e["samples"] != want]
-    if len(eps) != 1 + args.timed_epochs or bad:
+    if len(eps) != 1 + timed_epochs or bad:
         daemon.err(f"loaderctl read {ds}: {len(eps)} epochs, epochs {bad} did not deliver {want} samples")
         return None
     timed = eps[1:]
@@ -509,7 +520,8 @@ def run_loaderctl(args, ds, batch, daemon, results_dir, tag):
     cpu = {"daemon": pid_cpu_delta(c0, c1, daemon.proc.pid), "trainer": ru.ru_utime + ru.ru_stime, "workers": 0.0}
     cpu["total"] = cpu["daemon"] + cpu["trainer"]
     row = {
-        "dataset": ds, "loader": "loaderd", "client": "C (loaderctl --touch)", "workers": 2,
+        "dataset": ds, "loader": "loaderd", "client": "C (loaderctl --touch)" if touch else "C (loaderctl, no touch)",
+        "touch": touch, "workers": 2,
         "batch_size": batch,
         "samples_per_s": n / secs if secs > 0 else 0.0,
         "mb_per_s": sum(e["bytes"] for e in timed) / secs / MB if secs > 0 else 0.0,
@@ -546,6 +558,7 @@ def summarize_runs(runs):
     sps = [r["samples_per_s"] for r in runs]
     cpu = [r["cpu_s_per_1000"] for r in runs if r["cpu_s_per_1000"] is not None]
     row = {k: first[k] for k in ("dataset", "loader", "client", "workers", "batch_size")}
+    row["touch"] = first.get("touch", True)
     row.update({
         "samples_per_s": median(sps), "samples_per_s_min": min(sps), "samples_per_s_max": max(sps),
         "mb_per_s": median([r["mb_per_s"] for r in runs]),
@@ -594,7 +607,7 @@ def parse_args(argv):
     p.add_argument("--consume", choices=("copy", "sum"), default="copy",
                    help="how the trainer reads every byte of a batch, on both sides: copy each tensor "
                         "(default) or sum its elements")
-    p.add_argument("--no-c-client", action="store_true", help="skip the loaderctl --touch rows")
+    p.add_argument("--no-c-client", action="store_true", help="skip the loaderctl rows (--touch, and the hand-off)")
     p.add_argument("--startup-timeout", type=float, default=180.0,
                    help="seconds to wait for loaderd's socket")
     p.add_argument("--run-timeout", type=float, default=300.0,
@@ -678,6 +691,8 @@ def main():
             configs.append((ds, path, batch, "loaderd", 2))
             if not args.no_c_client:
                 configs.append((ds, path, batch, "loaderctl", 2))
+                if ds == "tokens":
+                    configs.append((ds, path, batch, "handoff", 2))
         if not args.skip_torch:
             configs += [(ds, path, batch, "DataLoader", w) for w in args.workers]
 
@@ -694,8 +709,8 @@ def main():
             for c in configs:
                 ds, path, batch, loader, w = c
                 tag = f"{ds}-{loader}" + (f"-w{w}" if loader == "DataLoader" else "") + f"-run{i + 1}"
-                if loader == "loaderctl":
-                    r = run_loaderctl(args, ds, batch, daemon, raw_dir, tag)
+                if loader in ("loaderctl", "handoff"):
+                    r = run_loaderctl(args, ds, batch, daemon, raw_dir, tag, touch=loader == "loaderctl")
                 else:
                     r = run_trainer(args, ds, path, batch, loader, w, raw_dir, tag,
                                     daemon if loader == "loaderd" else None)

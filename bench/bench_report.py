@@ -17,6 +17,10 @@ def add_ratios(rows):
         for r in rows:
             if r["dataset"] != ds:
                 continue
+            if not r.get("touch", True):
+                # The hand-off alone reads no byte: no ratio against a loop that reads them all.
+                r["ratio_vs_best_dataloader"] = r["per_cpu_ratio_vs_best_dataloader"] = None
+                continue
             r["ratio_vs_best_dataloader"] = (r["samples_per_s"] / best["samples_per_s"]
                                              if best and best["samples_per_s"] > 0 else None)
             r["best_dataloader_workers"] = best["workers"] if best else None
@@ -28,8 +32,36 @@ def add_ratios(rows):
 
 def row_name(r):
     if r["loader"] == "loaderd":
-        return "loaderd, " + ("Python client" if r["client"] == "python" else "C client (`loaderctl read --touch`)")
+        if r["client"] == "python":
+            return "loaderd, Python client"
+        if not r.get("touch", True):
+            return "loaderd, hand-off alone (`loaderctl read`, no byte read) ⁴"
+        return "loaderd, C client (`loaderctl read --touch`)"
     return "DataLoader"
+
+
+def client_name(r):
+    if r["client"] == "python":
+        return "Python client"
+    return "C client" if r.get("touch", True) else "hand-off alone"
+
+
+# #15's target for the hand-off of token windows: daemon + client CPU a window, and windows/s.
+HANDOFF_TARGET_US, HANDOFF_TARGET_PER_S = 0.6, 3e6
+
+
+def handoff_lines(rows):
+    out = []
+    for r in rows:
+        if r["loader"] != "loaderd" or r.get("touch", True) or not r.get("cpu_s_per_1000"):
+            continue
+        us = r["cpu_s_per_1000"] * 1000
+        met = us <= HANDOFF_TARGET_US and r["samples_per_s"] >= HANDOFF_TARGET_PER_S
+        out.append(f"- {r['dataset']}, the hand-off alone: {us:.2f} µs of daemon + client CPU a sample "
+                   f"(min–max {r['cpu_s_per_1000_min'] * 1000:.2f}–{r['cpu_s_per_1000_max'] * 1000:.2f}), "
+                   f"{r['samples_per_s']:,.0f} samples/s; target ≤ {HANDOFF_TARGET_US} µs and ≥ "
+                   f"{HANDOFF_TARGET_PER_S / 1e6:.0f} M/s: {'met' if met else 'not met'}.")
+    return out
 
 
 def row_workers(r):
@@ -89,6 +121,10 @@ def render(rows, meta):
                  "its workers. **samples per CPU-second** = 1,000 ÷ that: the per-core comparison (a loader that "
                  "uses two cores to go twice as fast scores the same as one that uses one). "
                  "³ loaderctl's CPU comes from wait4 and covers all its epochs, epoch 0 included.")
+    lines.append("- ⁴ **the hand-off alone**: `loaderctl read` without `--touch`, over more timed epochs: the "
+                 "daemon fills the ring (its copy of every window) and the client takes each batch and gives it "
+                 "back without reading it. It is what the hand-off (announcing, waking, leasing, releasing) costs "
+                 "on top of the daemon's copy, so it has no ratio against DataLoader, whose loop reads every byte.")
     lines.append("- **peak RSS / PSS MiB**: the largest sum, polled every "
                  f"{POLL_S * 1000:.0f} ms (PSS every {POLL_S * PSS_EVERY * 1000:.0f} ms), over the processes of "
                  "the side: loaderd = the daemon + the trainer process (with torch and loaderclient loaded); "
@@ -117,9 +153,10 @@ def render(rows, meta):
         for r in rows:
             if r["dataset"] == ds and r["loader"] == "loaderd" and r.get("cpu_s_per_1000"):
                 us = r["cpu_s_per_1000"] * 1000
-                line += (f"; loaderd ({'Python' if r['client'] == 'python' else 'C'} client) "
+                line += (f"; loaderd ({client_name(r)}) "
                          f"{us:.2f} µs, {us / f['cpu_us_per_sample']:.1f}× the floor")
         lines.append(line + ".")
+    lines += handoff_lines(rows)
     if meta.get("failures"):
         lines.append("")
         lines.append("**FAILURES:**")
@@ -135,8 +172,8 @@ def console_table(rows):
     body = []
     for r in rows:
         rt, rc = r.get("ratio_vs_best_dataloader"), r.get("per_cpu_ratio_vs_best_dataloader")
-        name = r["loader"] if r["loader"] == "DataLoader" else ("loaderd-py" if r["client"] == "python"
-                                                                 else "loaderd-C")
+        name = r["loader"] if r["loader"] == "DataLoader" else (
+            "loaderd-py" if r["client"] == "python" else "loaderd-C" if r.get("touch", True) else "loaderd-hand-off")
         body.append([r["dataset"], name, str(r["workers"]), fmt(r["samples_per_s"], ",.0f", "-"),
                      f"{r['samples_per_s_min']:,.0f}-{r['samples_per_s_max']:,.0f}",
                      fmt(r["cpu_s_per_1000"], ".3f", "-"), fmt(r["samples_per_cpu_s"], ",.0f", "-"),
