@@ -17,8 +17,16 @@
 #include "ld_error.h"
 #include "ld_mix.h"
 
+#include <stdatomic.h>
 #include <stddef.h>
 #include <string.h>
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define SAMPLER_HAVE_AVX2 1
+#else
+#define SAMPLER_HAVE_AVX2 0
+#endif
 
 /* Enough rounds that even the 2-bit range of a tiny dataset reaches odd as well as
  * even permutations after cycle walking; each round costs one 64-bit mix. */
@@ -125,12 +133,110 @@ static uint64_t sampler_position(const sampler *s, uint64_t batch, uint32_t row)
     return pos;
 }
 
+/* The lanes of permute_rows: each walks one position through the network. */
+struct sampler_lanes {
+    uint64_t left[SAMPLER_LANES], right[SAMPLER_LANES];
+    uint32_t lane[SAMPLER_LANES]; /* the row each lane computes */
+};
+
+/* One walk of lanes [0, m): the network's rounds, one lane at a time. */
+static void walk_scalar(struct sampler_lanes *w, unsigned m, uint64_t key, uint64_t mask)
+{
+    for (unsigned r = 0; r < SAMPLER_ROUNDS; r++)
+        for (unsigned i = 0; i < m; i++) {
+            uint64_t nr = w->left[i] ^ (feistel_round(key, r, w->right[i]) & mask);
+            w->left[i] = w->right[i];
+            w->right[i] = nr;
+        }
+}
+
+#if SAMPLER_HAVE_AVX2
+/* z * c mod 2^64 in each 64-bit lane, c given as its low and high 32 bits (AVX2 has
+ * 32 x 32 -> 64-bit products only). */
+__attribute__((target("avx2"))) static inline __m256i mul64(__m256i z, __m256i c_lo, __m256i c_hi)
+{
+    __m256i lo = _mm256_mul_epu32(z, c_lo);
+    __m256i cross = _mm256_add_epi64(_mm256_mul_epu32(_mm256_srli_epi64(z, 32), c_lo), _mm256_mul_epu32(z, c_hi));
+    return _mm256_add_epi64(lo, _mm256_slli_epi64(cross, 32));
+}
+
+/* walk_scalar four lanes to a vector, nv vectors side by side (a constant at each call,
+ * so that the lanes stay in registers): the same ld_mix64, step for step. Lanes past m
+ * compute garbage nobody reads. */
+__attribute__((target("avx2"), always_inline)) static inline void walk_vectors(struct sampler_lanes *w, uint64_t key,
+                                                                                uint64_t mask, const unsigned nv)
+{
+    const __m256i c1_lo = _mm256_set1_epi64x(0xbf58476d1ce4e5b9ULL & UINT32_MAX);
+    const __m256i c1_hi = _mm256_set1_epi64x(0xbf58476d1ce4e5b9ULL >> 32);
+    const __m256i c2_lo = _mm256_set1_epi64x(0x94d049bb133111ebULL & UINT32_MAX);
+    const __m256i c2_hi = _mm256_set1_epi64x(0x94d049bb133111ebULL >> 32);
+    const __m256i vkey = _mm256_set1_epi64x((long long)key), vmask = _mm256_set1_epi64x((long long)mask);
+    __m256i L[SAMPLER_LANES / 4], R[SAMPLER_LANES / 4];
+#pragma GCC unroll 4
+    for (unsigned v = 0; v < nv; v++) {
+        L[v] = _mm256_loadu_si256((const __m256i *)&w->left[4 * v]);
+        R[v] = _mm256_loadu_si256((const __m256i *)&w->right[4 * v]);
+    }
+#pragma GCC unroll 6
+    for (unsigned r = 0; r < SAMPLER_ROUNDS; r++) {
+        const __m256i vr = _mm256_set1_epi64x(r);
+#pragma GCC unroll 4
+        for (unsigned v = 0; v < nv; v++) {
+            __m256i z = _mm256_xor_si256(vkey, _mm256_or_si256(_mm256_slli_epi64(R[v], 32), vr));
+            z = mul64(_mm256_xor_si256(z, _mm256_srli_epi64(z, 30)), c1_lo, c1_hi);
+            z = mul64(_mm256_xor_si256(z, _mm256_srli_epi64(z, 27)), c2_lo, c2_hi);
+            z = _mm256_xor_si256(z, _mm256_srli_epi64(z, 31));
+            __m256i next = _mm256_xor_si256(L[v], _mm256_and_si256(z, vmask));
+            L[v] = R[v];
+            R[v] = next;
+        }
+    }
+#pragma GCC unroll 4
+    for (unsigned v = 0; v < nv; v++) {
+        _mm256_storeu_si256((__m256i *)&w->left[4 * v], L[v]);
+        _mm256_storeu_si256((__m256i *)&w->right[4 * v], R[v]);
+    }
+}
+
+__attribute__((target("avx2"))) static void walk_avx2(struct sampler_lanes *w, unsigned m, uint64_t key,
+                                                      uint64_t mask)
+{
+    _Static_assert(SAMPLER_LANES == 16, "walk_avx2 handles up to four vectors of four lanes");
+    switch ((m + 3) / 4) {
+    case 1: walk_vectors(w, key, mask, 1); break;
+    case 2: walk_vectors(w, key, mask, 2); break;
+    case 3: walk_vectors(w, key, mask, 3); break;
+    default: walk_vectors(w, key, mask, 4); break;
+    }
+}
+#endif
+
+/* Which walk permute_rows takes: 0 not chosen yet, 1 scalar, 2 AVX2. */
+static atomic_int walk_path;
+
+static int best_walk_path(void)
+{
+#if SAMPLER_HAVE_AVX2
+    if (__builtin_cpu_supports("avx2"))
+        return 2;
+#endif
+    return 1;
+}
+
+bool sampler_use_vector(bool on)
+{
+    int best = best_walk_path();
+    atomic_store(&walk_path, on ? best : 1);
+    return best == 2;
+}
+
 /* sampler_permute of many positions at once. One position is a chain of dependent
- * multiplications; SAMPLER_LANES chains side by side keep the multiplier busy, which makes
- * a position about half as costly. A lane whose value lands inside [0, n) hands its
- * result out and takes the next position at once, so the lanes stay full while positions
- * are left (the walks' lengths vary: waiting for the longest of a group would leave most
- * lanes idle; 64 positions cost 15% less this way); those that land outside walk on. */
+ * multiplications; SAMPLER_LANES chains side by side keep the multiplier busy, and with
+ * AVX2 four lanes share each instruction. A lane whose value lands inside [0, n) hands
+ * its result out and takes the next position at once, so the lanes stay full while
+ * positions are left (the walks' lengths vary: waiting for the longest of a group would
+ * leave most lanes idle; 64 positions cost 15% less this way); those that land outside
+ * walk on. */
 static void permute_rows(const sampler *s, uint64_t epoch, uint64_t batch, uint32_t row, uint32_t count,
                          uint64_t *out)
 {
@@ -138,25 +244,30 @@ static void permute_rows(const sampler *s, uint64_t epoch, uint64_t batch, uint3
     unsigned h = half_bits(n);
     uint64_t mask = h == 32 ? UINT32_MAX : (UINT64_C(1) << h) - 1;
     uint64_t key = epoch_key(s->p.seed, epoch);
-    uint64_t left[SAMPLER_LANES], right[SAMPLER_LANES];
-    uint32_t lane[SAMPLER_LANES], m = 0, next = 0;
+    int path = atomic_load_explicit(&walk_path, memory_order_relaxed);
+    if (path == 0) {
+        path = best_walk_path();
+        atomic_store_explicit(&walk_path, path, memory_order_relaxed);
+    }
+    struct sampler_lanes w;
+    uint32_t m = 0, next = 0;
     while (m < SAMPLER_LANES && next < count) {
         uint64_t x = sampler_position(s, batch, row + next);
-        left[m] = x >> h;
-        right[m] = x & mask;
-        lane[m++] = next++;
+        w.left[m] = x >> h;
+        w.right[m] = x & mask;
+        w.lane[m++] = next++;
     }
     while (m) {
-        for (unsigned r = 0; r < SAMPLER_ROUNDS; r++)
-            for (unsigned i = 0; i < m; i++) {
-                uint64_t nr = left[i] ^ (feistel_round(key, r, right[i]) & mask);
-                left[i] = right[i];
-                right[i] = nr;
-            }
+#if SAMPLER_HAVE_AVX2
+        if (path == 2)
+            walk_avx2(&w, m, key, mask);
+        else
+#endif
+            walk_scalar(&w, m, key, mask);
         unsigned k = 0;
         for (unsigned i = 0; i < m; i++) {
-            uint64_t x = (left[i] << h) | right[i];
-            uint32_t l = lane[i];
+            uint64_t x = (w.left[i] << h) | w.right[i];
+            uint32_t l = w.lane[i];
             if (x < n) {
                 out[l] = x;
                 if (next == count)
@@ -164,9 +275,9 @@ static void permute_rows(const sampler *s, uint64_t epoch, uint64_t batch, uint3
                 x = sampler_position(s, batch, row + next);
                 l = next++;
             }
-            left[k] = x >> h;
-            right[k] = x & mask;
-            lane[k++] = l;
+            w.left[k] = x >> h;
+            w.right[k] = x & mask;
+            w.lane[k++] = l;
         }
         m = k;
     }

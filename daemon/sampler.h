@@ -45,4 +45,9 @@ void sampler_indices(const sampler *s, uint64_t epoch, uint64_t batch, uint32_t 
 /* The global permutation: position pos in [0, n) of epoch under seed → index in [0, n). */
 uint64_t sampler_permute(uint64_t n, uint64_t seed, uint64_t epoch, uint64_t pos);
 
+/* For tests: sampler_indices computes four positions per instruction where the CPU has
+ * AVX2 (the default) or one at a time (on = false); the order is the same either way.
+ * Returns whether this CPU has the vector path. */
+bool sampler_use_vector(bool on);
+
 #endif

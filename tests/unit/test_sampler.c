@@ -440,6 +440,46 @@ static void test_runs_match_positions(void **state)
     }
 }
 
+/* The vector path (four positions per AVX2 instruction) and the scalar one give the same
+ * rows as one position at a time, over every half width the network takes: tiny ranges,
+ * the bench's token windows, 2^40 samples and ranges that fill all 64 bits. */
+static void test_vector_and_scalar_agree(void **state)
+{
+    (void)state;
+    struct sampler_params ps[] = {
+        params(2, 2, 0, 1, false),           params(5, 3, 0, 1, false),       params(70, 32, 1, 2, false),
+        params(97656, 32, 0, 1, false),      params(1000003, 64, 2, 3, false), params(1281167, 256, 0, 1, true),
+        params((UINT64_C(1) << 40) + 3, 64, 0, 1, false), params(UINT64_MAX - 12, 48, 1, 2, false),
+    };
+    bool vector = sampler_use_vector(true);
+    print_message("sampler: vector path %s on this CPU\n", vector ? "present" : "absent");
+    uint64_t vec[256], one[256];
+    for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) {
+        ps[i].seed = 17 + i;
+        sampler s;
+        assert_int_equal(sampler_init(&s, &ps[i]), 0);
+        uint64_t batches = sampler_batches(&s);
+        uint64_t pick[] = {0, 1, batches / 2, batches - 1};
+        for (uint64_t epoch = 0; epoch < 3; epoch++)
+            for (size_t j = 0; j < 4; j++) {
+                uint64_t b = pick[j] < batches ? pick[j] : 0;
+                uint32_t rows = sampler_batch_rows(&s, b);
+                sampler_use_vector(true);
+                sampler_indices(&s, epoch, b, 0, rows, vec);
+                sampler_use_vector(false);
+                sampler_indices(&s, epoch, b, 0, rows, one);
+                for (uint32_t r = 0; r < rows; r++) {
+                    uint64_t want = expected_index(&ps[i], epoch, b, r);
+                    if (vec[r] != want || one[r] != want)
+                        fail_msg("n=%llu epoch %llu batch %llu row %u: vector %llu, scalar %llu, want %llu",
+                                 (unsigned long long)ps[i].n, (unsigned long long)epoch, (unsigned long long)b, r,
+                                 (unsigned long long)vec[r], (unsigned long long)one[r], (unsigned long long)want);
+                }
+            }
+    }
+    sampler_use_vector(true);
+}
+
 /* The documented budget: sampler_index costs at most 300 ns per sample (it runs once
  * per sample on a worker). Asserted honestly but without flakiness on a loaded machine:
  * the figure is the fastest of many short trials (each 256 calls, tens of
@@ -576,6 +616,7 @@ int main(void)
         cmocka_unit_test(test_resume),
         cmocka_unit_test(test_bad_params),
         cmocka_unit_test(test_runs_match_positions),
+        cmocka_unit_test(test_vector_and_scalar_agree),
         cmocka_unit_test(test_speed),
         cmocka_unit_test(test_golden_permutations),
     };
