@@ -162,14 +162,14 @@ __attribute__((target("avx2"))) static inline __m256i mul64(__m256i z, __m256i c
 
 /* walk_scalar four lanes to a vector, nv vectors side by side (a constant at each call,
  * so that the lanes stay in registers): the same ld_mix64, step for step. Lanes past m
- * compute garbage nobody reads. */
+ * (zeros, or a closed lane's last value) are computed and never read. */
 __attribute__((target("avx2"), always_inline)) static inline void walk_vectors(struct sampler_lanes *w, uint64_t key,
                                                                                 uint64_t mask, const unsigned nv)
 {
-    const __m256i c1_lo = _mm256_set1_epi64x(0xbf58476d1ce4e5b9ULL & UINT32_MAX);
-    const __m256i c1_hi = _mm256_set1_epi64x(0xbf58476d1ce4e5b9ULL >> 32);
-    const __m256i c2_lo = _mm256_set1_epi64x(0x94d049bb133111ebULL & UINT32_MAX);
-    const __m256i c2_hi = _mm256_set1_epi64x(0x94d049bb133111ebULL >> 32);
+    const __m256i c1_lo = _mm256_set1_epi64x((long long)(LD_MIX_M1 & UINT32_MAX));
+    const __m256i c1_hi = _mm256_set1_epi64x((long long)(LD_MIX_M1 >> 32));
+    const __m256i c2_lo = _mm256_set1_epi64x((long long)(LD_MIX_M2 & UINT32_MAX));
+    const __m256i c2_hi = _mm256_set1_epi64x((long long)(LD_MIX_M2 >> 32));
     const __m256i vkey = _mm256_set1_epi64x((long long)key), vmask = _mm256_set1_epi64x((long long)mask);
     __m256i L[SAMPLER_LANES / 4], R[SAMPLER_LANES / 4];
 #pragma GCC unroll 4
@@ -183,9 +183,9 @@ __attribute__((target("avx2"), always_inline)) static inline void walk_vectors(s
 #pragma GCC unroll 4
         for (unsigned v = 0; v < nv; v++) {
             __m256i z = _mm256_xor_si256(vkey, _mm256_or_si256(_mm256_slli_epi64(R[v], 32), vr));
-            z = mul64(_mm256_xor_si256(z, _mm256_srli_epi64(z, 30)), c1_lo, c1_hi);
-            z = mul64(_mm256_xor_si256(z, _mm256_srli_epi64(z, 27)), c2_lo, c2_hi);
-            z = _mm256_xor_si256(z, _mm256_srli_epi64(z, 31));
+            z = mul64(_mm256_xor_si256(z, _mm256_srli_epi64(z, LD_MIX_S1)), c1_lo, c1_hi);
+            z = mul64(_mm256_xor_si256(z, _mm256_srli_epi64(z, LD_MIX_S2)), c2_lo, c2_hi);
+            z = _mm256_xor_si256(z, _mm256_srli_epi64(z, LD_MIX_S3));
             __m256i next = _mm256_xor_si256(L[v], _mm256_and_si256(z, vmask));
             L[v] = R[v];
             R[v] = next;
@@ -249,7 +249,7 @@ static void permute_rows(const sampler *s, uint64_t epoch, uint64_t batch, uint3
         path = best_walk_path();
         atomic_store_explicit(&walk_path, path, memory_order_relaxed);
     }
-    struct sampler_lanes w;
+    struct sampler_lanes w = {0};
     uint32_t m = 0, next = 0;
     while (m < SAMPLER_LANES && next < count) {
         uint64_t x = sampler_position(s, batch, row + next);
