@@ -16,7 +16,9 @@ DataLoader and against what the disk itself serves (issue 15, item 4).
 4. DataLoader (bench.py's dataset: `open(path, 'rb').read()` per file, batch 64, shuffled,
    every batch copied) at num_workers 0, 2 and 8 (more workers, more reads in flight), each
    in a fresh process that lists the files, empties the page cache and times one epoch
-   (workers start inside it, as they would at the start of a job).
+   (workers start inside it, as they would at the start of a job); as many runs of each
+   as loaderd's, interleaved with them (run 1 of every reader, then run 2, ...), and the
+   median of each configuration's runs is compared.
 
 Without root, the page cache is emptied file by file (POSIX_FADV_DONTNEED after a
 syncfs); dentries and inodes then stay cached, which the report says. Targets: cold
@@ -290,8 +292,8 @@ def measure_list(root):
     return out
 
 
-def dataloader_run(args, root, dev, workers, raw):
-    tag = f"dataloader-w{workers}"
+def dataloader_run(args, root, dev, workers, raw, run=1):
+    tag = f"dataloader-w{workers}-run{run}"
     out_p, err_p = os.path.join(raw, tag + ".json"), os.path.join(raw, tag + ".err")
     spec = json.dumps({"root": root, "workers": workers})
     disk0 = disk_reads(dev)
@@ -314,6 +316,21 @@ def dataloader_run(args, root, dev, workers, raw):
 
 # ---------------------------------------------------------------------------------------
 # Report
+
+def median_row(rows):
+    """One configuration's runs as one row: the median samples/s and CPU, every run's
+    samples/s under "runs" (None when no run succeeded)."""
+    ok = [r for r in rows if r]
+    if not ok:
+        return None
+    out = dict(ok[-1])
+    out["samples_per_s"] = measure.median([r["samples_per_s"] for r in ok])
+    out["cpu_s_per_1000"] = measure.median([r["cpu_s_per_1000"] for r in ok])
+    out["runs"] = [r["samples_per_s"] for r in ok]
+    if any(r.get("error") for r in ok):
+        out["error"] = "; ".join(r["error"] for r in ok if r.get("error"))
+    return out
+
 
 def best(rows, key="samples_per_s"):
     return max((r for r in rows if r and r.get(key)), key=lambda r: r[key], default=None)
@@ -345,7 +362,8 @@ def render(res):
                  f"{fmt(ok[-1].get('disk_iops'), ',.0f')} | {fmt(ok[-1].get('read_ahead_samples'), ',')} |")
     for r in res["dataloader"]:
         if r:
-            L.append(f"| DataLoader, num_workers={r['workers']} | {r['samples_per_s']:,.0f} | 1 | "
+            runs = ", ".join(format(x, ",.0f") for x in r.get("runs", [r["samples_per_s"]]))
+            L.append(f"| DataLoader, num_workers={r['workers']} | {r['samples_per_s']:,.0f} | {runs} | "
                      f"{r['cpu_s_per_1000'] * 1000:,.0f} | {fmt(r.get('disk_reads'), ',')} | | |")
     L += ["", "| disk (fio, 4 KiB random reads, O_DIRECT, same file system) | IOPS | MB/s | mean latency µs |",
           "|---|---:|---:|---:|"]
@@ -396,17 +414,23 @@ def main(argv):
     write_config(cfg, sock, root)
     daemon = start_daemon(bins, cfg, sock, os.path.join(raw, "loaderd.log"))
     res["loaderd"] = {"cold": [], "cold_noahead": []}
+    # As many runs of each DataLoader configuration as of loaderd's, interleaved with them,
+    # so that both sides' medians see the same moods of the disk (a virtual disk's speed
+    # can change from one minute to the next).
+    res["dataloader_runs"] = {w: [] for w in ([] if args.skip_torch else args.workers)}
     try:
         for i in range(args.runs):
             for ds in ("cold", "cold_noahead"):
                 res["loaderd"][ds].append(loaderd_run(args, bins, sock, daemon, ds, root, dev, raw, f"{ds}-run{i + 1}"))
+            for w, rows in res["dataloader_runs"].items():
+                rows.append(dataloader_run(args, root, dev, w, raw, i + 1))
     finally:
         daemon.terminate()
         rc = daemon.wait(timeout=30)
         os.unlink(sock) if os.path.exists(sock) else None
         os.rmdir(tmp)
     res["loaderd_exit"] = rc
-    res["dataloader"] = [] if args.skip_torch else [dataloader_run(args, root, dev, w, raw) for w in args.workers]
+    res["dataloader"] = [median_row(rows) for rows in res["dataloader_runs"].values()]
     res["cold_by"] = next((r["cold_by"] for r in res["loaderd"]["cold"] if r), "?")
 
     med = lambda rows: measure.median([r["samples_per_s"] for r in rows if r]) if any(rows) else None  # noqa: E731
