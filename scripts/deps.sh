@@ -76,6 +76,8 @@ if [ "$what" = test ]; then
   /usr/bin/python3 -c 'import ensurepip, venv' 2>/dev/null || pkgs+=(python3-venv)
   /usr/bin/python3 -c 'import setuptools' 2>/dev/null || pkgs+=(python3-setuptools)
   /usr/bin/python3 -c 'import wheel' 2>/dev/null || pkgs+=(python3-wheel)
+  # the Python client's extension (make all builds it; the Python tests check it is used)
+  /usr/bin/python3 -c 'import sysconfig, os, sys; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))' 2>/dev/null || pkgs+=(python3-dev)
   command -v readelf >/dev/null 2>&1 || pkgs+=(binutils)
 fi
 if [ "$what" = bench ]; then

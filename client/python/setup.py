@@ -1,16 +1,20 @@
-"""Build hook: the wheel carries libloaderclient.so.
+"""Build hook: the wheel carries libloaderclient.so, and the optional extension.
 
-pyproject.toml holds the metadata; this file only copies the C library into the package
+pyproject.toml holds the metadata; this file copies the C library into the package
 when it is built, so that `pip install ./client/python` after `make` gives an environment
 that needs nothing else. The library is taken from $LOADERCLIENT_LIB when set, else from
 the repository's build tree (build/lib/libloaderclient.so, which `make` writes). With
 LOADERCLIENT_BUNDLE=0 nothing is copied and the installed package finds the library on
 the system path instead (after `make install`).
+
+The extension loaderclient._speedups (loaderclient/_speedups.c: the per-batch steps in C)
+is built when a C compiler, Python's headers (Debian: python3-dev) and numpy are there;
+it is optional: without it the install goes on and the package runs its Python path.
 """
 import os
 import shutil
 
-from setuptools import setup
+from setuptools import Extension, setup
 from setuptools.command.build_py import build_py
 from setuptools.dist import Distribution
 
@@ -41,10 +45,19 @@ class BuildPyWithLibrary(build_py):
 
 
 class BinaryDistribution(Distribution):
-    """The wheel holds a native library: tag it for this platform, not py3-none-any."""
+    """The wheel holds native code: tag it for this platform, not py3-none-any."""
 
     def has_ext_modules(self):
-        return os.environ.get("LOADERCLIENT_BUNDLE", "1") != "0"
+        return bool(self.ext_modules) or os.environ.get("LOADERCLIENT_BUNDLE", "1") != "0"
 
 
-setup(cmdclass={"build_py": BuildPyWithLibrary}, distclass=BinaryDistribution)
+def extensions():
+    try:
+        import numpy
+    except ImportError:   # no numpy's headers to build against: the Python path only
+        return []
+    return [Extension("loaderclient._speedups", [os.path.join("loaderclient", "_speedups.c")],
+                      include_dirs=[numpy.get_include()], extra_compile_args=["-std=c11"], optional=True)]
+
+
+setup(cmdclass={"build_py": BuildPyWithLibrary}, distclass=BinaryDistribution, ext_modules=extensions())

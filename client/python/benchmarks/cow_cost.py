@@ -88,7 +88,7 @@ def run(dm):
         assert s.writable_views, s.private_reason
 
         def drop():
-            _slots._drop_written(addr, size)
+            _slots._drop_written(addr, size, [None], 0)   # [None]: never known clean, always looked up
 
         def copy_then_mul():
             z = np.array(x)

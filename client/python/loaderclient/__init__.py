@@ -9,9 +9,12 @@
 
 The PyTorch drop-in is loaderclient.torch.LoaderdDataLoader. A ctypes binding over
 libloaderclient.so (found through $LOADERCLIENT_LIB, the package directory, the build tree
-or the system path; see client/python/README.md).
+or the system path; see client/python/README.md). The per-batch steps run in C when the
+optional extension loaderclient._speedups is built (``speedups_path`` names its file; else
+``speedups_note`` says why the Python path runs); LOADERCLIENT_PURE=1 forces the Python path.
 """
-from ._lib import LIMITS, LibraryNotFoundError, library_path, library_version, library_version_number
+from ._lib import (LIMITS, LibraryNotFoundError, library_path, library_version, library_version_number, speedups_note,
+                   speedups_path)
 from .errors import (CODE_NAMES, ConfigError, ConnectError, ConnectionLost, DatasetNotFound, DeviceError,
                      EndOfStream, InvalidArgument, LoaderdError, OutOfRange, OverBudget, PermissionDenied,
                      ReleasedError, SampleError, Timeout, error_name)
@@ -38,4 +41,4 @@ __all__ = ["Client", "Stream", "Batch", "RaggedField", "LoaderdError", "ConfigEr
            "ConnectionLost", "DatasetNotFound", "InvalidArgument", "OutOfRange", "OverBudget", "PermissionDenied",
            "EndOfStream", "SampleError", "Timeout", "ReleasedError", "DeviceError",
            "LibraryNotFoundError", "CODE_NAMES", "error_name", "default_socket", "library_path",
-           "library_version", "library_version_number", "LIMITS", "MAX_DEFERRED"]
+           "library_version", "library_version_number", "LIMITS", "MAX_DEFERRED", "speedups_path", "speedups_note"]

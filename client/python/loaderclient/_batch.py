@@ -12,12 +12,12 @@ from typing import Any, Dict, Iterator, List, TypeVar, Union
 
 import numpy as np
 
-from ._lib import LcDeviceField, lib
+from ._lib import LcDeviceField, lib, speedups as _ext
 from . import errors
 from ._slots import _DTYPES, _TORCH_DTYPES
 from .errors import DeviceError, InvalidArgument, ReleasedError, make_error
 
-__all__ = ["Batch", "RaggedField"]
+__all__ = ["Batch", "RaggedField", "TorchPlan"]
 
 # Stream, which Batch's hints name, is set here by client.py once it has defined it
 # (client.py imports this module first).
@@ -26,6 +26,7 @@ _INT64 = np.dtype(np.int64)
 _UINT8 = np.dtype(np.uint8)
 
 _torch = None
+_ext_arrays = _ext.arrays if _ext is not None else None
 
 
 def _import_torch():
@@ -317,19 +318,21 @@ class Batch(_Closes):
         return t.as_tensor(holder, device=t.device("cuda", ordinal))
 
     def _torch_plan(self, plan):
-        """Tensors for [(field layout, copy?)] in one go: LoaderdDataLoader's per-batch path
-        (the checks of torch() done once per batch, no per-field cache). Only for a batch
-        just handed out: lc_stream_next_info has checked its slot's generation, and the
-        daemon writes no slot leased to us."""
+        """Tensors for a TorchPlan in one go: LoaderdDataLoader's per-batch path (the checks
+        of torch() done once per batch, no per-field cache). Only for a batch just handed
+        out: lc_stream_next_info has checked its slot's generation, and the daemon writes no
+        slot leased to us."""
         t = _torch or _import_torch()
         lease = self._lease
         if lease is None or self._state.given_back:
             self._check()
+        if plan.spec is not None:
+            return _ext_arrays(lease, self._state.ring.delta[self.slot], self.rows, plan.spec, t.from_numpy)
         base = self._state.ring.delta[self.slot]
         rows = self.rows
         from_numpy = t.from_numpy
         out = []
-        for f, own in plan:
+        for f, own in plan.fields:
             if f.ragged:
                 out.append(self.torch(f.name, copy=own))
                 continue
@@ -354,6 +357,21 @@ class Batch(_Closes):
     def __repr__(self) -> str:
         state = "released" if self.released else "leased"
         return "<Batch epoch=%d index=%d rows=%d slot=%d %s>" % (self.epoch, self.index, self.rows, self.slot, state)
+
+
+class TorchPlan:
+    """LoaderdDataLoader's per-batch tensors, resolved once per ring: ``fields``, a list of
+    (field layout, copy?), in the order the tensors come; ``spec``, the same for the
+    extension's arrays() (dtype, sample shape, offset, 0 shared / 1 copied / 2 copied as
+    int64), or None where the Python path makes them (no extension, a ragged field)."""
+    __slots__ = ("fields", "spec")
+
+    def __init__(self, fields: Any) -> None:
+        self.fields = list(fields)
+        self.spec = None
+        if _ext is not None and not any(f.ragged for f, _ in self.fields):
+            self.spec = tuple((f.dtype, f.shape, f.offset, (1 if f.dtype in _TORCH_DTYPES else 2) if own else 0)
+                              for f, own in self.fields)
 
 
 class _CudaView:

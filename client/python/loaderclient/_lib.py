@@ -6,14 +6,19 @@ its functions' prototypes. The search order for the library is documented in
 """
 import ctypes
 import ctypes.util
+import importlib.machinery
+import importlib.util
 import os
+import sys
 
 from typing import Dict, List, Optional, Tuple
 
 __all__ = ["lib", "libc", "LibraryNotFoundError", "library_path", "LcField", "LcStreamOptions", "LcRingInfo",
-           "LcFieldLayout", "LcBatchInfo", "LIMITS", "library_version", "library_version_number"]
+           "LcFieldLayout", "LcBatchInfo", "LIMITS", "library_version", "library_version_number", "speedups",
+           "speedups_path", "speedups_note"]
 
 ENV_VAR = "LOADERCLIENT_LIB"
+PURE_ENV_VAR = "LOADERCLIENT_PURE"
 _SONAME = "libloaderclient.so"
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -230,3 +235,48 @@ libc = _bind_libc()
 LIMITS: Dict[str, int] = _read_limits(lib)
 library_version: str = lib.lc_version().decode()
 library_version_number: int = lib.lc_version_number()
+
+
+# The optional extension module (_speedups.c) that does the per-batch steps in C.
+SPEEDUPS_API_VERSION = 1
+_SPEEDUPS = "loaderclient._speedups"
+
+
+def _load_speedups():
+    """(module or None, its file or None, why the Python path is used or None). Looked for
+    inside the package (``pip install`` builds it there), else next to the library in use
+    (``make`` builds it into build/lib/ beside libloaderclient.so). Not used with
+    $LOADERCLIENT_PURE=1, nor when it was built from another version of _speedups.c."""
+    if os.environ.get(PURE_ENV_VAR, "") not in ("", "0"):
+        return None, None, "$%s=%s" % (PURE_ENV_VAR, os.environ[PURE_ENV_VAR])
+    places = [_HERE]
+    lib_dir = os.path.dirname(os.path.abspath(library_path)) if os.sep in library_path else None
+    if lib_dir and lib_dir != _HERE:
+        places.append(lib_dir)
+    tried = []
+    for d in places:
+        for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+            path = os.path.join(d, "_speedups" + suffix)
+            if not os.path.exists(path):
+                continue
+            try:
+                spec = importlib.util.spec_from_file_location(_SPEEDUPS, path)
+                mod = importlib.util.module_from_spec(spec)
+                spec.loader.exec_module(mod)
+            except ImportError as e:
+                tried.append("%s (%s)" % (path, e))
+                continue
+            if getattr(mod, "API_VERSION", None) != SPEEDUPS_API_VERSION:
+                tried.append("%s (API version %r, this package needs %d: rebuild it)"
+                             % (path, getattr(mod, "API_VERSION", None), SPEEDUPS_API_VERSION))
+                continue
+            sys.modules[_SPEEDUPS] = mod
+            return mod, path, None
+    if tried:
+        return None, None, "not usable: " + "; ".join(tried)
+    return None, None, "not built (looked in %s)" % ", ".join(places)
+
+
+#: The extension module in use (loaderclient._speedups), or None: the pure-Python path.
+#: speedups_path: its file; speedups_note: why the Python path is used (None when not).
+speedups, speedups_path, speedups_note = _load_speedups()

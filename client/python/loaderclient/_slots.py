@@ -52,12 +52,13 @@ from __future__ import annotations
 import ctypes
 import mmap
 import os
+import resource
 import threading
 
 import numpy as np
 
 from . import _lib
-from ._lib import lib, libc
+from ._lib import lib, libc, speedups as _ext
 from . import errors
 from .errors import LoaderdError, make_error
 
@@ -108,10 +109,24 @@ def _open_pagemap():
         return _pagemap_fd
 
 
+# Added to this process's page-fault count (_fault_count): a forked child counts from 0,
+# so its counts are moved past any its parent recorded (the extension does the same).
+_fault_base = 0
+
+
+def _fault_count():
+    """Page faults of every thread of this process so far (never decreases): a page of a
+    private file mapping becomes this process's own only through a fault of one of its
+    threads (a write through a view, or the kernel writing into one for a system call)."""
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return _fault_base + ru.ru_minflt + ru.ru_majflt + 1
+
+
 def _forget_pagemap():
     # In a forked child: the descriptor reads the parent's page tables (/proc/self was
     # resolved when it was opened); the child opens its own at its first use.
-    global _pagemap_fd, _pagemap_lock
+    global _pagemap_fd, _pagemap_lock, _fault_base
+    _fault_base += 1 << 48
     fd, _pagemap_fd = _pagemap_fd, None
     _pagemap_lock = threading.Lock()
     if fd is not None and fd >= 0:
@@ -124,12 +139,18 @@ def _forget_pagemap():
 os.register_at_fork(after_in_child=_forget_pagemap)
 
 
-def _drop_written(addr, size):
+def _drop_written_py(addr, size, clean_at, slot):
     """Drops the private copies of the pages this process wrote in a private file mapping
     of a slot: the next reads see the shared memory's (the daemon's) bytes. Returns the
     number of pages given to madvise. Which pages were written is read from
     /proc/self/pagemap (every page is dropped when it cannot be told); once per batch, so
-    it is one function."""
+    it is one function. clean_at[slot]: the fault count read before the mapping was last
+    found clean (None: not known clean); when no thread of this process took a page fault
+    since, no page of it can have been written, and the pagemap is not read."""
+    faults = _fault_count()          # before the pagemap: a later write counts a later fault
+    if clean_at[slot] == faults:
+        return 0
+    clean_at[slot] = None            # not clean until the pages are dropped
     n = size // _PAGE
     fd = _pagemap_fd
     if fd is None:
@@ -145,15 +166,37 @@ def _drop_written(addr, size):
         marks = raw[7::8].translate(_WRITTEN_BY_TOP_BYTE)
         first = marks.find(1)
         if first < 0:
+            clean_at[slot] = faults
             return 0
         end = marks.rfind(1) + 1
     else:
         first, end = 0, n
     if libc.madvise(addr + first * _PAGE, (end - first) * _PAGE, _MADV_DONTNEED) != 0:
         e = ctypes.get_errno()
-        raise LoaderdError(-e if e else errors.EINVAL, "cannot drop the pages written in a slot's mapping: %s"
-                           % os.strerror(e))
+        raise _drop_error(e)
+    clean_at[slot] = faults
     return end - first
+
+
+def _drop_error(e):
+    return LoaderdError(-e if e else errors.EINVAL, "cannot drop the pages written in a slot's mapping: %s"
+                        % os.strerror(e))
+
+
+def _drop_written_ext(addr, size, clean_at, slot):
+    """_drop_written_py in C (loaderclient._speedups): the same pages dropped, the same
+    error."""
+    fd = _pagemap_fd
+    if fd is None:
+        fd = _open_pagemap()
+    return _ext_drop_written(fd, addr, size, clean_at, slot)
+
+
+if _ext is not None:
+    _ext_drop_written = _ext.drop_written
+    _drop_written = _drop_written_ext
+else:
+    _drop_written = _drop_written_py
 
 
 class _SlotMapping:
@@ -212,6 +255,10 @@ class LeaseState:
         self.mapping = mapping      # an unguarded stream's _SlotMapping, kept alive by the lease
 
 
+if _ext is not None:
+    LeaseState = _ext.LeaseState  # noqa: F811 (the same members, as a C struct)
+
+
 _mapping_lock = threading.Lock()
 
 
@@ -230,18 +277,36 @@ def drop_mapping(st):
         libc.munmap(st.addr, st.size)
 
 
+def _lease_dead(st):
+    # The last view of a batch is gone (or the batch never had any): client.py's
+    # _lease_dead, set by set_lease_finalizer. Runs wherever the last reference was
+    # dropped, in whatever thread: no blocking there.
+    raise RuntimeError("loaderclient: no lease finalizer set")
+
+
 def _lease_del(self):
-    # The last view of a batch is gone (or the batch never had any). Runs wherever the last
-    # reference was dropped, in whatever thread: no blocking here.
+    # The Python path's lease finalizer (the extension's Lease calls _lease_dead itself,
+    # and drops what it raises likewise).
     try:
         st = self.state
     except AttributeError:
         return
     try:
-        st.views_dead = True
-        st.stream._views_dead(st)
+        _lease_dead(st)
     except Exception:  # interpreter shutdown, or a bug: never raise from a finalizer
         pass
+
+
+def set_lease_finalizer(fn):
+    """What a lease calls with its LeaseState when it dies (client.py's _lease_dead)."""
+    global _lease_dead
+    _lease_dead = fn
+    if _ext is not None:
+        _ext.set_hooks(fn, _drop_error)
+
+
+if _ext is not None:
+    _ext_lease = _ext.lease
 
 
 class SlotRing:
@@ -268,6 +333,7 @@ class SlotRing:
         self.alias_len = max(-(-(d + info.slot_size) // _PAGE) * _PAGE for d in self.delta)
         self.alias = [None] * info.slot_count                     # warm, idle slot mappings
         self.slot_maps = [None] * info.slot_count                 # unguarded: _SlotMapping by slot
+        self.clean_at = [None] * info.slot_count                  # _drop_written's, per slot mapping
         self.layout = self._read_layout(handle, info.field_count, stream_id)
         self.by_name = {fl.name: fl for fl in self.layout}
         self.closed = False
@@ -276,8 +342,9 @@ class SlotRing:
             raise make_error(fd, "cannot get a descriptor of stream %d's ring: %s"
                              % (stream_id, errors.MESSAGES.get(fd, "error %d" % fd)))
         self.fd = fd                                               # for private copy-on-write mappings
-        self.lease_type = type("_Lease", (ctypes.c_uint8 * self.alias_len,),
-                               {"__slots__": ("state",), "__del__": _lease_del})
+        if _ext is None:
+            self.lease_type = type("_Lease", (ctypes.c_uint8 * self.alias_len,),
+                                   {"__slots__": ("state",), "__del__": _lease_del})
 
     @staticmethod
     def _read_layout(handle, n, stream_id):
@@ -292,9 +359,9 @@ class SlotRing:
         return layout
 
     def lease(self, stream, bptr, slot):
-        """The LeaseState of a batch just leased in `slot`: the slot's warm mapping, its
-        written pages dropped (counted in stream.dropped_pages), or a new one. Raises
-        without releasing bptr."""
+        """The lease of a batch just leased in `slot` (the buffer its views hang off; its
+        LeaseState in ``.state``): the slot's warm mapping, its written pages dropped
+        (counted in stream.dropped_pages), or a new one. Raises without releasing bptr."""
         if self.keep_views_safe:
             addr = self.alias[slot]
             if addr is None:
@@ -302,18 +369,27 @@ class SlotRing:
             else:
                 self.alias[slot] = None
                 try:
-                    dropped = _drop_written(addr, self.alias_len)
+                    dropped = _drop_written(addr, self.alias_len, self.clean_at, slot)
                 except BaseException:
                     libc.munmap(addr, self.alias_len)
                     raise
                 if dropped:
                     stream.dropped_pages += dropped
-            return LeaseState(stream, self, bptr, slot, addr, self.alias_len, True)
+            st = LeaseState(stream, self, bptr, slot, addr, self.alias_len, True)
+        else:
+            st = self._lease_unguarded(stream, bptr, slot)
+        if _ext is not None:
+            return _ext_lease(st.addr, st.size, st)
+        lease = self.lease_type.from_address(st.addr)
+        lease.state = st
+        return lease
+
+    def _lease_unguarded(self, stream, bptr, slot):
         m = self.slot_maps[slot]
         if m is None:
             m = self.slot_maps[slot] = _SlotMapping(self.map_slot(slot), self.alias_len)
         else:
-            dropped = _drop_written(m.addr, self.alias_len)
+            dropped = _drop_written(m.addr, self.alias_len, self.clean_at, slot)
             if dropped:
                 stream.dropped_pages += dropped
         return LeaseState(stream, self, bptr, slot, m.addr, self.alias_len, False, m)
@@ -325,6 +401,7 @@ class SlotRing:
         if addr is None or addr == _MAP_FAILED:
             e = ctypes.get_errno()
             raise LoaderdError(-e if e else errors.ENOMEM, "cannot map a view of slot %d: %s" % (slot, os.strerror(e)))
+        self.clean_at[slot] = None
         return addr
 
     @staticmethod
@@ -350,10 +427,14 @@ class SlotRing:
         for the slot's next batch), or away when it is a copy or the ring is closed."""
         if st.materialized or self.closed:
             drop_mapping(st)
-        elif _take_mapping(st):
-            if self.alias[st.slot] is not None:   # cannot happen: one lease per slot at a time
-                libc.munmap(self.alias[st.slot], self.alias_len)
-            self.alias[st.slot] = st.addr
+            return
+        with _mapping_lock:                       # _take_mapping, inline
+            if not st.owns_addr:
+                return
+            st.owns_addr = False
+        if self.alias[st.slot] is not None:       # cannot happen: one lease per slot at a time
+            libc.munmap(self.alias[st.slot], self.alias_len)
+        self.alias[st.slot] = st.addr
 
     def views_dead_after_give_back(self, st):
         # Views dying after the slot went back: only a copy, or a closed ring's mapping, is

@@ -25,6 +25,7 @@ from . import errors
 from . import _batch
 from ._batch import Batch, RaggedField, _Closes, _ContextManaged  # noqa: F401 (RaggedField: kept here too)
 from ._slots import _DTYPES, _TORCH_DTYPES, MAX_DEFERRED, SlotRing  # noqa: F401 (the package's names, kept here)
+from . import _slots
 from .errors import ConnectError, EndOfStream, InvalidArgument, LoaderdError, ReleasedError, Timeout, make_error
 
 __all__ = ["Client", "Stream", "Batch", "RaggedField", "MAX_DEFERRED", "default_socket"]
@@ -33,6 +34,7 @@ __all__ = ["Client", "Stream", "Batch", "RaggedField", "MAX_DEFERRED", "default_
 _WAIT_SLICE_MS = 250
 
 _BATCH_INFO_SIZE = ctypes.sizeof(_lib.LcBatchInfo)
+_take = _lib.speedups.take if _lib.speedups is not None else None
 _check_signals = ctypes.pythonapi.PyErr_CheckSignals   # PyDLL: raises what a handler raised
 _check_signals.restype = ctypes.c_int
 _check_signals.argtypes = []
@@ -216,8 +218,15 @@ class Stream(_ContextManaged):
         cur = self._current
         if cur is not None:
             self._current = None
-            if self.auto_release:
-                cur.release()
+            if self.auto_release and cur._lease is not None:
+                if self.keep_views_safe:
+                    # Batch.release, inline: its views' dicts dropped, then the lease (which
+                    # may run its finalizer here: no view left).
+                    cur._views = cur._tensors = cur._ro = None
+                    cur._state.batch_released = True
+                    cur._lease = None
+                else:
+                    cur.release()
         client = self._client
         with client._lock:
             if client._deferred:
@@ -292,13 +301,19 @@ class Stream(_ContextManaged):
         slot = info.slot
         ring = self._ring
         try:
-            st = ring.lease(self, bptr, slot)
+            # The extension's take(): the steady state (a warm mapping) in one call, the
+            # batch recorded in _held; else (None) the slot's first batch or an unguarded
+            # stream, as below.
+            lease = _take(ring, self, bptr, slot, _slots._pagemap_fd) if _take is not None else None
+            if lease is None:
+                lease = ring.lease(self, bptr, slot)
+                st = lease.state
+                self._held[id(st)] = st
+            else:
+                st = lease.state
         except BaseException:
             lib.lc_batch_release(bptr)
             raise
-        self._held[id(st)] = st
-        lease = ring.lease_type.from_address(st.addr)
-        lease.state = st
         return Batch(self, st, lease, info.epoch, info.index, info.rows, slot, info.generation)
 
     def _make_room(self):
@@ -318,33 +333,10 @@ class Stream(_ContextManaged):
         self._give_back_locked(st)
 
     def _batch_released(self, st):
-        # Guarded streams give the slot back when the lease dies (_views_dead), which
+        # Guarded streams give the slot back when the lease dies (_lease_dead), which
         # Batch.release may just have caused; unguarded ones at once.
         if not self.keep_views_safe:
             self._client._defer_or_run(self, st)
-
-    def _views_dead(self, st):
-        # Any thread (the lease's finalizer). `views_dead` is set before `given_back` is
-        # read here, and _give_back_locked sets `given_back` before it reads `views_dead`,
-        # so of two racing threads at least one sees both and frees the mapping
-        # (drop_mapping is idempotent).
-        if st.given_back:
-            st.ring.views_dead_after_give_back(st)
-            return
-        if st.batch_released:
-            # Client._defer_or_run, inline: the steady state of a training loop comes here
-            # for every batch.
-            client = self._client
-            lock = client._lock
-            if lock.acquire(False):
-                try:
-                    self._give_back_locked(st)
-                    if client._deferred:
-                        client._run_deferred()
-                finally:
-                    lock.release()
-            else:
-                client._deferred.append((self, st))
 
     def _give_back_locked(self, st):
         # Under the client lock. A batch of a ring from before a daemon restart is released
@@ -616,6 +608,50 @@ class Client(_Closes):
 
     def __repr__(self) -> str:
         return "<loaderclient.Client %s%s>" % (self.socket, " closed" if self._h is None else "")
+
+def _lease_dead(st):
+    # The lease's finalizer: the last view of a batch is gone (or the batch never had
+    # any). Any thread, wherever the last reference was dropped: never blocks. `views_dead`
+    # is set before `given_back` is read here, and _give_back_locked sets `given_back`
+    # before it reads `views_dead`, so of two racing threads at least one sees both and
+    # frees the mapping (drop_mapping is idempotent).
+    st.views_dead = True
+    if st.given_back:
+        st.ring.views_dead_after_give_back(st)
+        return
+    if not st.batch_released:
+        return
+    # Client._defer_or_run and Stream._give_back_locked, inline: the steady state of a
+    # training loop comes here for every batch.
+    stream = st.stream
+    client = stream._client
+    lock = client._lock
+    if not lock.acquire(False):
+        client._deferred.append((stream, st))
+        return
+    try:
+        if not st.given_back:
+            st.given_back = True
+            stream._held.pop(id(st), None)
+            if not stream._closed:
+                lib.lc_batch_release(st.bptr)   # pipelined: does not wait for the daemon's reply
+            ring = st.ring
+            if st.owns_addr and not st.materialized and not ring.closed and ring.alias[st.slot] is None:
+                # SlotRing.recycle, inline and without its lock: the mapping goes back to the
+                # slot. Nothing else can take it now: this is the lease's one finalizer, and
+                # every other path to it (_give_back_locked, close, a restart) holds the
+                # client's lock.
+                st.owns_addr = False
+                ring.alias[st.slot] = st.addr
+            else:
+                ring.recycle(st)
+        if client._deferred:
+            client._run_deferred()
+    finally:
+        lock.release()
+
+
+_slots.set_lease_finalizer(_lease_dead)
 
 # Batch's hints name Stream; typing.get_type_hints resolves them in _batch's namespace.
 _batch.Stream = Stream

@@ -29,6 +29,7 @@ from typing import Any, Callable, Dict, Iterator, Optional, Sequence, Union
 import torch
 
 from .client import Client, RaggedField, Stream, _Closes, _TORCH_DTYPES
+from ._batch import TorchPlan
 from . import errors
 from .errors import EDEVICE, DeviceError, InvalidArgument, LoaderdError
 
@@ -223,7 +224,7 @@ class LoaderdDataLoader(_Closes):
         self._name = name
         self._client = None
         self._stream = None
-        self._plan = None         # [(field layout, copy?)] resolved at a stream's first batch
+        self._plan = None         # TorchPlan: (field layout, copy?) resolved at a stream's first batch
         self._plan_ring = None
         self._epoch = 0           # the epoch the next iter() delivers
         self._active = None       # the iterator allowed to consume the stream
@@ -345,7 +346,7 @@ class LoaderdDataLoader(_Closes):
             # Per-sample scalars (labels) and dtypes torch lacks are copied; the rest shared.
             own = self.copy or (not f.ragged and (f.shape == () or f.dtype not in _TORCH_DTYPES))
             plan.append((f, own))
-        self._plan = plan
+        self._plan = TorchPlan(plan)
         self._names = [f.name for f, _ in plan]
         self._all_owned = self._gpu is None and (all(own for _, own in plan) or self.device is not None or
                                                  self.pin_memory)
@@ -359,7 +360,7 @@ class LoaderdDataLoader(_Closes):
         dev = self.device
         if self._gpu is not None:
             # On the daemon's device memory; each tensor keeps the batch leased.
-            out = [batch.torch(f.name, device=self._gpu) for f, _ in self._plan]
+            out = [batch.torch(f.name, device=self._gpu) for f, _ in self._plan.fields]
         else:
             out = batch._torch_plan(self._plan)
             if dev is not None:

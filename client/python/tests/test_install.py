@@ -160,6 +160,9 @@ def test_pip_install_in_fresh_venv(daemon, scratch):
         assert pkg.startswith(sys.prefix), pkg
         assert loaderclient.library_path == os.path.join(pkg, "libloaderclient.so"), loaderclient.library_path
         assert os.path.exists(os.path.join(pkg, "py.typed"))
+        # pip built the extension into the package (Python's headers are there: deps.sh)
+        assert loaderclient.speedups_path is not None, loaderclient.speedups_note
+        assert os.path.dirname(loaderclient.speedups_path) == pkg, loaderclient.speedups_path
         print(loaderclient.__version__, loaderclient.library_version)
         with loaderclient.Client(sys.argv[1], timeout=10) as c:
             with c.open("rec", batch_size=100, epochs=1, shuffle=False) as s:

@@ -1,0 +1,709 @@
+/* loaderclient._speedups: the per-batch steps of the Python client, in C.
+ *
+ * Optional. The package's Python code (_slots.py, _batch.py, client.py) is the reference
+ * and the fallback: it is used when this module is not built, fails to import, or was
+ * built from another version of this file (API_VERSION), and when LOADERCLIENT_PURE=1.
+ * What is here does the same work as the Python it stands in for, without its
+ * interpreter frames:
+ *
+ * - drop_written(): before a slot's private mapping shows the slot's next batch, the
+ *   pages this process wrote through it are found in /proc/self/pagemap and dropped
+ *   with madvise(MADV_DONTNEED) (_slots._drop_written_py says why), unless no thread
+ *   of this process took a page fault since the mapping was last found clean;
+ * - LeaseState: _slots.LeaseState's members as a struct (what a lease needs once its
+ *   views die, seen by the stream);
+ * - Lease: the buffer a batch's views hang off (its reference count says whether a
+ *   view of the batch is alive); when it dies it calls the package's finalizer with its
+ *   state, which gives the slot back (_slots.py, "Keeping views honest");
+ * - take(): SlotRing.lease's steady state in one call: a batch's lease in its slot's
+ *   warm mapping (written pages dropped, the state and the lease made, the stream's
+ *   record of held batches kept);
+ * - arrays(): a batch's fields as numpy arrays whose base is the lease (or copies), each
+ *   passed through a converter (torch.from_numpy) when one is given: LoaderdDataLoader's
+ *   per-batch tensors in one call.
+ *
+ * Nothing here talks to the daemon or the C library: the locks, the release of a slot
+ * and every error message stay in Python (a failed drop's exception is made by the
+ * package's function, set_hooks).
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+#define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
+#include <numpy/arrayobject.h>
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+/* What the package checks before using this module: a module built from another
+ * version of this file is not used (the Python path is). */
+#define SPEEDUPS_API_VERSION 1
+
+/* Pages looked up in /proc/self/pagemap per read (8 bytes each). */
+#define SPEEDUPS_PAGEMAP_CHUNK 512
+
+/* Set once by the package (set_hooks): the finalizer every dying lease calls with its
+ * state, and the function that makes the exception of a failed drop from an errno. */
+static PyObject *speedups_on_dead;
+static PyObject *speedups_drop_error;
+
+/* Attribute names take() reads, interned once. */
+static PyObject *speedups_str_alias, *speedups_str_alias_len, *speedups_str_clean_at, *speedups_str_held,
+    *speedups_str_dropped_pages;
+
+/* ---- the fault clock -------------------------------------------------------------- */
+
+/* Added to this process's page-fault count (fault_count()): a forked child starts
+ * counting from 0, so its counts are moved past any its parent recorded. */
+static unsigned long long speedups_fault_base;
+
+static void speedups_after_fork_child(void)
+{
+    speedups_fault_base += 1ULL << 48;
+}
+
+/* Page faults of every thread of this process so far (never decreases; never 0). A page
+ * of a private file mapping becomes this process's own only through a fault of one of
+ * its threads (a write through a view, or the kernel writing into one for a system
+ * call). */
+static unsigned long long speedups_fault_count(void)
+{
+    struct rusage ru;
+    if (getrusage(RUSAGE_SELF, &ru) != 0)
+        return 0;   /* cannot happen (RUSAGE_SELF, a valid pointer); 0 matches no count */
+    return speedups_fault_base + (unsigned long long)ru.ru_minflt + (unsigned long long)ru.ru_majflt + 1;
+}
+
+/* fault_count() -> this process's page faults so far (drop_written's clock), shifted
+ * past the parent's in a forked child. */
+static PyObject *speedups_fault_count_py(PyObject *mod, PyObject *unused)
+{
+    return PyLong_FromUnsignedLongLong(speedups_fault_count());
+}
+
+/* ---- drop_written ----------------------------------------------------------------- */
+
+/* A pagemap entry of a page this process wrote in a private file mapping: present
+ * (bit 63) or swapped (bit 62), and not a file page (bit 61). */
+static int speedups_written(uint64_t e)
+{
+    return (e >> 62) != 0 && !(e & (UINT64_C(1) << 61));
+}
+
+/* Drops the pages written in the private mapping [addr, addr + size) unless
+ * clean_at[slot] (the fault count read before it was last found clean) is the current
+ * count; *ret_dropped: pages given to madvise. Returns 0, an errno > 0 when madvise
+ * failed, or -1 with a Python exception set. fd < 0, or a pagemap that cannot be read
+ * in full: every page is dropped, as in the Python path. */
+static int speedups_drop(int fd, uintptr_t addr, size_t size, PyObject *clean_at, Py_ssize_t slot,
+                         size_t *ret_dropped)
+{
+    if (!PyList_Check(clean_at) || slot < 0 || slot >= PyList_GET_SIZE(clean_at)) {
+        PyErr_SetString(PyExc_IndexError, "drop_written(): clean_at must be a list and slot an index of it");
+        return -1;
+    }
+    /* Read before the pagemap: a write after this read counts a fault after it. */
+    unsigned long long faults = speedups_fault_count();
+    PyObject *was = PyList_GET_ITEM(clean_at, slot);
+    if (was != Py_None) {
+        if (PyLong_AsUnsignedLongLong(was) == faults) {
+            *ret_dropped = 0;
+            return 0;
+        }
+        if (PyErr_Occurred())
+            return -1;
+    }
+    PyObject *now = PyLong_FromUnsignedLongLong(faults);
+    if (now == NULL)
+        return -1;
+    PyList_SetItem(clean_at, slot, Py_NewRef(Py_None));   /* not clean until the pages are dropped */
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    size_t n = size / page, first = n, end = 0;
+    int known = fd >= 0;
+    uint64_t buf[SPEEDUPS_PAGEMAP_CHUNK];
+    for (size_t done = 0; known && done < n;) {
+        size_t k = n - done < SPEEDUPS_PAGEMAP_CHUNK ? n - done : SPEEDUPS_PAGEMAP_CHUNK;
+        off_t at = (off_t)((addr / page + done) * sizeof(uint64_t));
+        ssize_t r = pread(fd, buf, k * sizeof(uint64_t), at);
+        if (r != (ssize_t)(k * sizeof(uint64_t))) {
+            known = 0;
+            break;
+        }
+        for (size_t i = 0; i < k; i++) {
+            if (speedups_written(buf[i])) {
+                if (first == n)
+                    first = done + i;
+                end = done + i + 1;
+            }
+        }
+        done += k;
+    }
+    if (!known) {
+        first = 0;
+        end = n;
+    }
+    if (first < end && madvise((void *)(addr + first * page), (end - first) * page, MADV_DONTNEED) != 0) {
+        int e = errno ? errno : EINVAL;
+        Py_DECREF(now);
+        return e;
+    }
+    PyList_SetItem(clean_at, slot, now);
+    *ret_dropped = first < end ? end - first : 0;
+    return 0;
+}
+
+/* Raises the package's exception of a failed drop (set_hooks) for errno `e`. */
+static void speedups_raise_drop_error(int e)
+{
+    if (speedups_drop_error == NULL) {
+        errno = e;
+        PyErr_SetFromErrno(PyExc_OSError);
+        return;
+    }
+    PyObject *exc = PyObject_CallFunction(speedups_drop_error, "i", e);
+    if (exc != NULL) {
+        PyErr_SetObject((PyObject *)Py_TYPE(exc), exc);
+        Py_DECREF(exc);
+    }
+}
+
+/* drop_written(fd, addr, size, clean_at, slot) -> pages given to madvise. Raises the
+ * package's error (set_hooks) when madvise failed. */
+static PyObject *speedups_drop_written(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 5) {
+        PyErr_Format(PyExc_TypeError, "drop_written() takes 5 arguments (fd, addr, size, clean_at, slot), got %zd",
+                     nargs);
+        return NULL;
+    }
+    int fd = _PyLong_AsInt(args[0]);
+    uintptr_t addr = (uintptr_t)PyLong_AsUnsignedLongLong(args[1]);
+    size_t size = (size_t)PyLong_AsSize_t(args[2]);
+    Py_ssize_t slot = PyLong_AsSsize_t(args[4]);
+    if (PyErr_Occurred())
+        return NULL;
+    size_t dropped;
+    int rc = speedups_drop(fd, addr, size, args[3], slot, &dropped);
+    if (rc > 0)
+        speedups_raise_drop_error(rc);
+    if (rc != 0)
+        return NULL;
+    return PyLong_FromSize_t(dropped);
+}
+
+/* ---- LeaseState ------------------------------------------------------------------- */
+
+/* _slots.LeaseState: what a batch's lease needs once its views die. */
+typedef struct {
+    PyObject_HEAD
+    PyObject *stream, *ring, *bptr, *slot, *addr, *size, *mapping;
+    char batch_released, given_back, views_dead, materialized, owns_addr;
+} speedups_state;
+
+static PyTypeObject speedups_state_type;
+
+static speedups_state *speedups_state_make(PyObject *stream, PyObject *ring, PyObject *bptr, PyObject *slot,
+                                           PyObject *addr, PyObject *size, int owns_addr, PyObject *mapping)
+{
+    speedups_state *st = PyObject_GC_New(speedups_state, &speedups_state_type);
+    if (st == NULL)
+        return NULL;
+    st->stream = Py_NewRef(stream);
+    st->ring = Py_NewRef(ring);
+    st->bptr = Py_NewRef(bptr);
+    st->slot = Py_NewRef(slot);
+    st->addr = Py_NewRef(addr);
+    st->size = Py_NewRef(size);
+    st->mapping = Py_NewRef(mapping);
+    st->batch_released = st->given_back = st->views_dead = st->materialized = 0;
+    st->owns_addr = owns_addr != 0;
+    PyObject_GC_Track(st);
+    return st;
+}
+
+static PyObject *speedups_state_new(PyTypeObject *type, PyObject *args, PyObject *kw)
+{
+    static char *names[] = {"stream", "ring", "bptr", "slot", "addr", "size", "owns_addr", "mapping", NULL};
+    PyObject *stream, *ring, *bptr, *slot, *addr, *size, *mapping = Py_None;
+    int owns_addr;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOOOp|O:LeaseState", names, &stream, &ring, &bptr, &slot, &addr,
+                                     &size, &owns_addr, &mapping))
+        return NULL;
+    return (PyObject *)speedups_state_make(stream, ring, bptr, slot, addr, size, owns_addr, mapping);
+}
+
+static int speedups_state_traverse(PyObject *self, visitproc visit, void *arg)
+{
+    speedups_state *st = (speedups_state *)self;
+    Py_VISIT(st->stream);
+    Py_VISIT(st->ring);
+    Py_VISIT(st->bptr);
+    Py_VISIT(st->slot);
+    Py_VISIT(st->addr);
+    Py_VISIT(st->size);
+    Py_VISIT(st->mapping);
+    return 0;
+}
+
+static int speedups_state_clear(PyObject *self)
+{
+    speedups_state *st = (speedups_state *)self;
+    Py_CLEAR(st->stream);
+    Py_CLEAR(st->ring);
+    Py_CLEAR(st->bptr);
+    Py_CLEAR(st->slot);
+    Py_CLEAR(st->addr);
+    Py_CLEAR(st->size);
+    Py_CLEAR(st->mapping);
+    return 0;
+}
+
+static void speedups_state_dealloc(PyObject *self)
+{
+    PyObject_GC_UnTrack(self);
+    speedups_state_clear(self);
+    PyObject_GC_Del(self);
+}
+
+#define SPEEDUPS_OBJ(name) {#name, T_OBJECT, offsetof(speedups_state, name), 0, NULL}
+#define SPEEDUPS_FLAG(name) {#name, T_BOOL, offsetof(speedups_state, name), 0, NULL}
+static PyMemberDef speedups_state_members[] = {
+    SPEEDUPS_OBJ(stream), SPEEDUPS_OBJ(ring), SPEEDUPS_OBJ(bptr), SPEEDUPS_OBJ(slot), SPEEDUPS_OBJ(addr),
+    SPEEDUPS_OBJ(size), SPEEDUPS_OBJ(mapping), SPEEDUPS_FLAG(batch_released), SPEEDUPS_FLAG(given_back),
+    SPEEDUPS_FLAG(views_dead), SPEEDUPS_FLAG(materialized), SPEEDUPS_FLAG(owns_addr),
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyTypeObject speedups_state_type = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "loaderclient._speedups.LeaseState",
+    .tp_doc = "LeaseState(stream, ring, bptr, slot, addr, size, owns_addr, mapping=None): what a batch's lease "
+              "needs once its views die (_slots.LeaseState).",
+    .tp_basicsize = sizeof(speedups_state),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_new = speedups_state_new,
+    .tp_dealloc = speedups_state_dealloc,
+    .tp_traverse = speedups_state_traverse,
+    .tp_clear = speedups_state_clear,
+    .tp_members = speedups_state_members,
+};
+
+/* ---- Lease ------------------------------------------------------------------------ */
+
+/* The buffer a batch's views hang off: `size` writable bytes at `addr` (the slot's
+ * private mapping, owned by the state), and the state the finalizer gets. */
+typedef struct {
+    PyObject_HEAD
+    void *addr;
+    Py_ssize_t size;
+    PyObject *state;
+} speedups_lease;
+
+static PyTypeObject speedups_lease_type;
+static speedups_lease *speedups_lease_make(void *addr, Py_ssize_t size, PyObject *state);
+
+/* lease(addr, size, state) -> Lease. */
+static PyObject *speedups_lease_new(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3) {
+        PyErr_Format(PyExc_TypeError, "lease() takes 3 arguments (addr, size, state), got %zd", nargs);
+        return NULL;
+    }
+    void *addr = PyLong_AsVoidPtr(args[0]);
+    Py_ssize_t size = PyLong_AsSsize_t(args[1]);
+    if (PyErr_Occurred())
+        return NULL;
+    if (addr == NULL || size < 0) {
+        PyErr_SetString(PyExc_ValueError, "lease(): a null address or a negative size");
+        return NULL;
+    }
+    return (PyObject *)speedups_lease_make(addr, size, args[2]);
+}
+
+/* Runs once (PEP 442), before the lease is cleared or freed, wherever its last
+ * reference went: the finalizer gives the slot back. Never raises: what the finalizer
+ * raised is dropped, as the Python path's __del__ does (interpreter shutdown). */
+static void speedups_lease_finalize(PyObject *self)
+{
+    speedups_lease *l = (speedups_lease *)self;
+    PyObject *fn = speedups_on_dead, *state = l->state;
+    if (fn == NULL || state == NULL || state == Py_None)
+        return;
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyObject *r = PyObject_CallOneArg(fn, state);
+    if (r == NULL)
+        PyErr_Clear();
+    else
+        Py_DECREF(r);
+    PyErr_Restore(type, value, tb);
+}
+
+static int speedups_lease_traverse(PyObject *self, visitproc visit, void *arg)
+{
+    Py_VISIT(((speedups_lease *)self)->state);
+    return 0;
+}
+
+static int speedups_lease_clear(PyObject *self)
+{
+    Py_CLEAR(((speedups_lease *)self)->state);
+    return 0;
+}
+
+static void speedups_lease_dealloc(PyObject *self)
+{
+    if (PyObject_CallFinalizerFromDealloc(self) < 0)
+        return;   /* resurrected by the finalizer */
+    PyObject_GC_UnTrack(self);
+    speedups_lease_clear(self);
+    PyObject_GC_Del(self);
+}
+
+static int speedups_lease_getbuffer(PyObject *self, Py_buffer *view, int flags)
+{
+    speedups_lease *l = (speedups_lease *)self;
+    return PyBuffer_FillInfo(view, self, l->addr, l->size, 0, flags);
+}
+
+static PyBufferProcs speedups_lease_buffer = {
+    .bf_getbuffer = speedups_lease_getbuffer,
+};
+
+static PyObject *speedups_lease_get_state(PyObject *self, void *closure)
+{
+    PyObject *s = ((speedups_lease *)self)->state;
+    return Py_NewRef(s ? s : Py_None);
+}
+
+static int speedups_lease_set_state(PyObject *self, PyObject *value, void *closure)
+{
+    if (value == NULL) {
+        PyErr_SetString(PyExc_AttributeError, "a lease's state cannot be deleted");
+        return -1;
+    }
+    Py_XSETREF(((speedups_lease *)self)->state, Py_NewRef(value));
+    return 0;
+}
+
+static PyObject *speedups_lease_get_addr(PyObject *self, void *closure)
+{
+    return PyLong_FromVoidPtr(((speedups_lease *)self)->addr);
+}
+
+static PyGetSetDef speedups_lease_getset[] = {
+    {"state", speedups_lease_get_state, speedups_lease_set_state, "what the finalizer is called with", NULL},
+    {"addr", speedups_lease_get_addr, NULL, "the first byte's address", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static Py_ssize_t speedups_lease_len(PyObject *self)
+{
+    return ((speedups_lease *)self)->size;
+}
+
+static PySequenceMethods speedups_lease_seq = {
+    .sq_length = speedups_lease_len,
+};
+
+static PyTypeObject speedups_lease_type = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "loaderclient._speedups.Lease",
+    .tp_doc = "The buffer a batch's views hang off; gives the slot back (through the finalizer) when it dies.",
+    .tp_basicsize = sizeof(speedups_lease),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_dealloc = speedups_lease_dealloc,
+    .tp_finalize = speedups_lease_finalize,
+    .tp_traverse = speedups_lease_traverse,
+    .tp_clear = speedups_lease_clear,
+    .tp_as_buffer = &speedups_lease_buffer,
+    .tp_as_sequence = &speedups_lease_seq,
+    .tp_getset = speedups_lease_getset,
+};
+
+/* set_hooks(finalizer, drop_error): a dying lease calls finalizer(state); a failed
+ * drop raises drop_error(errno). */
+static PyObject *speedups_set_hooks(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2 || !PyCallable_Check(args[0]) || !PyCallable_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "set_hooks() takes two callables (finalizer, drop_error)");
+        return NULL;
+    }
+    Py_XSETREF(speedups_on_dead, Py_NewRef(args[0]));
+    Py_XSETREF(speedups_drop_error, Py_NewRef(args[1]));
+    Py_RETURN_NONE;
+}
+
+static speedups_lease *speedups_lease_make(void *addr, Py_ssize_t size, PyObject *state)
+{
+    speedups_lease *l = PyObject_GC_New(speedups_lease, &speedups_lease_type);
+    if (l == NULL)
+        return NULL;
+    l->addr = addr;
+    l->size = size;
+    l->state = Py_NewRef(state);
+    PyObject_GC_Track(l);
+    return l;
+}
+
+/* ---- take ------------------------------------------------------------------------- */
+
+/* take(ring, stream, bptr, slot, pagemap_fd) -> the Lease of a batch just leased in
+ * `slot` of a guarded stream's ring, in the slot's warm mapping (ring.alias[slot]),
+ * with its LeaseState recorded in stream._held; None when the slot has no warm mapping
+ * (or pagemap_fd is None): SlotRing.lease does it then. Raises as SlotRing.lease does
+ * (the mapping unmapped), without releasing the batch. */
+static PyObject *speedups_take(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 5) {
+        PyErr_Format(PyExc_TypeError, "take() takes 5 arguments (ring, stream, bptr, slot, pagemap_fd), got %zd",
+                     nargs);
+        return NULL;
+    }
+    PyObject *ring = args[0], *stream = args[1], *bptr = args[2], *slot_obj = args[3];
+    if (args[4] == Py_None)
+        Py_RETURN_NONE;
+    int fd = _PyLong_AsInt(args[4]);
+    Py_ssize_t slot = PyLong_AsSsize_t(slot_obj);
+    if (PyErr_Occurred())
+        return NULL;
+    PyObject *alias = NULL, *size_obj = NULL, *clean_at = NULL, *addr_obj = NULL, *held = NULL, *key = NULL;
+    speedups_state *st = NULL;
+    speedups_lease *lease = NULL;
+    PyObject *ret = NULL;
+    alias = PyObject_GetAttr(ring, speedups_str_alias);
+    if (alias == NULL)
+        goto cleanup;
+    if (!PyList_Check(alias) || slot < 0 || slot >= PyList_GET_SIZE(alias)) {
+        PyErr_Format(PyExc_IndexError, "take(): slot %zd is not one of the ring's", slot);
+        goto cleanup;
+    }
+    if (PyList_GET_ITEM(alias, slot) == Py_None) {
+        ret = Py_NewRef(Py_None);
+        goto cleanup;
+    }
+    size_obj = PyObject_GetAttr(ring, speedups_str_alias_len);
+    clean_at = size_obj ? PyObject_GetAttr(ring, speedups_str_clean_at) : NULL;
+    held = clean_at ? PyObject_GetAttr(stream, speedups_str_held) : NULL;
+    if (held == NULL)
+        goto cleanup;
+    if (!PyDict_Check(held)) {
+        PyErr_SetString(PyExc_TypeError, "take(): the stream's _held must be a dict");
+        goto cleanup;
+    }
+    Py_ssize_t size = PyLong_AsSsize_t(size_obj);
+    if (size < 0) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_ValueError, "take(): a negative mapping size");
+        goto cleanup;
+    }
+    /* From here the mapping is the lease's, or unmapped on failure (as in Python). */
+    addr_obj = Py_NewRef(PyList_GET_ITEM(alias, slot));
+    void *addr = PyLong_AsVoidPtr(addr_obj);
+    if (addr == NULL)
+        goto cleanup;   /* not an address: left alone */
+    PyList_SetItem(alias, slot, Py_NewRef(Py_None));
+    size_t dropped;
+    int rc = speedups_drop(fd, (uintptr_t)addr, (size_t)size, clean_at, slot, &dropped);
+    if (rc != 0) {
+        munmap(addr, (size_t)size);
+        if (rc > 0)
+            speedups_raise_drop_error(rc);
+        goto cleanup;
+    }
+    if (dropped) {
+        PyObject *was = PyObject_GetAttr(stream, speedups_str_dropped_pages);
+        PyObject *sum = NULL, *n = was ? PyLong_FromSize_t(dropped) : NULL;
+        if (n != NULL)
+            sum = PyNumber_Add(was, n);
+        int bad = sum == NULL || PyObject_SetAttr(stream, speedups_str_dropped_pages, sum) < 0;
+        Py_XDECREF(was);
+        Py_XDECREF(n);
+        Py_XDECREF(sum);
+        if (bad) {
+            munmap(addr, (size_t)size);
+            goto cleanup;
+        }
+    }
+    st = speedups_state_make(stream, ring, bptr, slot_obj, addr_obj, size_obj, 1, Py_None);
+    lease = st ? speedups_lease_make(addr, size, (PyObject *)st) : NULL;
+    key = lease ? PyLong_FromVoidPtr(st) : NULL;
+    if (key == NULL || PyDict_SetItem(held, key, (PyObject *)st) < 0) {
+        if (lease != NULL)
+            Py_CLEAR(lease->state);   /* no finalizer call: the batch was never handed out */
+        if (st != NULL)
+            st->owns_addr = 0;
+        munmap(addr, (size_t)size);
+        goto cleanup;
+    }
+    ret = (PyObject *)lease;
+    lease = NULL;
+cleanup:
+    Py_XDECREF(alias);
+    Py_XDECREF(size_obj);
+    Py_XDECREF(clean_at);
+    Py_XDECREF(held);
+    Py_XDECREF(addr_obj);
+    Py_XDECREF(key);
+    Py_XDECREF(lease);
+    Py_XDECREF(st);
+    return ret;
+}
+
+/* ---- arrays ----------------------------------------------------------------------- */
+
+enum { SPEEDUPS_VIEW = 0, SPEEDUPS_COPY = 1, SPEEDUPS_INT64 = 2 };
+
+/* One field as an array: a view of the lease (its base), or a copy of that view. */
+static PyObject *speedups_field(speedups_lease *l, Py_ssize_t base, npy_intp rows, PyObject *spec)
+{
+    if (!PyTuple_Check(spec) || PyTuple_GET_SIZE(spec) != 4) {
+        PyErr_SetString(PyExc_TypeError, "arrays(): each field is (dtype, shape, offset, mode)");
+        return NULL;
+    }
+    PyObject *dt = PyTuple_GET_ITEM(spec, 0), *shape = PyTuple_GET_ITEM(spec, 1);
+    Py_ssize_t off = PyLong_AsSsize_t(PyTuple_GET_ITEM(spec, 2));
+    long mode = PyLong_AsLong(PyTuple_GET_ITEM(spec, 3));
+    if (PyErr_Occurred())
+        return NULL;
+    if (!PyArray_DescrCheck(dt) || !PyTuple_Check(shape) || PyTuple_GET_SIZE(shape) >= NPY_MAXDIMS) {
+        PyErr_SetString(PyExc_TypeError, "arrays(): a field's dtype must be a numpy dtype and its shape a tuple");
+        return NULL;
+    }
+    PyArray_Descr *descr = (PyArray_Descr *)dt;
+    int nd = 1 + (int)PyTuple_GET_SIZE(shape);
+    npy_intp dims[NPY_MAXDIMS];
+    npy_intp bytes = rows * descr->elsize;
+    dims[0] = rows;
+    for (int d = 1; d < nd; d++) {
+        dims[d] = PyLong_AsSsize_t(PyTuple_GET_ITEM(shape, d - 1));
+        if (dims[d] < 0) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_ValueError, "arrays(): a negative dimension");
+            return NULL;
+        }
+        bytes *= dims[d];
+    }
+    /* The views must stay inside the lease: an error here is a bug of the caller, but
+     * it must not become a read out of bounds. */
+    if (base < 0 || off < 0 || rows < 0 || base + off > l->size || bytes > l->size - base - off) {
+        PyErr_Format(PyExc_ValueError, "arrays(): a field of %zd bytes at %zd does not fit in the lease's %zd",
+                     (Py_ssize_t)bytes, base + off, l->size);
+        return NULL;
+    }
+    Py_INCREF(descr);   /* PyArray_NewFromDescr steals it */
+    PyObject *a = PyArray_NewFromDescr(&PyArray_Type, descr, nd, dims, NULL, (char *)l->addr + base + off,
+                                       NPY_ARRAY_CARRAY, NULL);
+    if (a == NULL)
+        return NULL;
+    Py_INCREF(l);
+    if (PyArray_SetBaseObject((PyArrayObject *)a, (PyObject *)l) < 0) {
+        Py_DECREF(a);
+        return NULL;
+    }
+    if (mode == SPEEDUPS_VIEW)
+        return a;
+    PyObject *c;
+    if (mode == SPEEDUPS_INT64)
+        c = PyArray_CastToType((PyArrayObject *)a, PyArray_DescrFromType(NPY_INT64), 0);
+    else
+        c = PyArray_NewCopy((PyArrayObject *)a, NPY_CORDER);
+    Py_DECREF(a);
+    return c;
+}
+
+/* arrays(lease, base, rows, fields, convert) -> [array or convert(array)]: each field
+ * (dtype, sample shape, offset from `base`, mode: 0 view, 1 copy, 2 int64 copy) with
+ * `rows` rows at lease + base + offset. */
+static PyObject *speedups_arrays(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 5) {
+        PyErr_Format(PyExc_TypeError, "arrays() takes 5 arguments (lease, base, rows, fields, convert), got %zd",
+                     nargs);
+        return NULL;
+    }
+    if (!PyObject_TypeCheck(args[0], &speedups_lease_type) || !PyTuple_Check(args[3])) {
+        PyErr_SetString(PyExc_TypeError, "arrays(): needs a Lease and a tuple of fields");
+        return NULL;
+    }
+    speedups_lease *l = (speedups_lease *)args[0];
+    Py_ssize_t base = PyLong_AsSsize_t(args[1]);
+    Py_ssize_t rows = PyLong_AsSsize_t(args[2]);
+    if (PyErr_Occurred())
+        return NULL;
+    PyObject *convert = args[4] == Py_None ? NULL : args[4];
+    Py_ssize_t n = PyTuple_GET_SIZE(args[3]);
+    PyObject *out = PyList_New(n);
+    if (out == NULL)
+        return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *a = speedups_field(l, base, (npy_intp)rows, PyTuple_GET_ITEM(args[3], i));
+        if (a != NULL && convert != NULL)
+            Py_SETREF(a, PyObject_CallOneArg(convert, a));
+        if (a == NULL) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyList_SET_ITEM(out, i, a);
+    }
+    return out;
+}
+
+/* ---- module ----------------------------------------------------------------------- */
+
+static PyMethodDef speedups_methods[] = {
+    {"drop_written", (PyCFunction)(void (*)(void))speedups_drop_written, METH_FASTCALL,
+     "drop_written(fd, addr, size, clean_at, slot) -> pages dropped (madvise)"},
+    {"fault_count", speedups_fault_count_py, METH_NOARGS, "fault_count() -> this process's page faults so far"},
+    {"lease", (PyCFunction)(void (*)(void))speedups_lease_new, METH_FASTCALL,
+     "lease(addr, size, state) -> Lease"},
+    {"take", (PyCFunction)(void (*)(void))speedups_take, METH_FASTCALL,
+     "take(ring, stream, bptr, slot, pagemap_fd) -> Lease in the slot's warm mapping, or None"},
+    {"set_hooks", (PyCFunction)(void (*)(void))speedups_set_hooks, METH_FASTCALL,
+     "set_hooks(finalizer, drop_error): a dying lease calls finalizer(state); a failed drop raises drop_error(errno)"},
+    {"arrays", (PyCFunction)(void (*)(void))speedups_arrays, METH_FASTCALL,
+     "arrays(lease, base, rows, fields, convert) -> list of arrays (or of convert(array))"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef speedups_module = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "loaderclient._speedups",
+    .m_doc = "The Python client's per-batch steps in C (optional; see the package's README).",
+    .m_size = -1,
+    .m_methods = speedups_methods,
+};
+
+PyMODINIT_FUNC PyInit__speedups(void);
+
+PyMODINIT_FUNC PyInit__speedups(void)
+{
+    import_array();
+    if (pthread_atfork(NULL, NULL, speedups_after_fork_child) != 0) {
+        PyErr_SetString(PyExc_ImportError, "loaderclient._speedups: pthread_atfork failed");
+        return NULL;
+    }
+    if (PyType_Ready(&speedups_lease_type) < 0 || PyType_Ready(&speedups_state_type) < 0)
+        return NULL;
+    if ((speedups_str_alias = PyUnicode_InternFromString("alias")) == NULL ||
+        (speedups_str_alias_len = PyUnicode_InternFromString("alias_len")) == NULL ||
+        (speedups_str_clean_at = PyUnicode_InternFromString("clean_at")) == NULL ||
+        (speedups_str_held = PyUnicode_InternFromString("_held")) == NULL ||
+        (speedups_str_dropped_pages = PyUnicode_InternFromString("dropped_pages")) == NULL)
+        return NULL;
+    PyObject *m = PyModule_Create(&speedups_module);
+    if (m == NULL)
+        return NULL;
+    if (PyModule_AddIntConstant(m, "API_VERSION", SPEEDUPS_API_VERSION) < 0 ||
+        PyModule_AddObjectRef(m, "Lease", (PyObject *)&speedups_lease_type) < 0 ||
+        PyModule_AddObjectRef(m, "LeaseState", (PyObject *)&speedups_state_type) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

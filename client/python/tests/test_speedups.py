@@ -1,0 +1,247 @@
+"""The optional extension (loaderclient._speedups) and the Python path it stands in for:
+which one runs, the same results from both, the written-page drop and its fault clock,
+errors with their messages, and nothing left behind over many batches.
+
+The key files (views, torch, this one) run again in a child pytest with
+LOADERCLIENT_PURE=1, so that both paths pass them in every run."""
+import ctypes
+import gc
+import mmap
+import os
+import subprocess
+import sys
+import sysconfig
+import threading
+import tracemalloc
+
+import numpy as np
+import pytest
+
+import support
+
+import loaderclient
+from loaderclient import _lib, _slots, errors
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PURE = os.environ.get("LOADERCLIENT_PURE", "") not in ("", "0")
+EXT = _lib.speedups
+
+# The two implementations of the drop step, each with its pagemap descriptor handling.
+DROPS = [pytest.param(_slots._drop_written_py, id="python")]
+if EXT is not None:
+    DROPS.append(pytest.param(_slots._drop_written_ext, id="extension"))
+
+
+def _headers_present():
+    import numpy
+    return (os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h"))
+            and os.path.exists(os.path.join(numpy.get_include(), "numpy", "arrayobject.h")))
+
+
+def test_the_extension_is_used_when_built():
+    """`make` builds the extension wherever Python's and numpy's headers are (deps.sh
+    installs python3-dev for the tests): then it is the path in use, unless
+    LOADERCLIENT_PURE=1 asks for the Python one."""
+    if PURE:
+        assert loaderclient.speedups_path is None and "LOADERCLIENT_PURE" in loaderclient.speedups_note
+        assert _slots.LeaseState.__module__ == "loaderclient._slots"
+        return
+    if not _headers_present():
+        pytest.skip("no Python or numpy headers here: the extension is not built (%s)" % loaderclient.speedups_note)
+    assert loaderclient.speedups_path is not None, loaderclient.speedups_note
+    assert loaderclient.speedups_note is None
+    assert os.path.basename(loaderclient.speedups_path).startswith("_speedups")
+    assert sys.modules["loaderclient._speedups"] is EXT and EXT.API_VERSION == _lib.SPEEDUPS_API_VERSION
+    assert _slots.LeaseState is EXT.LeaseState
+
+
+def test_pure_is_forced_by_the_environment(daemon):
+    code = ("import loaderclient, sys\n"
+            "from loaderclient import _slots\n"
+            "assert loaderclient.speedups_path is None, loaderclient.speedups_path\n"
+            "assert 'loaderclient._speedups' not in sys.modules\n"
+            "c = loaderclient.Client(sys.argv[1], timeout=10)\n"
+            "s = c.open('rec', 10, epochs=1)\n"
+            "b = s.next()\n"
+            "assert type(b._lease).__name__ == '_Lease' and type(b._state) is _slots.LeaseState\n"
+            "print(loaderclient.speedups_note, b.rows)\n")
+    env = dict(os.environ, LOADERCLIENT_PURE="1", PYTHONPATH=os.path.dirname(HERE))
+    r = subprocess.run([sys.executable, "-c", code, daemon.socket], env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["$LOADERCLIENT_PURE=1", "10"]
+
+
+@pytest.mark.deadline(240)
+def test_key_files_pass_on_the_python_path():
+    """The views, torch and extension tests again with LOADERCLIENT_PURE=1 (a child pytest
+    with a daemon of its own): the Python path stays the reference."""
+    if PURE or EXT is None:
+        pytest.skip("this run is the Python path already")
+    env = dict(os.environ, LOADERCLIENT_PURE="1", LOADERCLIENT_LIB=os.path.abspath(_lib.library_path))
+    files = [os.path.join(HERE, f) for f in ("test_views.py", "test_torch.py", "test_speedups.py")]
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist"] + files,
+                       env=env, capture_output=True, text=True, timeout=220)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
+    assert " passed" in r.stdout and " failed" not in r.stdout
+
+
+# -- the drop of written pages --------------------------------------------------------------
+
+PAGES = 8
+
+
+@pytest.fixture
+def private_mapping(scratch):
+    """A private writable mapping of a file of PAGES pages of known bytes, every page read
+    once: (mmap, its address, the file's bytes)."""
+    path = scratch / "pages"
+    want = np.arange(PAGES * mmap.PAGESIZE, dtype=np.uint32).astype(np.uint8)
+    path.write_bytes(want.tobytes())
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        m = mmap.mmap(fd, PAGES * mmap.PAGESIZE, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+    finally:
+        os.close(fd)
+    addr = ctypes.addressof(ctypes.c_char.from_buffer(m))
+    view = np.frombuffer(m, np.uint8)
+    assert (view == want).all()
+    yield m, addr, want
+    del view
+    gc.collect()
+    m.close()
+
+
+@pytest.mark.parametrize("drop", DROPS)
+def test_written_pages_are_dropped(private_mapping, drop):
+    m, addr, want = private_mapping
+    size = PAGES * mmap.PAGESIZE
+    clean_at = [None]
+    assert drop(addr, size, clean_at, 0) == 0              # nothing written
+    assert clean_at[0] is not None
+    view = np.frombuffer(m, np.uint8)
+    view[3 * mmap.PAGESIZE] ^= 0xFF
+    view[5 * mmap.PAGESIZE + 7] ^= 0xFF
+    assert drop(addr, size, clean_at, 0) == 3              # pages 3 to 5, one madvise
+    assert (view == want).all()                            # the file's bytes again
+
+    # A write from another thread faults in that thread: still seen.
+    t = threading.Thread(target=lambda: view.__setitem__(6 * mmap.PAGESIZE, 1))
+    t.start()
+    t.join()
+    assert view[6 * mmap.PAGESIZE] == 1
+    assert drop(addr, size, clean_at, 0) == 1
+    assert (view == want).all()
+
+    # A write after the count was read is seen, whatever the recorded count says of
+    # the time before it.
+    was = clean_at[0]
+    view[0] ^= 1
+    clean_at[0] = was
+    assert drop(addr, size, clean_at, 0) == 1 and view[0] == want[0]
+    del view
+
+
+@pytest.mark.parametrize("drop", DROPS)
+def test_the_pagemap_is_not_read_when_nothing_faulted(private_mapping, drop, monkeypatch):
+    """With the pagemap unreadable every page is dropped when the mapping is looked at;
+    a mapping found clean with no fault of this process since is not looked at again."""
+    m, addr, want = private_mapping
+    size = PAGES * mmap.PAGESIZE
+    monkeypatch.setattr(_slots, "_pagemap_fd", -1)
+    clean_at = [None]
+    assert drop(addr, size, clean_at, 0) == PAGES          # cannot tell: all dropped
+    # Nothing touches the mapping now; other code of this process may fault now and
+    # then, so one of a few tries must find nothing to do.
+    assert 0 in [drop(addr, size, clean_at, 0) for _ in range(5)]
+    assert (np.frombuffer(m, np.uint8) == want).all()      # reading faults the pages back in
+    assert drop(addr, size, clean_at, 0) == PAGES          # ... so they are looked at again
+
+
+@pytest.mark.parametrize("drop", DROPS)
+def test_a_failed_drop_says_why(drop, monkeypatch):
+    """madvise failing (here: a range no longer mapped, with the pagemap unreadable so
+    every page is dropped) raises LoaderdError with the reason; the mapping is not
+    recorded clean."""
+    m = mmap.mmap(-1, PAGES * mmap.PAGESIZE)
+    c = ctypes.c_char.from_buffer(m)
+    addr = ctypes.addressof(c)
+    del c
+    m.close()   # after the address was taken: the range is unmapped now
+    monkeypatch.setattr(_slots, "_pagemap_fd", -1)
+    clean_at = [None]
+    with pytest.raises(loaderclient.LoaderdError) as e:
+        drop(addr, PAGES * mmap.PAGESIZE, clean_at, 0)
+    assert "cannot drop the pages written in a slot's mapping: %s" % os.strerror(12) in str(e.value)
+    assert e.value.code == -12 and clean_at[0] is None
+
+
+def test_a_forked_child_counts_faults_past_its_parent():
+    """A child's fault count starts at 0: it is moved past every count its parent
+    recorded, so no mapping the parent found clean is taken for clean in the child."""
+    counts = [_slots._fault_count] + ([EXT.fault_count] if EXT is not None else [])
+    before = [f() for f in counts]
+    pid = os.fork()
+    if pid == 0:
+        ok = all(f() > b + (1 << 40) for f, b in zip(counts, before))
+        os._exit(0 if ok else 3)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
+
+
+# -- the extension's own checks --------------------------------------------------------------
+
+@pytest.mark.skipif(EXT is None, reason="the extension is not in use")
+def test_arrays_stay_inside_the_lease():
+    buf = (ctypes.c_uint8 * 4096)()
+    lease = EXT.lease(ctypes.addressof(buf), 4096, None)
+    (a,) = EXT.arrays(lease, 0, 4, ((np.dtype(np.int64), (2,), 4032, 0),), None)
+    assert a.shape == (4, 2) and a.base is lease and a.flags.writeable
+    a[...] = 7
+    assert bytes(buf[4032:4096]) == np.full(8, 7, np.int64).tobytes()
+    with pytest.raises(ValueError, match="does not fit in the lease's 4096"):
+        EXT.arrays(lease, 0, 4, ((np.dtype(np.int64), (2,), 4040, 0),), None)
+    with pytest.raises(ValueError, match="does not fit"):
+        EXT.arrays(lease, 4090, 1, ((np.dtype(np.uint8), (), 8, 1),), None)
+    (c,) = EXT.arrays(lease, 0, 4, ((np.dtype(np.uint16), (), 0, 2),), None)
+    assert c.dtype == np.int64 and c.base is None      # a copy, converted
+    del a, lease
+
+
+# -- nothing left behind -----------------------------------------------------------------------
+
+def test_nothing_accumulates_over_many_batches(daemon):
+    """Leases, their states and batches go with their batches: the same objects, memory
+    and references after 300 batches as after 60 (both paths: see the child run)."""
+    from loaderclient.torch import LoaderdDataLoader
+    kinds = {"Lease", "_Lease", "LeaseState", "Batch"}
+
+    def alive():
+        gc.collect()
+        return sum(type(o).__name__ in kinds for o in gc.get_objects())
+
+    with LoaderdDataLoader("rec", batch_size=10, shuffle=True, socket=daemon.socket, timeout=10) as loader:
+        it = iter(loader)
+
+        def run(n):
+            nonlocal it
+            for _ in range(n):
+                try:
+                    x, y = next(it)
+                except StopIteration:
+                    it = iter(loader)
+                    x, y = next(it)
+            return x, y
+
+        keep = run(60)
+        stream = loader.stream
+        refs, objs = sys.getrefcount(stream), alive()
+        tracemalloc.start()
+        snap = tracemalloc.take_snapshot()
+        keep = run(240)
+        grown = sum(s.size_diff for s in tracemalloc.take_snapshot().compare_to(snap, "filename"))
+        tracemalloc.stop()
+        del keep
+        assert sys.getrefcount(stream) == refs
+        assert alive() <= objs
+        assert grown < 64 * 1024, grown
+        assert stream.held_batches() <= 1
