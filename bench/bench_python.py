@@ -485,11 +485,18 @@ def overhead_ready(args, sock, held=3):
             bptrs.append(b._state.bptr)
         del b
         plan = [(st._by_name["data"], False), (st._by_name["label"], True)]
-        try:   # LoaderdDataLoader's form of it (a package from before TorchPlan takes the list)
+        # As LoaderdDataLoader makes them: a package with Stream._next(ms, plan, convert)
+        # makes the tensors in next() itself, without a Batch object; an older one through
+        # the Batch (_torch_plan, with a TorchPlan or the plain list before it).
+        in_next = False
+        try:
             from loaderclient._batch import TorchPlan
-            plan = TorchPlan(plan)
-        except ImportError:
+            plan = TorchPlan(plan, st._ring)
+            in_next = plan.spec is not None and "plan" in st._next.__code__.co_varnames
+        except (ImportError, TypeError):
             pass
+        import torch
+        from_numpy, ms = torch.from_numpy, c._timeout_ms
         st.auto_release = True
         lcc.lib = _ReadyLib(real, bptrs)
         try:
@@ -501,6 +508,9 @@ def overhead_ready(args, sock, held=3):
                         for _ in range(n):
                             b = st.next()
                             x, y = b["data"], b["label"]
+                    elif in_next:
+                        for _ in range(n):
+                            (x, y), _, _ = st._next(ms, plan, from_numpy)
                     else:
                         for _ in range(n):
                             b = st.next()
@@ -508,6 +518,7 @@ def overhead_ready(args, sock, held=3):
                     t = (time.thread_time() - t0) / n * 1e6
                     best = t if best is None else min(best, t)
                 out[name + "_us"] = best
+            b = st.next()    # releases the plan path's last batch too
             b.release()
             del b, x, y
         finally:

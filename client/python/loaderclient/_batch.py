@@ -360,14 +360,16 @@ class Batch(_Closes):
 
 
 class TorchPlan:
-    """LoaderdDataLoader's per-batch tensors, resolved once per ring: ``fields``, a list of
-    (field layout, copy?), in the order the tensors come; ``spec``, the same for the
-    extension's arrays() (dtype, sample shape, offset, 0 shared / 1 copied / 2 copied as
-    int64), or None where the Python path makes them (no extension, a ragged field)."""
-    __slots__ = ("fields", "spec")
+    """LoaderdDataLoader's per-batch tensors, resolved once per ring (``ring``, the
+    SlotRing whose layout it follows): ``fields``, a list of (field layout, copy?), in the
+    order the tensors come; ``spec``, the same for the extension's arrays() (dtype, sample
+    shape, offset, 0 shared / 1 copied / 2 copied as int64), or None where the Python path
+    makes them (no extension, a ragged field)."""
+    __slots__ = ("fields", "spec", "ring")
 
-    def __init__(self, fields: Any) -> None:
+    def __init__(self, fields: Any, ring: Any = None) -> None:
         self.fields = list(fields)
+        self.ring = ring
         self.spec = None
         if _ext is not None and not any(f.ragged for f, _ in self.fields):
             self.spec = tuple((f.dtype, f.shape, f.offset, (1 if f.dtype in _TORCH_DTYPES else 2) if own else 0)

@@ -35,6 +35,7 @@ _WAIT_SLICE_MS = 250
 
 _BATCH_INFO_SIZE = ctypes.sizeof(_lib.LcBatchInfo)
 _take = _lib.speedups.take if _lib.speedups is not None else None
+_arrays = _lib.speedups.arrays if _lib.speedups is not None else None
 _check_signals = ctypes.pythonapi.PyErr_CheckSignals   # PyDLL: raises what a handler raised
 _check_signals.restype = ctypes.c_int
 _check_signals.argtypes = []
@@ -209,16 +210,25 @@ class Stream(_ContextManaged):
         another dataset under the name."""
         return self._next(self._client._timeout_ms if timeout is None else _ms(timeout, "timeout"))
 
-    def _next(self, total_ms):
+    def _next(self, total_ms, plan=None, convert=None):
         # next() with the timeout in milliseconds (LoaderdDataLoader's per-batch path). In the
         # steady state: one call into the library (lc_stream_next_info: the batch and its
         # slot, rows, epoch, index, generation and ring), the slot's mapping, the Batch.
+        # With a TorchPlan of this ring that the extension makes (LoaderdDataLoader's, on a
+        # guarded stream that releases each batch at the next): no Batch object, but
+        # ([convert(array) of each field], epoch, index); the batch's lease is then what
+        # the next call releases. A Batch still when the plan is of another ring (the
+        # daemon restarted): the caller makes a plan of the new one.
         if self._closed:
             raise ReleasedError("stream %d is closed" % self.id)
         cur = self._current
         if cur is not None:
             self._current = None
-            if self.auto_release and cur._lease is not None:
+            if type(cur) is not Batch:
+                # A lease of the plan path (such a stream releases automatically).
+                cur.state.batch_released = True
+                cur = None       # may run its finalizer here: no view left
+            elif self.auto_release and cur._lease is not None:
                 if self.keep_views_safe:
                     # Batch.release, inline: its views' dicts dropped, then the lease (which
                     # may run its finalizer here: no view left).
@@ -247,9 +257,19 @@ class Stream(_ContextManaged):
                 except BaseException:
                     lib.lc_batch_release(bptr)
                     raise
-            b = self._wrap(bptr, info)
+            if plan is not None and plan.ring is self._ring:
+                slot = info.slot
+                lease = self._lease_of(bptr, slot)
+                epoch, index, rows = info.epoch, info.index, info.rows
+                b = None
+            else:
+                b = self._wrap(bptr, info)
         if client._deferred:
             client._run_deferred_unlocked()
+        if b is None:
+            self.position = (epoch + 1, 0) if index + 1 >= self.batches_per_epoch else (epoch, index + 1)
+            self._current = lease
+            return _arrays(lease, lease.state.ring.delta[slot], rows, plan.spec, convert), epoch, index
         if b.index + 1 >= self.batches_per_epoch:
             self.position = (b.epoch + 1, 0)
         else:
@@ -299,6 +319,12 @@ class Stream(_ContextManaged):
         # Under the client lock. The batch's slot and header, which the library has just
         # checked against the daemon's announcement (`info`, lc_stream_next_info's).
         slot = info.slot
+        lease = self._lease_of(bptr, slot)
+        return Batch(self, lease.state, lease, info.epoch, info.index, info.rows, slot, info.generation)
+
+    def _lease_of(self, bptr, slot):
+        # Under the client lock: the lease of a batch just leased in `slot`, recorded in
+        # _held; on failure the batch is released and the error raised.
         ring = self._ring
         try:
             # The extension's take(): the steady state (a warm mapping) in one call, the
@@ -309,12 +335,10 @@ class Stream(_ContextManaged):
                 lease = ring.lease(self, bptr, slot)
                 st = lease.state
                 self._held[id(st)] = st
-            else:
-                st = lease.state
         except BaseException:
             lib.lc_batch_release(bptr)
             raise
-        return Batch(self, st, lease, info.epoch, info.index, info.rows, slot, info.generation)
+        return lease
 
     def _make_room(self):
         # Under the client lock. Released batches whose views live on: keep at most
@@ -364,8 +388,9 @@ class Stream(_ContextManaged):
             return
         cur = self._current
         if cur is not None:
-            cur._views = cur._tensors = cur._ro = None
-            cur._lease = None
+            if type(cur) is Batch:
+                cur._views = cur._tensors = cur._ro = None
+                cur._lease = None
             self._current = None
         self._closed = True
         self._ring.closed = True

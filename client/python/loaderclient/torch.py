@@ -28,6 +28,8 @@ from typing import Any, Callable, Dict, Iterator, Optional, Sequence, Union
 
 import torch
 
+_from_numpy = torch.from_numpy
+
 from .client import Client, RaggedField, Stream, _Closes, _TORCH_DTYPES
 from ._batch import TorchPlan
 from . import errors
@@ -225,7 +227,7 @@ class LoaderdDataLoader(_Closes):
         self._client = None
         self._stream = None
         self._plan = None         # TorchPlan: (field layout, copy?) resolved at a stream's first batch
-        self._plan_ring = None
+        self._fast = None         # the plan again when Stream._next makes the tensors itself
         self._epoch = 0           # the epoch the next iter() delivers
         self._active = None       # the iterator allowed to consume the stream
         self.reopens = 0          # streams opened after the first (for tests and curiosity)
@@ -346,17 +348,21 @@ class LoaderdDataLoader(_Closes):
             # Per-sample scalars (labels) and dtypes torch lacks are copied; the rest shared.
             own = self.copy or (not f.ragged and (f.shape == () or f.dtype not in _TORCH_DTYPES))
             plan.append((f, own))
-        self._plan = TorchPlan(plan)
+        self._plan = TorchPlan(plan, batch._state.ring)
         self._names = [f.name for f, _ in plan]
         self._all_owned = self._gpu is None and (all(own for _, own in plan) or self.device is not None or
                                                  self.pin_memory)
+        # The stream's per-batch path without a Batch object (Stream._next with a plan):
+        # tensors on the host, shared until the next batch, made by the extension.
+        s = batch._stream
+        self._fast = self._plan if (self._gpu is None and not self._all_owned and self._plan.spec is not None
+                                    and s.keep_views_safe and s.auto_release) else None
 
     def _convert(self, batch):
         # A plan holds the field offsets of one ring: a new stream, or a stream reopened
         # after a daemon restart, gets its own.
-        if self._plan is None or self._plan_ring is not batch._state.ring:
+        if self._plan is None or self._plan.ring is not batch._state.ring:
             self._resolve(batch)
-            self._plan_ring = batch._state.ring
         dev = self.device
         if self._gpu is not None:
             # On the daemon's device memory; each tensor keeps the batch leased.
@@ -369,6 +375,9 @@ class LoaderdDataLoader(_Closes):
                 out = [_map(t, lambda x: x.pin_memory()) for t in out]
         if self._all_owned:
             batch.release()
+        return self._shape(out)
+
+    def _shape(self, out):
         if self.as_dict:
             return dict(zip(self._names, out))
         return out[0] if len(out) == 1 else tuple(out)
@@ -423,12 +432,18 @@ class _EpochIterator:
         if ld._active is not self or ld._stream is not self._stream:
             raise RuntimeError("this epoch's iterator was superseded by a newer iter(loader) or close()")
         t0 = _clock()
-        b = self._stream._next(ld._next_ms)
+        fast = ld._fast
+        # With a plan: the tensors, made in the same call (their few µs count as waiting).
+        b = self._stream._next(ld._next_ms) if fast is None else self._stream._next(ld._next_ms, fast, _from_numpy)
         ld.wait_s += _clock() - t0
         ld.batches += 1
         ld._delivered = ld._share
-        if b.index != self._n or b.epoch != self.epoch:
+        if type(b) is tuple:
+            out, epoch, index = b
+        else:
+            epoch, index = b.epoch, b.index
+        if index != self._n or epoch != self.epoch:
             raise LoaderdError(errors.EPROTO, "expected batch %d of epoch %d, loaderd sent batch %d of epoch %d"
-                               % (self._n, self.epoch, b.index, b.epoch))
+                               % (self._n, self.epoch, index, epoch))
         self._n += 1
-        return ld._convert(b)
+        return ld._shape(out) if type(b) is tuple else ld._convert(b)
