@@ -297,12 +297,13 @@ def _lease_del(self):
         pass
 
 
-def set_lease_finalizer(fn):
-    """What a lease calls with its LeaseState when it dies (client.py's _lease_dead)."""
+def set_lease_finalizer(fn, owner):
+    """What a lease calls with its LeaseState when it dies (client.py's _lease_dead); the
+    extension does its steady state itself, releasing through ``owner.lib``."""
     global _lease_dead
     _lease_dead = fn
     if _ext is not None:
-        _ext.set_hooks(fn, _drop_error)
+        _ext.set_hooks(fn, _drop_error, owner)
 
 
 if _ext is not None:

@@ -13,8 +13,9 @@
  * - LeaseState: _slots.LeaseState's members as a struct (what a lease needs once its
  *   views die, seen by the stream);
  * - Lease: the buffer a batch's views hang off (its reference count says whether a
- *   view of the batch is alive); when it dies it calls the package's finalizer with its
- *   state, which gives the slot back (_slots.py, "Keeping views honest");
+ *   view of the batch is alive); when it dies it gives the slot back (_slots.py,
+ *   "Keeping views honest"): client.py's _lease_dead in its steady state, done here
+ *   (speedups_give_back), else that function, called with the lease's state;
  * - take(): SlotRing.lease's steady state in one call: a batch's lease in its slot's
  *   warm mapping (written pages dropped, the state and the lease made, the stream's
  *   record of held batches kept);
@@ -22,9 +23,10 @@
  *   passed through a converter (torch.from_numpy) when one is given: LoaderdDataLoader's
  *   per-batch tensors in one call.
  *
- * Nothing here talks to the daemon or the C library: the locks, the release of a slot
- * and every error message stay in Python (a failed drop's exception is made by the
- * package's function, set_hooks).
+ * Nothing here talks to the daemon or links the C library: a batch is released through
+ * the package's binding of it (the owner module's `lib`), under the client's lock, and
+ * every error message is the package's (a failed drop's exception is made by its
+ * function, set_hooks).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -48,13 +50,18 @@
 #define SPEEDUPS_PAGEMAP_CHUNK 512
 
 /* Set once by the package (set_hooks): the finalizer every dying lease calls with its
- * state, and the function that makes the exception of a failed drop from an errno. */
+ * state (where the steady-state give-back below does not apply), the function that
+ * makes the exception of a failed drop from an errno, and the module whose `lib` is the
+ * library binding that releases a batch (looked up at each release, as Python does). */
 static PyObject *speedups_on_dead;
 static PyObject *speedups_drop_error;
+static PyObject *speedups_owner;
 
-/* Attribute names take() reads, interned once. */
+/* Attribute names read here, interned once. */
 static PyObject *speedups_str_alias, *speedups_str_alias_len, *speedups_str_clean_at, *speedups_str_held,
-    *speedups_str_dropped_pages;
+    *speedups_str_dropped_pages, *speedups_str_client, *speedups_str_lock, *speedups_str_acquire,
+    *speedups_str_release, *speedups_str_closed_stream, *speedups_str_lib, *speedups_str_lc_batch_release,
+    *speedups_str_closed, *speedups_str_recycle, *speedups_str_deferred, *speedups_str_run_deferred;
 
 /* ---- the fault clock -------------------------------------------------------------- */
 
@@ -325,9 +332,12 @@ static PyObject *speedups_lease_new(PyObject *mod, PyObject *const *args, Py_ssi
     return (PyObject *)speedups_lease_make(addr, size, args[2]);
 }
 
+static int speedups_give_back(speedups_state *st);
+
 /* Runs once (PEP 442), before the lease is cleared or freed, wherever its last
- * reference went: the finalizer gives the slot back. Never raises: what the finalizer
- * raised is dropped, as the Python path's __del__ does (interpreter shutdown). */
+ * reference went: gives the slot back (speedups_give_back in the steady state, else the
+ * package's finalizer). Never raises: what went wrong is dropped, as the Python path's
+ * __del__ does (interpreter shutdown). */
 static void speedups_lease_finalize(PyObject *self)
 {
     speedups_lease *l = (speedups_lease *)self;
@@ -336,11 +346,13 @@ static void speedups_lease_finalize(PyObject *self)
         return;
     PyObject *type, *value, *tb;
     PyErr_Fetch(&type, &value, &tb);
-    PyObject *r = PyObject_CallOneArg(fn, state);
-    if (r == NULL)
-        PyErr_Clear();
-    else
-        Py_DECREF(r);
+    if (!Py_IS_TYPE(state, &speedups_state_type) || speedups_give_back((speedups_state *)state) == 0) {
+        PyObject *r = PyObject_CallOneArg(fn, state);
+        if (r == NULL)
+            PyErr_Clear();
+        else
+            Py_DECREF(r);
+    }
     PyErr_Restore(type, value, tb);
 }
 
@@ -391,24 +403,9 @@ static int speedups_lease_set_state(PyObject *self, PyObject *value, void *closu
     return 0;
 }
 
-static PyObject *speedups_lease_get_addr(PyObject *self, void *closure)
-{
-    return PyLong_FromVoidPtr(((speedups_lease *)self)->addr);
-}
-
 static PyGetSetDef speedups_lease_getset[] = {
     {"state", speedups_lease_get_state, speedups_lease_set_state, "what the finalizer is called with", NULL},
-    {"addr", speedups_lease_get_addr, NULL, "the first byte's address", NULL},
     {NULL, NULL, NULL, NULL, NULL},
-};
-
-static Py_ssize_t speedups_lease_len(PyObject *self)
-{
-    return ((speedups_lease *)self)->size;
-}
-
-static PySequenceMethods speedups_lease_seq = {
-    .sq_length = speedups_lease_len,
 };
 
 static PyTypeObject speedups_lease_type = {
@@ -422,20 +419,22 @@ static PyTypeObject speedups_lease_type = {
     .tp_traverse = speedups_lease_traverse,
     .tp_clear = speedups_lease_clear,
     .tp_as_buffer = &speedups_lease_buffer,
-    .tp_as_sequence = &speedups_lease_seq,
     .tp_getset = speedups_lease_getset,
 };
 
-/* set_hooks(finalizer, drop_error): a dying lease calls finalizer(state); a failed
- * drop raises drop_error(errno). */
+/* set_hooks(finalizer, drop_error, owner): a dying lease calls finalizer(state) where
+ * speedups_give_back does not apply; a failed drop raises drop_error(errno); owner.lib
+ * releases a batch (owner None: every give-back goes through the finalizer). */
 static PyObject *speedups_set_hooks(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 2 || !PyCallable_Check(args[0]) || !PyCallable_Check(args[1])) {
-        PyErr_SetString(PyExc_TypeError, "set_hooks() takes two callables (finalizer, drop_error)");
+    if (nargs != 3 || !PyCallable_Check(args[0]) || !PyCallable_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "set_hooks() takes two callables and a module (finalizer, drop_error, "
+                        "owner)");
         return NULL;
     }
     Py_XSETREF(speedups_on_dead, Py_NewRef(args[0]));
     Py_XSETREF(speedups_drop_error, Py_NewRef(args[1]));
+    Py_XSETREF(speedups_owner, args[2] == Py_None ? NULL : Py_NewRef(args[2]));
     Py_RETURN_NONE;
 }
 
@@ -449,6 +448,86 @@ static speedups_lease *speedups_lease_make(void *addr, Py_ssize_t size, PyObject
     l->state = Py_NewRef(state);
     PyObject_GC_Track(l);
     return l;
+}
+
+/* ---- the give-back ------------------------------------------------------------------ */
+
+/* client.py's _lease_dead in its steady state: a released batch whose last view just
+ * died, its client's lock free. Returns 0 when that is not the case, having changed
+ * nothing (the package's finalizer then does all of it), else 1: the batch given back
+ * (given_back set, dropped from the stream's _held, released through the library unless
+ * the stream is closed), its mapping back to the slot (SlotRing.recycle), the client's
+ * deferred give-backs run, the lock released. Errors after the lock was taken are
+ * dropped (the lock is released), as the Python finalizer drops them. */
+static int speedups_give_back(speedups_state *st)
+{
+    if (st->given_back || !st->batch_released || speedups_owner == NULL)
+        return 0;
+    PyObject *stream = st->stream, *client = NULL, *lock = NULL, *got = NULL;
+    int handled = 0;
+    client = PyObject_GetAttr(stream, speedups_str_client);
+    lock = client ? PyObject_GetAttr(client, speedups_str_lock) : NULL;
+    got = lock ? PyObject_CallMethodOneArg(lock, speedups_str_acquire, Py_False) : NULL;
+    if (got != Py_True) {
+        PyErr_Clear();
+        goto cleanup;   /* busy (or odd): the Python finalizer defers it */
+    }
+    handled = 1;
+    st->views_dead = 1;
+    if (!st->given_back) {
+        st->given_back = 1;
+        PyObject *held = PyObject_GetAttr(stream, speedups_str_held);
+        PyObject *key = PyLong_FromVoidPtr(st);
+        if (held == NULL || key == NULL || PyDict_Check(held) == 0 || PyDict_DelItem(held, key) < 0)
+            PyErr_Clear();
+        Py_XDECREF(held);
+        Py_XDECREF(key);
+        PyObject *closed = PyObject_GetAttr(stream, speedups_str_closed_stream);
+        int is_closed = closed ? PyObject_IsTrue(closed) : -1;
+        Py_XDECREF(closed);
+        if (is_closed == 0) {
+            /* Pipelined: does not wait for the daemon's reply. */
+            PyObject *lib = PyObject_GetAttr(speedups_owner, speedups_str_lib);
+            PyObject *r = lib ? PyObject_CallMethodOneArg(lib, speedups_str_lc_batch_release, st->bptr) : NULL;
+            Py_XDECREF(r);
+            Py_XDECREF(lib);
+        }
+        PyErr_Clear();
+        /* SlotRing.recycle, without its lock, as _lease_dead does: this is the lease's one
+         * finalizer, and every other path to the mapping holds the client's lock. */
+        PyObject *ring = st->ring, *alias = NULL, *ring_closed = PyObject_GetAttr(ring, speedups_str_closed);
+        int fast = ring_closed != NULL && PyObject_IsTrue(ring_closed) == 0 && st->owns_addr && !st->materialized;
+        Py_ssize_t slot = fast ? PyLong_AsSsize_t(st->slot) : -1;
+        alias = fast ? PyObject_GetAttr(ring, speedups_str_alias) : NULL;
+        if (alias != NULL && PyList_Check(alias) && slot >= 0 && slot < PyList_GET_SIZE(alias) &&
+            PyList_GET_ITEM(alias, slot) == Py_None) {
+            st->owns_addr = 0;
+            PyList_SetItem(alias, slot, Py_NewRef(st->addr));
+        } else {
+            PyErr_Clear();
+            PyObject *r = PyObject_CallMethodOneArg(ring, speedups_str_recycle, (PyObject *)st);
+            Py_XDECREF(r);
+        }
+        Py_XDECREF(alias);
+        Py_XDECREF(ring_closed);
+        PyErr_Clear();
+    }
+    PyObject *deferred = PyObject_GetAttr(client, speedups_str_deferred);
+    Py_ssize_t waiting = deferred ? PyObject_Length(deferred) : -1;
+    Py_XDECREF(deferred);
+    if (waiting > 0) {
+        PyObject *r = PyObject_CallMethodNoArgs(client, speedups_str_run_deferred);
+        Py_XDECREF(r);
+    }
+    PyErr_Clear();
+    PyObject *r = PyObject_CallMethodNoArgs(lock, speedups_str_release);
+    Py_XDECREF(r);
+    PyErr_Clear();
+cleanup:
+    Py_XDECREF(got);
+    Py_XDECREF(lock);
+    Py_XDECREF(client);
+    return handled;
 }
 
 /* ---- take ------------------------------------------------------------------------- */
@@ -665,7 +744,8 @@ static PyMethodDef speedups_methods[] = {
     {"take", (PyCFunction)(void (*)(void))speedups_take, METH_FASTCALL,
      "take(ring, stream, bptr, slot, pagemap_fd) -> Lease in the slot's warm mapping, or None"},
     {"set_hooks", (PyCFunction)(void (*)(void))speedups_set_hooks, METH_FASTCALL,
-     "set_hooks(finalizer, drop_error): a dying lease calls finalizer(state); a failed drop raises drop_error(errno)"},
+     "set_hooks(finalizer, drop_error, owner): a dying lease gives its batch back (owner.lib releases it) or calls "
+     "finalizer(state); a failed drop raises drop_error(errno)"},
     {"arrays", (PyCFunction)(void (*)(void))speedups_arrays, METH_FASTCALL,
      "arrays(lease, base, rows, fields, convert) -> list of arrays (or of convert(array))"},
     {NULL, NULL, 0, NULL},
@@ -694,7 +774,18 @@ PyMODINIT_FUNC PyInit__speedups(void)
         (speedups_str_alias_len = PyUnicode_InternFromString("alias_len")) == NULL ||
         (speedups_str_clean_at = PyUnicode_InternFromString("clean_at")) == NULL ||
         (speedups_str_held = PyUnicode_InternFromString("_held")) == NULL ||
-        (speedups_str_dropped_pages = PyUnicode_InternFromString("dropped_pages")) == NULL)
+        (speedups_str_dropped_pages = PyUnicode_InternFromString("dropped_pages")) == NULL ||
+        (speedups_str_client = PyUnicode_InternFromString("_client")) == NULL ||
+        (speedups_str_lock = PyUnicode_InternFromString("_lock")) == NULL ||
+        (speedups_str_acquire = PyUnicode_InternFromString("acquire")) == NULL ||
+        (speedups_str_release = PyUnicode_InternFromString("release")) == NULL ||
+        (speedups_str_closed_stream = PyUnicode_InternFromString("_closed")) == NULL ||
+        (speedups_str_lib = PyUnicode_InternFromString("lib")) == NULL ||
+        (speedups_str_lc_batch_release = PyUnicode_InternFromString("lc_batch_release")) == NULL ||
+        (speedups_str_closed = PyUnicode_InternFromString("closed")) == NULL ||
+        (speedups_str_recycle = PyUnicode_InternFromString("recycle")) == NULL ||
+        (speedups_str_deferred = PyUnicode_InternFromString("_deferred")) == NULL ||
+        (speedups_str_run_deferred = PyUnicode_InternFromString("_run_deferred")) == NULL)
         return NULL;
     PyObject *m = PyModule_Create(&speedups_module);
     if (m == NULL)

@@ -14,6 +14,7 @@ import collections
 import ctypes
 import json
 import os
+import sys
 import threading
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
@@ -635,8 +636,9 @@ class Client(_Closes):
         return "<loaderclient.Client %s%s>" % (self.socket, " closed" if self._h is None else "")
 
 def _lease_dead(st):
-    # The lease's finalizer: the last view of a batch is gone (or the batch never had
-    # any). Any thread, wherever the last reference was dropped: never blocks. `views_dead`
+    # The lease's finalizer (the extension does the steady state below in C: the same
+    # steps, _speedups.c's speedups_give_back): the last view of a batch is gone (or the
+    # batch never had any). Any thread, wherever the last reference was dropped: never blocks. `views_dead`
     # is set before `given_back` is read here, and _give_back_locked sets `given_back`
     # before it reads `views_dead`, so of two racing threads at least one sees both and
     # frees the mapping (drop_mapping is idempotent).
@@ -676,7 +678,7 @@ def _lease_dead(st):
         lock.release()
 
 
-_slots.set_lease_finalizer(_lease_dead)
+_slots.set_lease_finalizer(_lease_dead, sys.modules[__name__])
 
 # Batch's hints name Stream; typing.get_type_hints resolves them in _batch's namespace.
 _batch.Stream = Stream
