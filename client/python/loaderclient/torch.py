@@ -28,12 +28,12 @@ from typing import Any, Callable, Dict, Iterator, Optional, Sequence, Union
 
 import torch
 
-_from_numpy = torch.from_numpy
-
 from .client import Client, RaggedField, Stream, _Closes, _TORCH_DTYPES
 from ._batch import TorchPlan
 from . import errors
 from .errors import EDEVICE, DeviceError, InvalidArgument, LoaderdError
+
+_from_numpy = torch.from_numpy
 
 __all__ = ["LoaderdDataLoader", "ShareChanged"]
 

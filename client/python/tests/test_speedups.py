@@ -17,10 +17,8 @@ import tracemalloc
 import numpy as np
 import pytest
 
-import support
-
 import loaderclient
-from loaderclient import _lib, _slots, errors
+from loaderclient import _lib, _slots
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PURE = os.environ.get("LOADERCLIENT_PURE", "") not in ("", "0")
@@ -138,7 +136,6 @@ def test_written_pages_are_dropped(private_mapping, drop):
     view[0] ^= 1
     clean_at[0] = was
     assert drop(addr, size, clean_at, 0) == 1 and view[0] == want[0]
-    del view
 
 
 @pytest.mark.parametrize("drop", DROPS)
