@@ -156,9 +156,10 @@ GPU_CHECK := $(if $(and $(filter 1,$(HAVE_CUDA)),$(if $(SANITIZE),,1)),$(BUILD)/
 # The Python client's optional extension (client/python/loaderclient/_speedups.c, the
 # per-batch steps in C): built beside libloaderclient.so, where the package looks for it
 # in a source checkout, when Python's headers (Debian: python3-dev) and numpy's are
-# there. Not in sanitized builds: a Python that is not sanitized cannot load it.
+# there, for Python 3.10 or later (the C API it uses). Not in sanitized builds: a Python
+# that is not sanitized cannot load it.
 PYTHON ?= /usr/bin/python3
-PY_CFG := $(if $(SANITIZE),,$(shell $(PYTHON) -c 'import sysconfig, numpy; print(sysconfig.get_paths()["include"], numpy.get_include(), sysconfig.get_config_var("EXT_SUFFIX"))' 2>/dev/null))
+PY_CFG := $(if $(SANITIZE),,$(shell $(PYTHON) -c 'import sys, sysconfig, numpy; sys.version_info >= (3, 10) and print(sysconfig.get_paths()["include"], numpy.get_include(), sysconfig.get_config_var("EXT_SUFFIX"))' 2>/dev/null))
 PY_INC := $(word 1,$(PY_CFG))
 NP_INC := $(word 2,$(PY_CFG))
 PY_SPEEDUPS := $(if $(and $(wildcard $(PY_INC)/Python.h),$(wildcard $(NP_INC)/numpy/arrayobject.h)),$(BUILD)/lib/_speedups$(word 3,$(PY_CFG)))
@@ -234,10 +235,11 @@ $(COPYFLOOR): $(call obj,bench/ld-copyfloor.c)
 # Python's and numpy's headers as system headers (their own style is not checked), the
 # project's warnings for the module itself; nothing linked: the interpreter provides
 # Python's symbols, numpy's come through its capsule (import_array).
-$(PY_SPEEDUPS): client/python/loaderclient/_speedups.c $(FLAGS_FILE)
+PY_SPEEDUPS_SRC := $(sort $(wildcard client/python/loaderclient/_speedups*.c))
+$(PY_SPEEDUPS): $(PY_SPEEDUPS_SRC) client/python/loaderclient/_speedups.h $(FLAGS_FILE)
 	@mkdir -p $(dir $@)
 	$(CC) -std=c11 -D_GNU_SOURCE -g $(OPT) $(WARN) -fPIC -fvisibility=hidden -shared \
-	  -isystem $(PY_INC) -isystem $(NP_INC) $(CFLAGS) -o $@ $< $(LDFLAGS)
+	  -isystem $(PY_INC) -isystem $(NP_INC) $(CFLAGS) -o $@ $(PY_SPEEDUPS_SRC) $(LDFLAGS)
 
 # Unit tests link the daemon's modules (no socket, no process); integration tests link
 # only the public client library and drive a real loaderd.

@@ -8,11 +8,13 @@ LOADERCLIENT_BUNDLE=0 nothing is copied and the installed package finds the libr
 the system path instead (after `make install`).
 
 The extension loaderclient._speedups (loaderclient/_speedups.c: the per-batch steps in C)
-is built when a C compiler, Python's headers (Debian: python3-dev) and numpy are there;
-it is optional: without it the install goes on and the package runs its Python path.
+is built when a C compiler, Python's headers (Debian: python3-dev) and numpy are there,
+for Python 3.10 or later; it is optional: without it the install goes on and the package
+runs its Python path.
 """
 import os
 import shutil
+import sys
 
 from setuptools import Extension, setup
 from setuptools.command.build_py import build_py
@@ -52,11 +54,14 @@ class BinaryDistribution(Distribution):
 
 
 def extensions():
+    if sys.version_info < (3, 10):   # the C API the extension uses
+        return []
     try:
         import numpy
     except ImportError:   # no numpy's headers to build against: the Python path only
         return []
-    return [Extension("loaderclient._speedups", [os.path.join("loaderclient", "_speedups.c")],
+    src = [os.path.join("loaderclient", f) for f in ("_speedups.c", "_speedups_pages.c")]
+    return [Extension("loaderclient._speedups", src, depends=[os.path.join("loaderclient", "_speedups.h")],
                       include_dirs=[numpy.get_include()], extra_compile_args=["-std=c11"], optional=True)]
 
 

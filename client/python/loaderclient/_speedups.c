@@ -6,10 +6,11 @@
  * What is here does the same work as the Python it stands in for, without its
  * interpreter frames:
  *
- * - drop_written(): before a slot's private mapping shows the slot's next batch, the
- *   pages this process wrote through it are found in /proc/self/pagemap and dropped
- *   with madvise(MADV_DONTNEED) (_slots._drop_written_py says why), unless no thread
- *   of this process took a page fault since the mapping was last found clean;
+ * - drop_written() (_speedups_pages.c): before a slot's private mapping shows the
+ *   slot's next batch, the pages this process wrote through it are found in
+ *   /proc/self/pagemap and dropped with madvise(MADV_DONTNEED) (_slots._drop_written_py
+ *   says why), unless no thread of this process took a page fault since the mapping was
+ *   last found clean;
  * - LeaseState: _slots.LeaseState's members as a struct (what a lease needs once its
  *   views die, seen by the stream);
  * - Lease: the buffer a batch's views hang off (its reference count says whether a
@@ -28,33 +29,31 @@
  * every error message is the package's (a failed drop's exception is made by its
  * function, set_hooks).
  */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
+#include "_speedups.h"
+
 #include <structmember.h>
 #define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
 #include <numpy/arrayobject.h>
 
-#include <errno.h>
 #include <pthread.h>
-#include <stdint.h>
-#include <string.h>
 #include <sys/mman.h>
-#include <sys/resource.h>
-#include <unistd.h>
 
 /* What the package checks before using this module: a module built from another
  * version of this file is not used (the Python path is). */
 #define SPEEDUPS_API_VERSION 1
 
-/* Pages looked up in /proc/self/pagemap per read (8 bytes each). */
-#define SPEEDUPS_PAGEMAP_CHUNK 512
+/* A dtype's item size: a member of the descriptor before numpy 2, a function since. */
+#if NPY_ABI_VERSION >= 0x02000000
+#define SPEEDUPS_ITEMSIZE(d) PyDataType_ELSIZE(d)
+#else
+#define SPEEDUPS_ITEMSIZE(d) ((d)->elsize)
+#endif
 
 /* Set once by the package (set_hooks): the finalizer every dying lease calls with its
  * state (where the steady-state give-back below does not apply), the function that
  * makes the exception of a failed drop from an errno, and the module whose `lib` is the
  * library binding that releases a batch (looked up at each release, as Python does). */
 static PyObject *speedups_on_dead;
-static PyObject *speedups_drop_error;
 static PyObject *speedups_owner;
 
 /* Attribute names read here, interned once. */
@@ -62,146 +61,6 @@ static PyObject *speedups_str_alias, *speedups_str_alias_len, *speedups_str_clea
     *speedups_str_dropped_pages, *speedups_str_client, *speedups_str_lock, *speedups_str_acquire,
     *speedups_str_release, *speedups_str_closed_stream, *speedups_str_lib, *speedups_str_lc_batch_release,
     *speedups_str_closed, *speedups_str_recycle, *speedups_str_deferred, *speedups_str_run_deferred;
-
-/* ---- the fault clock -------------------------------------------------------------- */
-
-/* Added to this process's page-fault count (fault_count()): a forked child starts
- * counting from 0, so its counts are moved past any its parent recorded. */
-static unsigned long long speedups_fault_base;
-
-static void speedups_after_fork_child(void)
-{
-    speedups_fault_base += 1ULL << 48;
-}
-
-/* Page faults of every thread of this process so far (never decreases; never 0). A page
- * of a private file mapping becomes this process's own only through a fault of one of
- * its threads (a write through a view, or the kernel writing into one for a system
- * call). */
-static unsigned long long speedups_fault_count(void)
-{
-    struct rusage ru;
-    if (getrusage(RUSAGE_SELF, &ru) != 0)
-        return 0;   /* cannot happen (RUSAGE_SELF, a valid pointer); 0 matches no count */
-    return speedups_fault_base + (unsigned long long)ru.ru_minflt + (unsigned long long)ru.ru_majflt + 1;
-}
-
-/* fault_count() -> this process's page faults so far (drop_written's clock), shifted
- * past the parent's in a forked child. */
-static PyObject *speedups_fault_count_py(PyObject *mod, PyObject *unused)
-{
-    return PyLong_FromUnsignedLongLong(speedups_fault_count());
-}
-
-/* ---- drop_written ----------------------------------------------------------------- */
-
-/* A pagemap entry of a page this process wrote in a private file mapping: present
- * (bit 63) or swapped (bit 62), and not a file page (bit 61). */
-static int speedups_written(uint64_t e)
-{
-    return (e >> 62) != 0 && !(e & (UINT64_C(1) << 61));
-}
-
-/* Drops the pages written in the private mapping [addr, addr + size) unless
- * clean_at[slot] (the fault count read before it was last found clean) is the current
- * count; *ret_dropped: pages given to madvise. Returns 0, an errno > 0 when madvise
- * failed, or -1 with a Python exception set. fd < 0, or a pagemap that cannot be read
- * in full: every page is dropped, as in the Python path. */
-static int speedups_drop(int fd, uintptr_t addr, size_t size, PyObject *clean_at, Py_ssize_t slot,
-                         size_t *ret_dropped)
-{
-    if (!PyList_Check(clean_at) || slot < 0 || slot >= PyList_GET_SIZE(clean_at)) {
-        PyErr_SetString(PyExc_IndexError, "drop_written(): clean_at must be a list and slot an index of it");
-        return -1;
-    }
-    /* Read before the pagemap: a write after this read counts a fault after it. */
-    unsigned long long faults = speedups_fault_count();
-    PyObject *was = PyList_GET_ITEM(clean_at, slot);
-    if (was != Py_None) {
-        if (PyLong_AsUnsignedLongLong(was) == faults) {
-            *ret_dropped = 0;
-            return 0;
-        }
-        if (PyErr_Occurred())
-            return -1;
-    }
-    PyObject *now = PyLong_FromUnsignedLongLong(faults);
-    if (now == NULL)
-        return -1;
-    PyList_SetItem(clean_at, slot, Py_NewRef(Py_None));   /* not clean until the pages are dropped */
-    size_t page = (size_t)sysconf(_SC_PAGESIZE);
-    size_t n = size / page, first = n, end = 0;
-    int known = fd >= 0;
-    uint64_t buf[SPEEDUPS_PAGEMAP_CHUNK];
-    for (size_t done = 0; known && done < n;) {
-        size_t k = n - done < SPEEDUPS_PAGEMAP_CHUNK ? n - done : SPEEDUPS_PAGEMAP_CHUNK;
-        off_t at = (off_t)((addr / page + done) * sizeof(uint64_t));
-        ssize_t r = pread(fd, buf, k * sizeof(uint64_t), at);
-        if (r != (ssize_t)(k * sizeof(uint64_t))) {
-            known = 0;
-            break;
-        }
-        for (size_t i = 0; i < k; i++) {
-            if (speedups_written(buf[i])) {
-                if (first == n)
-                    first = done + i;
-                end = done + i + 1;
-            }
-        }
-        done += k;
-    }
-    if (!known) {
-        first = 0;
-        end = n;
-    }
-    if (first < end && madvise((void *)(addr + first * page), (end - first) * page, MADV_DONTNEED) != 0) {
-        int e = errno ? errno : EINVAL;
-        Py_DECREF(now);
-        return e;
-    }
-    PyList_SetItem(clean_at, slot, now);
-    *ret_dropped = first < end ? end - first : 0;
-    return 0;
-}
-
-/* Raises the package's exception of a failed drop (set_hooks) for errno `e`. */
-static void speedups_raise_drop_error(int e)
-{
-    if (speedups_drop_error == NULL) {
-        errno = e;
-        PyErr_SetFromErrno(PyExc_OSError);
-        return;
-    }
-    PyObject *exc = PyObject_CallFunction(speedups_drop_error, "i", e);
-    if (exc != NULL) {
-        PyErr_SetObject((PyObject *)Py_TYPE(exc), exc);
-        Py_DECREF(exc);
-    }
-}
-
-/* drop_written(fd, addr, size, clean_at, slot) -> pages given to madvise. Raises the
- * package's error (set_hooks) when madvise failed. */
-static PyObject *speedups_drop_written(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
-{
-    if (nargs != 5) {
-        PyErr_Format(PyExc_TypeError, "drop_written() takes 5 arguments (fd, addr, size, clean_at, slot), got %zd",
-                     nargs);
-        return NULL;
-    }
-    int fd = _PyLong_AsInt(args[0]);
-    uintptr_t addr = (uintptr_t)PyLong_AsUnsignedLongLong(args[1]);
-    size_t size = (size_t)PyLong_AsSize_t(args[2]);
-    Py_ssize_t slot = PyLong_AsSsize_t(args[4]);
-    if (PyErr_Occurred())
-        return NULL;
-    size_t dropped;
-    int rc = speedups_drop(fd, addr, size, args[3], slot, &dropped);
-    if (rc > 0)
-        speedups_raise_drop_error(rc);
-    if (rc != 0)
-        return NULL;
-    return PyLong_FromSize_t(dropped);
-}
 
 /* ---- LeaseState ------------------------------------------------------------------- */
 
@@ -547,7 +406,9 @@ static PyObject *speedups_take(PyObject *mod, PyObject *const *args, Py_ssize_t 
     PyObject *ring = args[0], *stream = args[1], *bptr = args[2], *slot_obj = args[3];
     if (args[4] == Py_None)
         Py_RETURN_NONE;
-    int fd = _PyLong_AsInt(args[4]);
+    int fd;
+    if (speedups_as_int(args[4], &fd) < 0)
+        return NULL;
     Py_ssize_t slot = PyLong_AsSsize_t(slot_obj);
     if (PyErr_Occurred())
         return NULL;
@@ -657,7 +518,7 @@ static PyObject *speedups_field(speedups_lease *l, Py_ssize_t base, npy_intp row
     PyArray_Descr *descr = (PyArray_Descr *)dt;
     int nd = 1 + (int)PyTuple_GET_SIZE(shape);
     npy_intp dims[NPY_MAXDIMS];
-    npy_intp bytes = rows * descr->elsize;
+    npy_intp bytes = rows * SPEEDUPS_ITEMSIZE(descr);
     dims[0] = rows;
     for (int d = 1; d < nd; d++) {
         dims[d] = PyLong_AsSsize_t(PyTuple_GET_ITEM(shape, d - 1));
