@@ -238,7 +238,7 @@ library_version_number: int = lib.lc_version_number()
 
 
 # The optional extension module (_speedups.c) that does the per-batch steps in C.
-SPEEDUPS_API_VERSION = 1
+SPEEDUPS_API_VERSION = 2
 _SPEEDUPS = "loaderclient._speedups"
 
 

@@ -52,7 +52,6 @@ from __future__ import annotations
 import ctypes
 import mmap
 import os
-import resource
 import threading
 
 import numpy as np
@@ -109,24 +108,10 @@ def _open_pagemap():
         return _pagemap_fd
 
 
-# Added to this process's page-fault count (_fault_count): a forked child counts from 0,
-# so its counts are moved past any its parent recorded (the extension does the same).
-_fault_base = 0
-
-
-def _fault_count():
-    """Page faults of every thread of this process so far (never decreases): a page of a
-    private file mapping becomes this process's own only through a fault of one of its
-    threads (a write through a view, or the kernel writing into one for a system call)."""
-    ru = resource.getrusage(resource.RUSAGE_SELF)
-    return _fault_base + ru.ru_minflt + ru.ru_majflt + 1
-
-
 def _forget_pagemap():
     # In a forked child: the descriptor reads the parent's page tables (/proc/self was
     # resolved when it was opened); the child opens its own at its first use.
-    global _pagemap_fd, _pagemap_lock, _fault_base
-    _fault_base += 1 << 48
+    global _pagemap_fd, _pagemap_lock
     fd, _pagemap_fd = _pagemap_fd, None
     _pagemap_lock = threading.Lock()
     if fd is not None and fd >= 0:
@@ -139,18 +124,14 @@ def _forget_pagemap():
 os.register_at_fork(after_in_child=_forget_pagemap)
 
 
-def _drop_written_py(addr, size, clean_at, slot):
+def _drop_written_py(addr, size):
     """Drops the private copies of the pages this process wrote in a private file mapping
     of a slot: the next reads see the shared memory's (the daemon's) bytes. Returns the
     number of pages given to madvise. Which pages were written is read from
     /proc/self/pagemap (every page is dropped when it cannot be told); once per batch, so
-    it is one function. clean_at[slot]: the fault count read before the mapping was last
-    found clean (None: not known clean); when no thread of this process took a page fault
-    since, no page of it can have been written, and the pagemap is not read."""
-    faults = _fault_count()          # before the pagemap: a later write counts a later fault
-    if clean_at[slot] == faults:
-        return 0
-    clean_at[slot] = None            # not clean until the pages are dropped
+    it is one function. It is read every time: no cheaper sign says that nothing was
+    written (a page written by another process, through process_vm_writev or
+    /proc/PID/mem, counts its page fault in the writer, not in this process)."""
     n = size // _PAGE
     fd = _pagemap_fd
     if fd is None:
@@ -166,7 +147,6 @@ def _drop_written_py(addr, size, clean_at, slot):
         marks = raw[7::8].translate(_WRITTEN_BY_TOP_BYTE)
         first = marks.find(1)
         if first < 0:
-            clean_at[slot] = faults
             return 0
         end = marks.rfind(1) + 1
     else:
@@ -174,7 +154,6 @@ def _drop_written_py(addr, size, clean_at, slot):
     if libc.madvise(addr + first * _PAGE, (end - first) * _PAGE, _MADV_DONTNEED) != 0:
         e = ctypes.get_errno()
         raise _drop_error(e)
-    clean_at[slot] = faults
     return end - first
 
 
@@ -183,13 +162,13 @@ def _drop_error(e):
                         % os.strerror(e))
 
 
-def _drop_written_ext(addr, size, clean_at, slot):
+def _drop_written_ext(addr, size):
     """_drop_written_py in C (loaderclient._speedups): the same pages dropped, the same
     error."""
     fd = _pagemap_fd
     if fd is None:
         fd = _open_pagemap()
-    return _ext_drop_written(fd, addr, size, clean_at, slot)
+    return _ext_drop_written(fd, addr, size)
 
 
 if _ext is not None:
@@ -334,7 +313,6 @@ class SlotRing:
         self.alias_len = max(-(-(d + info.slot_size) // _PAGE) * _PAGE for d in self.delta)
         self.alias = [None] * info.slot_count                     # warm, idle slot mappings
         self.slot_maps = [None] * info.slot_count                 # unguarded: _SlotMapping by slot
-        self.clean_at = [None] * info.slot_count                  # _drop_written's, per slot mapping
         self.layout = self._read_layout(handle, info.field_count, stream_id)
         self.by_name = {fl.name: fl for fl in self.layout}
         self.closed = False
@@ -370,7 +348,7 @@ class SlotRing:
             else:
                 self.alias[slot] = None
                 try:
-                    dropped = _drop_written(addr, self.alias_len, self.clean_at, slot)
+                    dropped = _drop_written(addr, self.alias_len)
                 except BaseException:
                     libc.munmap(addr, self.alias_len)
                     raise
@@ -390,7 +368,7 @@ class SlotRing:
         if m is None:
             m = self.slot_maps[slot] = _SlotMapping(self.map_slot(slot), self.alias_len)
         else:
-            dropped = _drop_written(m.addr, self.alias_len, self.clean_at, slot)
+            dropped = _drop_written(m.addr, self.alias_len)
             if dropped:
                 stream.dropped_pages += dropped
         return LeaseState(stream, self, bptr, slot, m.addr, self.alias_len, False, m)
@@ -402,7 +380,6 @@ class SlotRing:
         if addr is None or addr == _MAP_FAILED:
             e = ctypes.get_errno()
             raise LoaderdError(-e if e else errors.ENOMEM, "cannot map a view of slot %d: %s" % (slot, os.strerror(e)))
-        self.clean_at[slot] = None
         return addr
 
     @staticmethod

@@ -9,8 +9,7 @@
  * - drop_written() (_speedups_pages.c): before a slot's private mapping shows the
  *   slot's next batch, the pages this process wrote through it are found in
  *   /proc/self/pagemap and dropped with madvise(MADV_DONTNEED) (_slots._drop_written_py
- *   says why), unless no thread of this process took a page fault since the mapping was
- *   last found clean;
+ *   says why);
  * - LeaseState: _slots.LeaseState's members as a struct (what a lease needs once its
  *   views die, seen by the stream);
  * - Lease: the buffer a batch's views hang off (its reference count says whether a
@@ -35,12 +34,11 @@
 #define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
 #include <numpy/arrayobject.h>
 
-#include <pthread.h>
 #include <sys/mman.h>
 
 /* What the package checks before using this module: a module built from another
  * version of this file is not used (the Python path is). */
-#define SPEEDUPS_API_VERSION 1
+#define SPEEDUPS_API_VERSION 2
 
 /* A dtype's item size: a member of the descriptor before numpy 2, a function since. */
 #if NPY_ABI_VERSION >= 0x02000000
@@ -57,7 +55,7 @@ static PyObject *speedups_on_dead;
 static PyObject *speedups_owner;
 
 /* Attribute names read here, interned once. */
-static PyObject *speedups_str_alias, *speedups_str_alias_len, *speedups_str_clean_at, *speedups_str_held,
+static PyObject *speedups_str_alias, *speedups_str_alias_len, *speedups_str_held,
     *speedups_str_dropped_pages, *speedups_str_client, *speedups_str_lock, *speedups_str_acquire,
     *speedups_str_release, *speedups_str_closed_stream, *speedups_str_lib, *speedups_str_lc_batch_release,
     *speedups_str_closed, *speedups_str_recycle, *speedups_str_deferred, *speedups_str_run_deferred;
@@ -136,7 +134,8 @@ static void speedups_state_dealloc(PyObject *self)
     PyObject_GC_Del(self);
 }
 
-#define SPEEDUPS_OBJ(name) {#name, T_OBJECT, offsetof(speedups_state, name), 0, NULL}
+/* Read-only from Python: the C code counts on them (a deleted member would be NULL). */
+#define SPEEDUPS_OBJ(name) {#name, T_OBJECT, offsetof(speedups_state, name), READONLY, NULL}
 #define SPEEDUPS_FLAG(name) {#name, T_BOOL, offsetof(speedups_state, name), 0, NULL}
 static PyMemberDef speedups_state_members[] = {
     SPEEDUPS_OBJ(stream), SPEEDUPS_OBJ(ring), SPEEDUPS_OBJ(bptr), SPEEDUPS_OBJ(slot), SPEEDUPS_OBJ(addr),
@@ -412,7 +411,7 @@ static PyObject *speedups_take(PyObject *mod, PyObject *const *args, Py_ssize_t 
     Py_ssize_t slot = PyLong_AsSsize_t(slot_obj);
     if (PyErr_Occurred())
         return NULL;
-    PyObject *alias = NULL, *size_obj = NULL, *clean_at = NULL, *addr_obj = NULL, *held = NULL, *key = NULL;
+    PyObject *alias = NULL, *size_obj = NULL, *addr_obj = NULL, *held = NULL, *key = NULL;
     speedups_state *st = NULL;
     speedups_lease *lease = NULL;
     PyObject *ret = NULL;
@@ -428,8 +427,7 @@ static PyObject *speedups_take(PyObject *mod, PyObject *const *args, Py_ssize_t 
         goto cleanup;
     }
     size_obj = PyObject_GetAttr(ring, speedups_str_alias_len);
-    clean_at = size_obj ? PyObject_GetAttr(ring, speedups_str_clean_at) : NULL;
-    held = clean_at ? PyObject_GetAttr(stream, speedups_str_held) : NULL;
+    held = size_obj ? PyObject_GetAttr(stream, speedups_str_held) : NULL;
     if (held == NULL)
         goto cleanup;
     if (!PyDict_Check(held)) {
@@ -445,11 +443,14 @@ static PyObject *speedups_take(PyObject *mod, PyObject *const *args, Py_ssize_t 
     /* From here the mapping is the lease's, or unmapped on failure (as in Python). */
     addr_obj = Py_NewRef(PyList_GET_ITEM(alias, slot));
     void *addr = PyLong_AsVoidPtr(addr_obj);
-    if (addr == NULL)
+    if (addr == NULL) {
+        if (!PyErr_Occurred())
+            PyErr_Format(PyExc_ValueError, "take(): slot %zd's mapping has no address", slot);
         goto cleanup;   /* not an address: left alone */
+    }
     PyList_SetItem(alias, slot, Py_NewRef(Py_None));
     size_t dropped;
-    int rc = speedups_drop(fd, (uintptr_t)addr, (size_t)size, clean_at, slot, &dropped);
+    int rc = speedups_drop(fd, (uintptr_t)addr, (size_t)size, &dropped);
     if (rc != 0) {
         munmap(addr, (size_t)size);
         if (rc > 0)
@@ -486,7 +487,6 @@ static PyObject *speedups_take(PyObject *mod, PyObject *const *args, Py_ssize_t 
 cleanup:
     Py_XDECREF(alias);
     Py_XDECREF(size_obj);
-    Py_XDECREF(clean_at);
     Py_XDECREF(held);
     Py_XDECREF(addr_obj);
     Py_XDECREF(key);
@@ -598,8 +598,7 @@ static PyObject *speedups_arrays(PyObject *mod, PyObject *const *args, Py_ssize_
 
 static PyMethodDef speedups_methods[] = {
     {"drop_written", (PyCFunction)(void (*)(void))speedups_drop_written, METH_FASTCALL,
-     "drop_written(fd, addr, size, clean_at, slot) -> pages dropped (madvise)"},
-    {"fault_count", speedups_fault_count_py, METH_NOARGS, "fault_count() -> this process's page faults so far"},
+     "drop_written(fd, addr, size) -> pages dropped (madvise)"},
     {"lease", (PyCFunction)(void (*)(void))speedups_lease_new, METH_FASTCALL,
      "lease(addr, size, state) -> Lease"},
     {"take", (PyCFunction)(void (*)(void))speedups_take, METH_FASTCALL,
@@ -625,15 +624,10 @@ PyMODINIT_FUNC PyInit__speedups(void);
 PyMODINIT_FUNC PyInit__speedups(void)
 {
     import_array();
-    if (pthread_atfork(NULL, NULL, speedups_after_fork_child) != 0) {
-        PyErr_SetString(PyExc_ImportError, "loaderclient._speedups: pthread_atfork failed");
-        return NULL;
-    }
     if (PyType_Ready(&speedups_lease_type) < 0 || PyType_Ready(&speedups_state_type) < 0)
         return NULL;
     if ((speedups_str_alias = PyUnicode_InternFromString("alias")) == NULL ||
         (speedups_str_alias_len = PyUnicode_InternFromString("alias_len")) == NULL ||
-        (speedups_str_clean_at = PyUnicode_InternFromString("clean_at")) == NULL ||
         (speedups_str_held = PyUnicode_InternFromString("_held")) == NULL ||
         (speedups_str_dropped_pages = PyUnicode_InternFromString("dropped_pages")) == NULL ||
         (speedups_str_client = PyUnicode_InternFromString("_client")) == NULL ||

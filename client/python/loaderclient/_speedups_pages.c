@@ -1,14 +1,16 @@
-/* loaderclient._speedups: the written-page drop of a slot's private mapping, and the
- * fault clock that lets it skip the look-up (part of the extension; _speedups.c is the
- * module). The Python reference is _slots._drop_written_py and _slots._fault_count:
- * the same pages are dropped, the same counts kept, the same error raised.
- */
+/* loaderclient._speedups: the written-page drop of a slot's private mapping (part of
+ * the extension; _speedups.c is the module). The Python reference is
+ * _slots._drop_written_py: the same pages are dropped, the same error raised.
+ *
+ * The pagemap is read at every drop. Skipping it when this process took no page fault
+ * since the mapping was last clean is not sound: a write by another process
+ * (process_vm_writev, /proc/PID/mem, a debugger) makes the page private with a fault
+ * counted in the writer, not here. */
 #include "_speedups.h"
 
 #include <errno.h>
 #include <limits.h>
 #include <sys/mman.h>
-#include <sys/resource.h>
 #include <unistd.h>
 
 /* Pages looked up in /proc/self/pagemap per read (8 bytes each). */
@@ -31,36 +33,6 @@ int speedups_as_int(PyObject *o, int *ret)
     return 0;
 }
 
-/* ---- the fault clock -------------------------------------------------------------- */
-
-/* Added to this process's page-fault count (fault_count()): a forked child starts
- * counting from 0, so its counts are moved past any its parent recorded. */
-static unsigned long long speedups_fault_base;
-
-void speedups_after_fork_child(void)
-{
-    speedups_fault_base += 1ULL << 48;
-}
-
-/* Page faults of every thread of this process so far (never decreases; never 0). A page
- * of a private file mapping becomes this process's own only through a fault of one of
- * its threads (a write through a view, or the kernel writing into one for a system
- * call). */
-unsigned long long speedups_fault_count(void)
-{
-    struct rusage ru;
-    if (getrusage(RUSAGE_SELF, &ru) != 0)
-        return 0;   /* cannot happen (RUSAGE_SELF, a valid pointer); 0 matches no count */
-    return speedups_fault_base + (unsigned long long)ru.ru_minflt + (unsigned long long)ru.ru_majflt + 1;
-}
-
-/* fault_count() -> this process's page faults so far (drop_written's clock), shifted
- * past the parent's in a forked child. */
-PyObject *speedups_fault_count_py(PyObject *mod, PyObject *unused)
-{
-    return PyLong_FromUnsignedLongLong(speedups_fault_count());
-}
-
 /* ---- drop_written ----------------------------------------------------------------- */
 
 /* A pagemap entry of a page this process wrote in a private file mapping: present
@@ -70,33 +42,11 @@ static int speedups_written(uint64_t e)
     return (e >> 62) != 0 && !(e & (UINT64_C(1) << 61));
 }
 
-/* Drops the pages written in the private mapping [addr, addr + size) unless
- * clean_at[slot] (the fault count read before it was last found clean) is the current
- * count; *ret_dropped: pages given to madvise. Returns 0, an errno > 0 when madvise
- * failed, or -1 with a Python exception set. fd < 0, or a pagemap that cannot be read
- * in full: every page is dropped, as in the Python path. */
-int speedups_drop(int fd, uintptr_t addr, size_t size, PyObject *clean_at, Py_ssize_t slot,
-                         size_t *ret_dropped)
+/* Drops the pages written in the private mapping [addr, addr + size); *ret_dropped:
+ * pages given to madvise. Returns 0, or an errno > 0 when madvise failed. fd < 0, or a
+ * pagemap that cannot be read in full: every page is dropped, as in the Python path. */
+int speedups_drop(int fd, uintptr_t addr, size_t size, size_t *ret_dropped)
 {
-    if (!PyList_Check(clean_at) || slot < 0 || slot >= PyList_GET_SIZE(clean_at)) {
-        PyErr_SetString(PyExc_IndexError, "drop_written(): clean_at must be a list and slot an index of it");
-        return -1;
-    }
-    /* Read before the pagemap: a write after this read counts a fault after it. */
-    unsigned long long faults = speedups_fault_count();
-    PyObject *was = PyList_GET_ITEM(clean_at, slot);
-    if (was != Py_None) {
-        if (PyLong_AsUnsignedLongLong(was) == faults) {
-            *ret_dropped = 0;
-            return 0;
-        }
-        if (PyErr_Occurred())
-            return -1;
-    }
-    PyObject *now = PyLong_FromUnsignedLongLong(faults);
-    if (now == NULL)
-        return -1;
-    PyList_SetItem(clean_at, slot, Py_NewRef(Py_None));   /* not clean until the pages are dropped */
     size_t page = (size_t)sysconf(_SC_PAGESIZE);
     size_t n = size / page, first = n, end = 0;
     int known = fd >= 0;
@@ -123,11 +73,8 @@ int speedups_drop(int fd, uintptr_t addr, size_t size, PyObject *clean_at, Py_ss
         end = n;
     }
     if (first < end && madvise((void *)(addr + first * page), (end - first) * page, MADV_DONTNEED) != 0) {
-        int e = errno ? errno : EINVAL;
-        Py_DECREF(now);
-        return e;
+        return errno ? errno : EINVAL;
     }
-    PyList_SetItem(clean_at, slot, now);
     *ret_dropped = first < end ? end - first : 0;
     return 0;
 }
@@ -147,13 +94,12 @@ void speedups_raise_drop_error(int e)
     }
 }
 
-/* drop_written(fd, addr, size, clean_at, slot) -> pages given to madvise. Raises the
+/* drop_written(fd, addr, size) -> pages given to madvise. Raises the
  * package's error (set_hooks) when madvise failed. */
 PyObject *speedups_drop_written(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 5) {
-        PyErr_Format(PyExc_TypeError, "drop_written() takes 5 arguments (fd, addr, size, clean_at, slot), got %zd",
-                     nargs);
+    if (nargs != 3) {
+        PyErr_Format(PyExc_TypeError, "drop_written() takes 3 arguments (fd, addr, size), got %zd", nargs);
         return NULL;
     }
     int fd;
@@ -161,11 +107,10 @@ PyObject *speedups_drop_written(PyObject *mod, PyObject *const *args, Py_ssize_t
         return NULL;
     uintptr_t addr = (uintptr_t)PyLong_AsUnsignedLongLong(args[1]);
     size_t size = (size_t)PyLong_AsSize_t(args[2]);
-    Py_ssize_t slot = PyLong_AsSsize_t(args[4]);
     if (PyErr_Occurred())
         return NULL;
     size_t dropped;
-    int rc = speedups_drop(fd, addr, size, args[3], slot, &dropped);
+    int rc = speedups_drop(fd, addr, size, &dropped);
     if (rc > 0)
         speedups_raise_drop_error(rc);
     if (rc != 0)
