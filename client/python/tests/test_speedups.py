@@ -140,20 +140,23 @@ def test_a_page_written_by_another_process_is_dropped(private_mapping, drop):
     go_r, go_w = os.pipe()
     done_r, done_w = os.pipe()
     pid = os.fork()
-    if pid == 0:            # the reader: waits for the parent's write, then drops it
+    if pid == 0:            # the reader: its pages in and found clean, then the parent's write
         code = 3
         try:
             os.close(go_w)
             os.close(done_r)
-            os.read(go_r, 1)
             view = np.frombuffer(m, np.uint8)
-            ok = view[2 * mmap.PAGESIZE] == (want[2 * mmap.PAGESIZE] ^ 0xFF)
+            ok = (view == want).all() and drop(addr, size) == 0
+            os.write(done_w, b"r")
+            os.read(go_r, 1)
+            ok = ok and view[2 * mmap.PAGESIZE] == (want[2 * mmap.PAGESIZE] ^ 0xFF)
             ok = ok and drop(addr, size) == 1 and (view == want).all()
             code = 0 if ok else 4
         finally:
             os._exit(code)
     os.close(go_r)
     os.close(done_w)
+    os.read(done_r, 1)      # the child found its mapping clean: now the write
     try:
         fd = os.open("/proc/%d/mem" % pid, os.O_RDWR)
     except OSError as e:
