@@ -127,6 +127,7 @@ GENDATA   := $(BUILD)/bin/ld-gendata
 GENIMAGES := $(BUILD)/bin/ld-genimages
 IMGFLOOR  := $(BUILD)/bin/ld-imgfloor
 COPYFLOOR := $(BUILD)/bin/ld-copyfloor
+CLIENTSHIM := $(BUILD)/lib/ld-clientshim.so
 # The client library: the real file carries the full version, the soname the major
 # (a trainer links against libloaderclient.so.MAJOR), and the .so link is for -l.
 CLIENT_SONAME := libloaderclient.so.$(VERSION_MAJOR)
@@ -163,7 +164,7 @@ PY_CFG := $(if $(SANITIZE),,$(shell $(PYTHON) -c 'import sys, sysconfig, numpy; 
 PY_INC := $(word 1,$(PY_CFG))
 NP_INC := $(word 2,$(PY_CFG))
 PY_SPEEDUPS := $(if $(and $(wildcard $(PY_INC)/Python.h),$(wildcard $(NP_INC)/numpy/arrayobject.h)),$(BUILD)/lib/_speedups$(word 3,$(PY_CFG)))
-all: $(LOADERD) $(LOADERCTL) $(GENDATA) $(GENIMAGES) $(IMGFLOOR) $(COPYFLOOR) $(CLIENT_SO) $(CLIENT_A) $(PLUGINS) $(GPU_CHECK) $(PY_SPEEDUPS)
+all: $(LOADERD) $(LOADERCTL) $(GENDATA) $(GENIMAGES) $(IMGFLOOR) $(COPYFLOOR) $(CLIENTSHIM) $(CLIENT_SO) $(CLIENT_A) $(PLUGINS) $(GPU_CHECK) $(PY_SPEEDUPS)
 tests: $(UNIT_BIN) $(ITEST_BIN)
 
 # Rebuild everything when the flags change.
@@ -231,6 +232,12 @@ $(IMGFLOOR): $(call obj,bench/ld-imgfloor.c) $(CORE_A)
 $(COPYFLOOR): $(call obj,bench/ld-copyfloor.c)
 	@mkdir -p $(dir $@)
 	$(CC) -o $@ $^ $(LDFLAGS_ALL)
+
+# Between the Python client's extension and the library in bench_python's per-batch
+# measurements (bench-only; loaded with ctypes).
+$(CLIENTSHIM): $(call obj,bench/ld-clientshim.c)
+	@mkdir -p $(dir $@)
+	$(CC) -shared -o $@ $^ $(LDFLAGS_ALL)
 
 # Python's and numpy's headers as system headers (their own style is not checked), the
 # project's warnings for the module itself; nothing linked: the interpreter provides

@@ -238,7 +238,7 @@ library_version_number: int = lib.lc_version_number()
 
 
 # The optional extension module (_speedups.c) that does the per-batch steps in C.
-SPEEDUPS_API_VERSION = 2
+SPEEDUPS_API_VERSION = 3
 _SPEEDUPS = "loaderclient._speedups"
 
 
@@ -280,3 +280,17 @@ def _load_speedups():
 #: The extension module in use (loaderclient._speedups), or None: the pure-Python path.
 #: speedups_path: its file; speedups_note: why the Python path is used (None when not).
 speedups, speedups_path, speedups_note = _load_speedups()
+
+
+def library_functions():
+    """The addresses of lc_stream_next_info_sized and lc_batch_release in the library this
+    binding loaded: what the extension calls directly (set_library), without ctypes."""
+    return (ctypes.cast(lib.lc_stream_next_info_sized, ctypes.c_void_p).value,
+            ctypes.cast(lib.lc_batch_release, ctypes.c_void_p).value)
+
+
+if speedups is not None:
+    try:
+        speedups.set_library(*library_functions())
+    except Exception as e:   # the Python path then, as for a module that fails to import
+        speedups, speedups_path, speedups_note = None, None, "not usable: set_library failed (%s)" % e

@@ -37,6 +37,8 @@ _WAIT_SLICE_MS = 250
 _BATCH_INFO_SIZE = ctypes.sizeof(_lib.LcBatchInfo)
 _take = _lib.speedups.take if _lib.speedups is not None else None
 _arrays = _lib.speedups.arrays if _lib.speedups is not None else None
+# lc_stream_next_info_sized called from C (the extension), else through ctypes.
+_next_info = _lib.speedups.next_info if _lib.speedups is not None else None
 _check_signals = ctypes.pythonapi.PyErr_CheckSignals   # PyDLL: raises what a handler raised
 _check_signals.restype = ctypes.c_int
 _check_signals.argtypes = []
@@ -142,6 +144,8 @@ class Stream(_ContextManaged):
         self._bp_ref = ctypes.byref(self._bp)
         self._binfo = _lib.LcBatchInfo()
         self._binfo_ref = ctypes.byref(self._binfo)
+        self._bp_at = ctypes.addressof(self._bp)                # the same two, for _next_info
+        self._binfo_at = ctypes.addressof(self._binfo)
         self.position = (epoch, start_batch)                     # (epoch, batch) of the next batch
 
     # -- info -------------------------------------------------------------------------------
@@ -246,8 +250,11 @@ class Stream(_ContextManaged):
                 raise ReleasedError("stream %d is closed" % self.id)
             if len(self._held) > MAX_DEFERRED:
                 self._make_room()
-            rc = lib.lc_stream_next_info_sized(self._h, total_ms if total_ms < _WAIT_SLICE_MS else _WAIT_SLICE_MS,
-                                               self._bp_ref, self._binfo_ref, _BATCH_INFO_SIZE)
+            ms = total_ms if total_ms < _WAIT_SLICE_MS else _WAIT_SLICE_MS
+            if _next_info is not None:
+                rc = _next_info(self._h, ms, self._bp_at, self._binfo_at, _BATCH_INFO_SIZE)
+            else:
+                rc = lib.lc_stream_next_info_sized(self._h, ms, self._bp_ref, self._binfo_ref, _BATCH_INFO_SIZE)
             if rc:
                 self._wait(rc, total_ms)
             bptr = self._bp.value

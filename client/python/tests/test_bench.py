@@ -235,3 +235,56 @@ def test_device_benchmark_skips_without_a_gpu(scratch):
     assert md.startswith("# Device stage vs DataLoader(pin_memory=True)") and "no GPU: skipped (" in md
     assert not os.path.exists(os.path.join(scratch, "device-raw"))
 
+
+
+def test_client_shim_times_the_library_or_answers_with_batches_in_hand(daemon):
+    """bench_python's ld-clientshim (bench/ld-clientshim.c), which the extension calls in
+    place of the library while the per-batch cost is measured: timing, it passes the
+    library's answers through and adds up the time spent in it; holding batches, it
+    answers with them in turn, described as the library describes them, and releases
+    nothing (the time added up stays)."""
+    import ctypes
+    import loaderclient
+    from loaderclient import _lib
+    P = ctypes.c_void_p
+    path = os.path.join(os.path.dirname(os.path.dirname(support.binaries()[0])), "lib", "ld-clientshim.so")
+    so = ctypes.CDLL(path)
+    so.ld_shim_set.argtypes = [P, P, P]
+    so.ld_shim_hold.argtypes = [ctypes.POINTER(P), ctypes.c_size_t]
+    so.ld_shim_times.argtypes = [ctypes.POINTER(ctypes.c_uint64)] * 2
+    so.ld_shim_probe.argtypes = [ctypes.c_size_t] + [ctypes.POINTER(ctypes.c_double)] * 2
+    so.ld_shim_next.argtypes = [P, ctypes.c_int, ctypes.POINTER(P), ctypes.POINTER(_lib.LcBatchInfo), ctypes.c_size_t]
+    so.ld_shim_release.argtypes = [P]
+    so.ld_shim_set(*_lib.library_functions(), ctypes.cast(_lib.lib.lc_batch_describe_sized, P).value)
+
+    def times():
+        w, c = ctypes.c_uint64(), ctypes.c_uint64()
+        so.ld_shim_times(ctypes.byref(w), ctypes.byref(c))
+        return w.value, c.value
+
+    bp, info = P(), _lib.LcBatchInfo()
+
+    def take(h):
+        assert so.ld_shim_next(h, 5000, ctypes.byref(bp), ctypes.byref(info), ctypes.sizeof(info)) == 0
+        return bp.value, info.index, info.rows
+
+    with loaderclient.Client(daemon.socket, timeout=10) as c:
+        s = c.open("rec", 10, prefetch=2, auto_release=False)
+        so.ld_shim_reset()
+        first, i0, rows = take(s._h)
+        second, i1, _ = take(s._h)
+        assert (i0, i1, rows) == (0, 1, 10) and first != second
+        w, cpu = times()
+        assert w > 0 and cpu > 0
+        held = (P * 2)(first, second)
+        assert so.ld_shim_hold(held, 2) == 0
+        assert [take(s._h)[:2] for _ in range(4)] == [(first, 0), (second, 1)] * 2
+        assert so.ld_shim_release(first) == 0 and times() == (w, cpu)
+        assert so.ld_shim_hold((P * 65)(), 65) == -1          # more than it holds
+        assert so.ld_shim_hold(held, 0) == 0
+        assert so.ld_shim_release(first) == 0 and so.ld_shim_release(second) == 0
+        assert times()[0] > w
+        pw, pc = ctypes.c_double(), ctypes.c_double()
+        so.ld_shim_probe(1000, ctypes.byref(pw), ctypes.byref(pc))
+        assert 0 <= pw.value < 100e3 and 0 <= pc.value < 100e3 and times()[0] > w   # ns; the sums kept
+        s.close()

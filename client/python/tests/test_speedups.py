@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 import loaderclient
+from conftest import REC
 from loaderclient import _lib, _slots
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -258,3 +259,143 @@ def test_nothing_accumulates_over_many_batches(daemon):
         assert alive() <= objs
         assert grown < 64 * 1024, grown
         assert stream.held_batches() <= 1
+
+
+# -- the library called from C ----------------------------------------------------------------
+
+needs_ext = pytest.mark.skipif(EXT is None, reason="the Python path: no extension loaded")
+
+
+@needs_ext
+def test_set_library_and_next_info_check_their_arguments():
+    with pytest.raises(TypeError, match="takes 2 arguments"):
+        EXT.set_library(1)
+    with pytest.raises(TypeError, match="must be an int"):
+        EXT.set_library("1", 2)
+    with pytest.raises(ValueError, match="both functions, or neither"):
+        EXT.set_library(0, 1)
+    with pytest.raises(OverflowError):
+        EXT.set_library(-1, 1)
+    with pytest.raises(TypeError, match="takes 5 arguments"):
+        EXT.next_info(1, 2, 3, 4)
+    bp, info = ctypes.c_void_p(), _lib.LcBatchInfo()
+    at = (ctypes.addressof(bp), ctypes.addressof(info), ctypes.sizeof(info))
+    with pytest.raises(ValueError, match="null stream"):
+        EXT.next_info(0, 10, *at)
+    with pytest.raises(ValueError, match="null stream, batch or info"):
+        EXT.next_info(1, 10, 0, at[1], at[2])
+    EXT.set_library(0, 0)
+    try:
+        with pytest.raises(RuntimeError, match="no library set"):
+            EXT.next_info(1, 10, *at)
+    finally:
+        EXT.set_library(*_lib.library_functions())
+    assert _lib.library_functions() == (ctypes.cast(_lib.lib.lc_stream_next_info_sized, ctypes.c_void_p).value,
+                                        ctypes.cast(_lib.lib.lc_batch_release, ctypes.c_void_p).value)
+
+
+class _CountingLib:
+    """The package's binding, its two per-batch calls counted."""
+
+    def __init__(self, real):
+        self._real, self.next_calls, self.releases = real, 0, 0
+
+    def __getattr__(self, name):
+        return getattr(self._real, name)
+
+    def lc_stream_next_info_sized(self, *a):
+        self.next_calls += 1
+        return self._real.lc_stream_next_info_sized(*a)
+
+    def lc_batch_release(self, b):
+        self.releases += 1
+        return self._real.lc_batch_release(b)
+
+
+def test_batches_come_and_go_through_the_library(daemon, monkeypatch, rec_index):
+    """A whole epoch, 20 times the stream's slots: every batch the right one, every slot
+    given back (else the ring would run dry). With the extension, next() and the
+    steady-state give-back call the library from C: the ctypes binding sees neither; on
+    the Python path it sees both for every batch."""
+    import loaderclient.client as lcc
+    from batch_checks import check_rec_batch
+    counting = _CountingLib(lcc.lib)
+    monkeypatch.setattr(lcc, "lib", counting)
+    with loaderclient.Client(daemon.socket, timeout=10) as c:
+        s = c.open("rec", 10, epochs=1, prefetch=2)
+        assert s.slot_count == 5
+        seen = []
+        for b in s:
+            seen += check_rec_batch(b, rec_index)
+        assert sorted(seen) == list(range(REC["n"]))
+        s.close()
+    if EXT is None:
+        assert counting.next_calls >= REC["n"] // 10 and counting.releases >= REC["n"] // 10 - 1
+    else:
+        assert counting.next_calls == 0 and counting.releases == 0
+
+
+@needs_ext
+def test_without_the_library_a_give_back_goes_through_the_binding(daemon, monkeypatch):
+    """set_library(0, 0): a batch whose last view dies is released through the package's
+    binding (owner.lib), once; the slot is back with the daemon (the stream goes on past
+    its ring's size after the library is set again)."""
+    import loaderclient.client as lcc
+    counting = _CountingLib(lcc.lib)
+    monkeypatch.setattr(lcc, "lib", counting)
+    with loaderclient.Client(daemon.socket, timeout=10) as c:
+        s = c.open("rec", 10, prefetch=2)
+        b = s.next()
+        x = b["data"]
+        b.release()                # released; its view x keeps the slot
+        del b
+        EXT.set_library(0, 0)
+        try:
+            assert counting.releases == 0
+            del x                  # the last view dies: the give-back, through the binding
+            assert counting.releases == 1
+        finally:
+            EXT.set_library(*_lib.library_functions())
+        for _ in range(3 * s.slot_count):
+            s.next()
+        assert counting.releases == 1 and counting.next_calls == 0
+        s.close()
+
+
+def test_other_threads_run_while_next_waits(spare_daemon):
+    """next() waits in the library with the GIL released (as a ctypes call does): a thread
+    that ticks every millisecond keeps ticking while next() waits on a stopped daemon."""
+    import signal
+    import time
+    from batch_checks import SLOTS_BEYOND_PREFETCH, wait_stopped
+    with loaderclient.Client(spare_daemon.socket, timeout=30) as c:
+        s = c.open("rec", 16, prefetch=1, auto_release=False, handoff="socket")
+        assert s.slot_count == 1 + SLOTS_BEYOND_PREFETCH
+        held = [s.next() for _ in range(s.slot_count - 1)]   # as test_ctrl_c_interrupts_a_wait
+        ticks, stop = [], threading.Event()
+
+        def tick():
+            while not stop.is_set():
+                ticks.append(time.monotonic())
+                time.sleep(0.001)
+
+        os.kill(spare_daemon.pid, signal.SIGSTOP)
+        t = threading.Thread(target=tick)
+        try:
+            wait_stopped(spare_daemon.pid)
+            t.start()
+            t0 = time.monotonic()
+            with pytest.raises(loaderclient.Timeout):
+                s.next(timeout=0.6)
+            t1 = time.monotonic()
+        finally:
+            stop.set()
+            t.join()
+            os.kill(spare_daemon.pid, signal.SIGCONT)
+        during = [t0] + [x for x in ticks if t0 < x < t1] + [t1]
+        gaps = [b - a for a, b in zip(during, during[1:])]
+        assert t1 - t0 >= 0.5 and len(during) > 50, (t1 - t0, len(during))
+        assert max(gaps) < 0.15, max(gaps)   # a wait slice (0.25 s) with the GIL held would show
+        for b in held:
+            b.release()
+        s.close()
