@@ -307,73 +307,65 @@ def training(args, sock, files, classes):
     return rows
 
 
-class _TimedLib:
-    """The C library with its working calls timed (wall and this thread's CPU time), so
-    that what remains of a loop's time is the Python side's: lc_stream_next (or
-    lc_stream_next_info, which the package calls since it exists) and lc_batch_release.
-    Other functions are looked up once and then found as attributes, as on the library."""
-
-    def __init__(self, real):
-        self._real = real
-        self.wall = self.cpu = 0.0
-        self._next = real.lc_stream_next
-        self._next_info = getattr(real, "lc_stream_next_info_sized", None)
-        self._rel = real.lc_batch_release
-
-    def __getattr__(self, name):
-        v = getattr(self._real, name)
-        setattr(self, name, v)
-        return v
-
-    def _timed(self, fn, a):
-        w, c = time.perf_counter(), time.thread_time()
-        r = fn(*a)
-        self.cpu += time.thread_time() - c
-        self.wall += time.perf_counter() - w
-        return r
-
-    def lc_stream_next(self, *a):
-        return self._timed(self._next, a)
-
-    def lc_stream_next_info_sized(self, *a):
-        return self._timed(self._next_info, a)
-
-    def lc_batch_release(self, *a):
-        return self._timed(self._rel, a)
-
-
 class _Shim:
-    """bench/ld-clientshim.c, for a package whose extension calls the library from C
-    (set_library): the two per-batch calls go through the shim instead, timed, or answered
-    with batches already in hand (hold). install() while measuring, uninstall() after."""
+    """bench/ld-clientshim.c between the package and the C library for the per-batch
+    calls (lc_stream_next_info_sized, lc_stream_next, lc_batch_release): it times the
+    library's function alone, or answers with batches already in hand (hold). The package
+    reaches it as it reaches the library: through its binding (binding(): ctypes functions
+    of the shim with the library's argument types) and, for an extension that calls the
+    library from C, through set_library (install(); uninstall() puts the library back).
+    Either way the call's own cost (ctypes' conversion, or the extension's) stays on the
+    package's side of the figures."""
 
     def __init__(self, args):
         import ctypes
         from loaderclient import _lib
         P = ctypes.c_void_p
-        self._lib = _lib
+        self._lib, self._ctypes = _lib, ctypes
         self.so = so = ctypes.CDLL(os.path.join(REPO, args.build_dir, "lib", "ld-clientshim.so"))
-        so.ld_shim_set.argtypes = [P, P, P]
+        so.ld_shim_set.argtypes = [P, P, P, P]
         so.ld_shim_hold.argtypes = [ctypes.POINTER(P), ctypes.c_size_t]
         so.ld_shim_times.argtypes = [ctypes.POINTER(ctypes.c_uint64)] * 2
         so.ld_shim_probe.argtypes = [ctypes.c_size_t] + [ctypes.POINTER(ctypes.c_double)] * 2
-        nxt, rel = _lib.library_functions()
-        so.ld_shim_set(nxt, rel, ctypes.cast(_lib.lib.lc_batch_describe_sized, P).value)
-        self._addrs = (ctypes.cast(so.ld_shim_next, P).value, ctypes.cast(so.ld_shim_release, P).value)
-        self._ctypes = ctypes
-
-    @staticmethod
-    def usable():
-        from loaderclient import _lib
+        real = _lib.lib
+        addr = lambda f: ctypes.cast(f, P).value   # noqa: E731
+        nxt = getattr(real, "lc_stream_next_info_sized", None)
+        so.ld_shim_set(addr(nxt) if nxt is not None else None, addr(real.lc_batch_release),
+                       addr(real.lc_batch_describe_sized) if nxt is not None else None, addr(real.lc_stream_next))
+        self._addrs = (addr(so.ld_shim_next), addr(so.ld_shim_release))
         ext = getattr(_lib, "speedups", None)
-        return ext is not None and hasattr(ext, "set_library")
+        self._ext = ext if ext is not None and hasattr(ext, "set_library") else None
+
+    def binding(self, real):
+        """A stand-in for the package's binding `real`: its per-batch functions are the
+        shim's, with the same argument types; every other name is the library's."""
+        so = self.so
+
+        class Binding:
+            def __getattr__(b, name):
+                v = getattr(real, name)
+                setattr(b, name, v)
+                return v
+
+        b = Binding()
+        for name, shim_fn in (("lc_stream_next_info_sized", "ld_shim_next"), ("lc_stream_next", "ld_shim_next_batch"),
+                              ("lc_batch_release", "ld_shim_release")):
+            f = getattr(real, name, None)
+            if f is not None:
+                g = getattr(so, shim_fn)
+                g.argtypes, g.restype = f.argtypes, f.restype
+                setattr(b, name, g)
+        return b
 
     def install(self):
+        """Counters to zero, and the extension (if it calls the library from C) onto the shim."""
         self.so.ld_shim_reset()
-        self._lib.speedups.set_library(*self._addrs)
+        if self._ext is not None:
+            self._ext.set_library(*self._addrs)
 
     def uninstall(self):
-        self._lib.speedups.set_library(*self._lib.library_functions())
+        if self._ext is not None:
+            self._ext.set_library(*self._lib.library_functions())
 
     def hold(self, bptrs):
         arr = (self._ctypes.c_void_p * max(1, len(bptrs)))(*bptrs)
@@ -381,7 +373,7 @@ class _Shim:
             raise ValueError("ld-clientshim holds at most 64 batches")
 
     def times(self):
-        """(wall s, CPU s) inside the real calls since install()."""
+        """(wall s, CPU s) inside the library's functions since install()."""
         w, c = self._ctypes.c_uint64(), self._ctypes.c_uint64()
         self.so.ld_shim_times(self._ctypes.byref(w), self._ctypes.byref(c))
         return w.value / 1e9, c.value / 1e9
@@ -394,56 +386,37 @@ class _Shim:
 
 
 def overhead(args, sock):
-    """Time per batch spent in this package's Python code: the loop's time minus the time
-    inside lc_stream_next and lc_batch_release, on wall time and on this thread's CPU time,
-    for a Stream with numpy views (guarded and not) and for LoaderdDataLoader. The cost of
-    the timing itself (two clock pairs per C call) is measured on an empty function and
-    subtracted."""
+    """Time per batch spent in this package's code: the loop's time minus the time inside
+    the library's lc_stream_next(_info) and lc_batch_release (timed by bench/ld-clientshim.c;
+    calling them, through ctypes or from the extension, is the package's), on wall time
+    and on this thread's CPU time, for a Stream with numpy views (guarded and not) and for
+    LoaderdDataLoader. The cost of the timing itself (two clock pairs per call) is measured
+    on an empty function and subtracted."""
     import loaderclient
     import loaderclient.client as lcc
     n = args.overhead_batches
     real = lcc.lib
 
-    # The timing's own cost per call, to take out of the Python side.
-    probe = _TimedLib(type("L", (), {"lc_stream_next": staticmethod(lambda *a: 0),
-                                     "lc_batch_release": staticmethod(lambda *a: 0)})())
-    bare = (lambda *a: 0)
-    t0 = time.perf_counter()
-    for _ in range(20000):
-        bare(1, 2, 3)
-    t_bare = time.perf_counter() - t0
-    c0, w0 = time.thread_time(), time.perf_counter()
-    for _ in range(20000):
-        probe.lc_stream_next(1, 2, 3)
-    timing_wall = (time.perf_counter() - w0 - t_bare) / 20000 - probe.wall / 20000
-    timing_cpu = (time.thread_time() - c0 - t_bare) / 20000 - probe.cpu / 20000
-
-    # An extension that calls the library from C: those calls are timed by the shim (the
-    # same clock pairs, in C; its own cost measured likewise), any through the binding
-    # (a wait's later slices, a deferred give-back) still by _TimedLib.
-    shim = _Shim(args) if _Shim.usable() else None
-    if shim is not None:
-        timing_wall, timing_cpu = shim.probe(20000)
+    # The per-batch calls go to the library through the shim (bench/ld-clientshim.c),
+    # which adds up the time inside the library's functions; the cost of its clock pairs
+    # outside that sum (measured on a function that does nothing) is taken out of the
+    # Python side, per call (two a batch).
+    shim = _Shim(args)
+    timing_wall, timing_cpu = shim.probe(20000)
 
     def measure(body, setup):
         st, state = setup()
         body(st, state, 50)
-        timed = _TimedLib(real)
-        lcc.lib = timed
-        if shim is not None:
-            shim.install()
         try:
+            lcc.lib = shim.binding(real)
+            shim.install()
             c0, w0 = time.thread_time(), time.perf_counter()
             k = body(st, state, n)
             cpu, wall = time.thread_time() - c0, time.perf_counter() - w0
         finally:
             lcc.lib = real
-            if shim is not None:
-                shim.uninstall()
-        c_wall, c_cpu = timed.wall, timed.cpu
-        if shim is not None:
-            w, c = shim.times()
-            c_wall, c_cpu = c_wall + w, c_cpu + c
+            shim.uninstall()
+        c_wall, c_cpu = shim.times()
         calls = 2 * k
         return {"wall_us": wall / k * 1e6, "cpu_us": cpu / k * 1e6,
                 "c_wall_us": c_wall / k * 1e6, "c_cpu_us": c_cpu / k * 1e6,
@@ -491,50 +464,15 @@ def overhead(args, sock):
     return out
 
 
-class _ReadyLib:
-    """The C library with lc_stream_next (and lc_stream_next_info) answering at once with
-    a batch already in hand, taken in turn from a few of different slots (so that each
-    slot's mapping is reused as in a real loop, written pages looked up, no new mapping),
-    and lc_batch_release doing nothing: a loop over it runs only the Python side, with hot
-    caches (no socket, no daemon, no context switch). The other calls are the library's,
-    looked up once."""
-
-    def __init__(self, real, bptrs):
-        import ctypes
-        self._real = real
-        self._bptrs = bptrs
-        self._i = 0
-        self._ptr = ctypes.POINTER(ctypes.c_void_p)
-        self._cast = ctypes.cast
-        self._describe = real.lc_batch_describe_sized
-
-    def __getattr__(self, name):
-        v = getattr(self._real, name)
-        setattr(self, name, v)
-        return v
-
-    def _take(self):
-        self._i = (self._i + 1) % len(self._bptrs)
-        return self._bptrs[self._i]
-
-    def lc_stream_next(self, h, ms, ref):
-        self._cast(ref, self._ptr)[0] = self._take()
-        return 0
-
-    def lc_stream_next_info_sized(self, h, ms, ref, info, size):
-        b = self._cast(ref, self._ptr)[0] = self._take()
-        return self._describe(b, info, size)   # what the library does after its next
-
-    def lc_batch_release(self, b):
-        return 0
-
-
 def overhead_ready(args, sock, held=3):
-    """The Python side alone over ready batches: next() + views + release, and next() +
+    """The package alone over ready batches: next() + views + release, and next() +
     LoaderdDataLoader's tensors (data shared, label copied). `held` batches of different
-    slots are taken from the daemon and handed out in turn; this thread's CPU time, best
-    of 3 x 20000. Each batch includes the look-up of its slot's written pages in
-    /proc/self/pagemap; that look-up alone is measured too: pagemap_us."""
+    slots are taken from the daemon and handed out in turn by bench/ld-clientshim.c in
+    place of the library (whose release then does nothing): a loop runs only the package,
+    with hot caches (no socket, no daemon, no context switch), calling the shim as it calls
+    the library; this thread's CPU time, best of 3 x 20000. Each batch includes the look-up
+    of its slot's written pages in /proc/self/pagemap; that look-up alone is measured too:
+    pagemap_us."""
     import loaderclient
     import loaderclient.client as lcc
     n = 20000
@@ -563,12 +501,12 @@ def overhead_ready(args, sock, held=3):
         import torch
         from_numpy, ms = torch.from_numpy, c._timeout_ms
         st.auto_release = True
-        lcc.lib = _ReadyLib(real, bptrs)
-        shim = _Shim(args) if _Shim.usable() else None   # the extension's calls from C
-        if shim is not None:
-            shim.hold(bptrs)
-            shim.install()
+        shim = None
         try:
+            shim = _Shim(args)
+            shim.hold(bptrs)
+            lcc.lib = shim.binding(real)
+            shim.install()
             for name in ("numpy", "torch"):
                 best = None
                 for _ in range(3):

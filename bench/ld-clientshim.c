@@ -2,9 +2,11 @@
  * library for bench_python's per-batch measurements.
  *
  * The extension (loaderclient._speedups) calls lc_stream_next_info_sized and
- * lc_batch_release straight from C, at the addresses it was given (set_library), so a
- * Python wrapper around the package's ctypes binding no longer sees those calls.
- * bench_python gives it this library's two functions instead, which either
+ * lc_batch_release straight from C, at the addresses it was given (set_library); the
+ * package's Python path calls them through its ctypes binding. bench_python hands both
+ * this library's functions instead (set_library, and a binding whose two functions are
+ * these through ctypes: the call's own cost stays the package's on either path), which
+ * either
  *
  * - time each call to the real function (wall and this thread's CPU time, added up), so
  *   that what remains of a loop's time is the Python side's; or
@@ -21,10 +23,12 @@
 #define SHIM_EXPORT __attribute__((visibility("default")))
 
 typedef int (*shim_next_fn)(void *stream, int timeout_ms, void **ret_batch, void *ret_info, size_t info_size);
+typedef int (*shim_next_batch_fn)(void *stream, int timeout_ms, void **ret_batch);
 typedef int (*shim_release_fn)(void *batch);
 typedef int (*shim_describe_fn)(const void *batch, void *ret_info, size_t info_size);
 
 static shim_next_fn shim_real_next;
+static shim_next_batch_fn shim_real_next_batch;
 static shim_release_fn shim_real_release;
 static shim_describe_fn shim_real_describe;
 
@@ -42,13 +46,15 @@ static uint64_t shim_now(clockid_t clock)
     return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
 }
 
-/* The real library's functions (their addresses, as the package hands them over). */
-SHIM_EXPORT void ld_shim_set(void *next, void *release, void *describe);
-SHIM_EXPORT void ld_shim_set(void *next, void *release, void *describe)
+/* The real library's functions (their addresses): lc_stream_next_info_sized,
+ * lc_batch_release, lc_batch_describe_sized and lc_stream_next. */
+SHIM_EXPORT void ld_shim_set(void *next, void *release, void *describe, void *next_batch);
+SHIM_EXPORT void ld_shim_set(void *next, void *release, void *describe, void *next_batch)
 {
     shim_real_next = (shim_next_fn)next;
     shim_real_release = (shim_release_fn)release;
     shim_real_describe = (shim_describe_fn)describe;
+    shim_real_next_batch = (shim_next_batch_fn)next_batch;
 }
 
 /* Answers from these batches in turn (count 0: time the real calls). Returns 0, or -1
@@ -106,6 +112,22 @@ SHIM_EXPORT int ld_shim_next(void *stream, int timeout_ms, void **ret_batch, voi
     }
     uint64_t w = shim_now(CLOCK_MONOTONIC), c = shim_now(CLOCK_THREAD_CPUTIME_ID);
     int rc = shim_real_next(stream, timeout_ms, ret_batch, ret_info, info_size);
+    shim_cpu += shim_now(CLOCK_THREAD_CPUTIME_ID) - c;
+    shim_wall += shim_now(CLOCK_MONOTONIC) - w;
+    return rc;
+}
+
+/* lc_stream_next in the same two ways (a package from before lc_stream_next_info). */
+SHIM_EXPORT int ld_shim_next_batch(void *stream, int timeout_ms, void **ret_batch);
+SHIM_EXPORT int ld_shim_next_batch(void *stream, int timeout_ms, void **ret_batch)
+{
+    if (shim_held_count > 0) {
+        *ret_batch = shim_held[shim_held_at];
+        shim_held_at = (shim_held_at + 1) % shim_held_count;
+        return 0;
+    }
+    uint64_t w = shim_now(CLOCK_MONOTONIC), c = shim_now(CLOCK_THREAD_CPUTIME_ID);
+    int rc = shim_real_next_batch(stream, timeout_ms, ret_batch);
     shim_cpu += shim_now(CLOCK_THREAD_CPUTIME_ID) - c;
     shim_wall += shim_now(CLOCK_MONOTONIC) - w;
     return rc;

@@ -293,4 +293,5 @@ if speedups is not None:
     try:
         speedups.set_library(*library_functions())
     except Exception as e:   # the Python path then, as for a module that fails to import
+        sys.modules.pop(_SPEEDUPS, None)
         speedups, speedups_path, speedups_note = None, None, "not usable: set_library failed (%s)" % e

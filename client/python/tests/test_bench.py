@@ -249,13 +249,15 @@ def test_client_shim_times_the_library_or_answers_with_batches_in_hand(daemon):
     P = ctypes.c_void_p
     path = os.path.join(os.path.dirname(os.path.dirname(support.binaries()[0])), "lib", "ld-clientshim.so")
     so = ctypes.CDLL(path)
-    so.ld_shim_set.argtypes = [P, P, P]
+    so.ld_shim_set.argtypes = [P, P, P, P]
     so.ld_shim_hold.argtypes = [ctypes.POINTER(P), ctypes.c_size_t]
     so.ld_shim_times.argtypes = [ctypes.POINTER(ctypes.c_uint64)] * 2
     so.ld_shim_probe.argtypes = [ctypes.c_size_t] + [ctypes.POINTER(ctypes.c_double)] * 2
     so.ld_shim_next.argtypes = [P, ctypes.c_int, ctypes.POINTER(P), ctypes.POINTER(_lib.LcBatchInfo), ctypes.c_size_t]
     so.ld_shim_release.argtypes = [P]
-    so.ld_shim_set(*_lib.library_functions(), ctypes.cast(_lib.lib.lc_batch_describe_sized, P).value)
+    so.ld_shim_next_batch.argtypes = [P, ctypes.c_int, ctypes.POINTER(P)]
+    so.ld_shim_set(*_lib.library_functions(), ctypes.cast(_lib.lib.lc_batch_describe_sized, P).value,
+                   ctypes.cast(_lib.lib.lc_stream_next, P).value)
 
     def times():
         w, c = ctypes.c_uint64(), ctypes.c_uint64()
@@ -279,12 +281,18 @@ def test_client_shim_times_the_library_or_answers_with_batches_in_hand(daemon):
         held = (P * 2)(first, second)
         assert so.ld_shim_hold(held, 2) == 0
         assert [take(s._h)[:2] for _ in range(4)] == [(first, 0), (second, 1)] * 2
+        assert so.ld_shim_next_batch(s._h, 0, ctypes.byref(bp)) == 0 and bp.value == first
         assert so.ld_shim_release(first) == 0 and times() == (w, cpu)
         assert so.ld_shim_hold((P * 65)(), 65) == -1          # more than it holds
         assert so.ld_shim_hold(held, 0) == 0
         assert so.ld_shim_release(first) == 0 and so.ld_shim_release(second) == 0
         assert times()[0] > w
+        w = times()[0]
+        assert so.ld_shim_next_batch(s._h, 5000, ctypes.byref(bp)) == 0     # lc_stream_next, timed
+        assert bp.value not in (first, second) and times()[0] > w
+        assert so.ld_shim_release(bp.value) == 0
+        w = times()[0]
         pw, pc = ctypes.c_double(), ctypes.c_double()
         so.ld_shim_probe(1000, ctypes.byref(pw), ctypes.byref(pc))
-        assert 0 <= pw.value < 100e3 and 0 <= pc.value < 100e3 and times()[0] > w   # ns; the sums kept
+        assert 0 <= pw.value < 100e3 and 0 <= pc.value < 100e3 and times()[0] == w   # ns; the sums kept
         s.close()
