@@ -716,10 +716,11 @@ def render(res):
     o = res["overhead"]
     L += ["", "## Python overhead per batch (median of 5 × %d batches)" % res["overhead_batches"], "",
           "Client path measured: %s." % res.get("client_path", "?"), "",
-          "Per batch: the loop's time, the time inside lc_stream_next + lc_batch_release (the C "
-          "library: the request, the wait for the daemon, the release), and what remains: the "
-          "Python side (next(), the views, giving the slot back), less the timing's own cost. "
-          "Wall time and this thread's CPU time.", "",
+          "Per batch: the loop's time, the time inside the library's lc_stream_next + "
+          "lc_batch_release (the request, the wait for the daemon, the release; timed by "
+          "bench/ld-clientshim.c), and what remains: the package's side (next(), calling the "
+          "library through ctypes or from the extension, the views, giving the slot back), less "
+          "the timing's own cost. Wall time and this thread's CPU time.", "",
           "| loop | wall µs | in C, wall µs | **Python µs (wall)** | CPU µs | in C, CPU µs | **Python µs (CPU)** |",
           "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
     names = {"numpy_safe": "Stream: next() + `b[\"data\"]`, `b[\"label\"]` (keep_views_safe=True)",
@@ -730,8 +731,9 @@ def render(res):
         L.append("| %s | %.1f | %.1f | **%.1f** | %.1f | %.1f | **%.1f** |" % (
             name, r["wall_us"], r["c_wall_us"], r["python_wall_us"], r["cpu_us"], r["c_cpu_us"], r["python_cpu_us"]))
     r = res["overhead_ready"]
-    L += ["", "Over ready batches (the two C calls replaced by batches already in hand, three slots in "
-          "turn: the Python side alone, hot caches, this thread's CPU time, best of 3 × 20000): next() + 2 numpy views + release **%.1f µs**; next() + "
+    L += ["", "Over ready batches (the library's two functions replaced by bench/ld-clientshim.c answering "
+          "with batches already in hand, three slots in turn: the package alone, hot caches, this "
+          "thread's CPU time, best of 3 × 20000): next() + 2 numpy views + release **%.1f µs**; next() + "
           "LoaderdDataLoader's tensors (data shared, label copied) + release **%.1f µs**."
           % (r["numpy_us"], r["torch_us"])]
     if "pagemap_us" in r:
