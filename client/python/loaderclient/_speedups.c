@@ -25,7 +25,7 @@
  *
  * - next_info(): lc_stream_next_info_sized, called straight from C, without ctypes'
  *   argument conversion, the GIL released as ctypes does; a batch given back in the
- *   steady state is released the same way (the two calls: 0.7-1.2 µs a batch less).
+ *   steady state is released the same way (about 0.7 µs a batch less here).
  *
  * Nothing here talks to the daemon or links the C library: the package hands over the
  * addresses of the two library functions it loaded (set_library, from its ctypes
