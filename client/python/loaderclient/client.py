@@ -642,13 +642,14 @@ class Client(_Closes):
     def __repr__(self) -> str:
         return "<loaderclient.Client %s%s>" % (self.socket, " closed" if self._h is None else "")
 
+
 def _lease_dead(st):
     # The lease's finalizer (the extension does the steady state below in C: the same
     # steps, _speedups.c's speedups_give_back): the last view of a batch is gone (or the
-    # batch never had any). Any thread, wherever the last reference was dropped: never blocks. `views_dead`
-    # is set before `given_back` is read here, and _give_back_locked sets `given_back`
-    # before it reads `views_dead`, so of two racing threads at least one sees both and
-    # frees the mapping (drop_mapping is idempotent).
+    # batch never had any). Any thread, wherever the last reference was dropped: never
+    # blocks. `views_dead` is set before `given_back` is read here, and _give_back_locked
+    # sets `given_back` before it reads `views_dead`, so of two racing threads at least one
+    # sees both and frees the mapping (drop_mapping is idempotent).
     st.views_dead = True
     if st.given_back:
         st.ring.views_dead_after_give_back(st)
