@@ -555,8 +555,14 @@ struct prefetch_job {
     size_t n;
 };
 
+/* At most this much of each sample is prefetched: all of a small sample (its lines are
+ * scattered over the file, and the copy would otherwise wait for them a few at a time),
+ * the start of a large one, whose later lines the hardware streams in by itself once
+ * the copy reads in order. */
+#define PREFETCH_SAMPLE_BYTES 4096u
+
 /* Under the guard: reads each entry (in the CPU's cache by now, or on its way) and
- * prefetches the first lines of its data. */
+ * prefetches its data's lines. */
 static int prefetch_data(void *arg)
 {
     const struct prefetch_job *j = arg;
@@ -565,11 +571,11 @@ static int prefetch_data(void *arg)
             continue;
         const struct cache_index_entry *e = &j->c->index[j->indices[k]];
         uint64_t off = e->offset;
-        if (off < j->c->map_len) {
-            __builtin_prefetch(j->c->map + off);
-            if (off + 64 < j->c->map_len)
-                __builtin_prefetch(j->c->map + off + 64);
-        }
+        uint64_t end = off + (e->length < PREFETCH_SAMPLE_BYTES ? e->length : PREFETCH_SAMPLE_BYTES);
+        if (end > j->c->map_len)
+            end = j->c->map_len;
+        for (uint64_t at = off; at < end; at += 64)
+            __builtin_prefetch(j->c->map + at);
     }
     return 0;
 }

@@ -269,7 +269,7 @@ void cache_count_tally(cache *c, struct cache_tally *tally);
  * Returns the number of madvise calls made (>= 0). Thread-safe. */
 int cache_advise(const cache *c, const uint64_t *indices, size_t n);
 /* Tells the CPU that samples indices[0..n) are about to be read (a worker's next rows):
- * their index entries, then the first bytes of their data, are prefetched into its
+ * their index entries, then their data (up to 4 KiB of each), are prefetched into its
  * caches, so the reads that follow wait for memory side by side rather than one after
  * another. A hint: nothing is checked or counted; a file cut short is left to the read
  * (the entries are read under the mapping's guard). Thread-safe. */
