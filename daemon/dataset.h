@@ -80,6 +80,10 @@ struct dataset_ops {
      * reads do. */
     void (*run_begin)(const dataset *d, const uint64_t *idx, size_t n);
     void (*run_end)(const dataset *d);
+    /* Optional, for kinds that serve samples from a mapping: the calling worker is
+     * about to read samples idx[0..n); the kind asks the CPU to bring their bytes into
+     * its caches (a hint: no check, no fault, no blocking). */
+    void (*prefetch)(const dataset *d, const uint64_t *idx, size_t n);
     /* The sample's name for messages (a relative path); optional. Any thread. */
     const char *(*sample_name)(const dataset *d, uint64_t index);
 

@@ -90,10 +90,16 @@ static int packed_read(const dataset *d, uint64_t index, void *const dst[], char
     return 0;
 }
 
+static void packed_prefetch(const dataset *d, const uint64_t *idx, size_t n)
+{
+    cache_prefetch(((const struct packed *)d)->c, idx, n);
+}
+
 const struct dataset_ops source_packed_ops = {
     .kind = "packed",
     .open = packed_open,
     .free = packed_free,
     .item_bytes = packed_item_bytes,
     .read = packed_read,
+    .prefetch = packed_prefetch,
 };

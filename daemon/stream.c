@@ -201,8 +201,13 @@ static void chunk_run(struct pool_task *t)
                 sampler_indices(&s->smp, sl->epoch, sl->batch, row, ahead_n, ahead);
         }
         uint32_t at = row - ahead_from;
-        if (sl->cache && at % CHUNK_PREFETCH_ROWS == 0)
-            cache_prefetch(sl->cache, idxs + at, ahead_n - at < CHUNK_PREFETCH_ROWS ? ahead_n - at : CHUNK_PREFETCH_ROWS);
+        if (at % CHUNK_PREFETCH_ROWS == 0) {
+            uint32_t pn = ahead_n - at < CHUNK_PREFETCH_ROWS ? ahead_n - at : CHUNK_PREFETCH_ROWS;
+            if (sl->cache)
+                cache_prefetch(sl->cache, idxs + at, pn);
+            else if (d->ops->prefetch)
+                d->ops->prefetch(d, idxs + at, pn);
+        }
         uint64_t idx = idxs[at];
         for (int f = 0; f < d->n_fields; f++) {
             const struct field_layout *l = &s->layout[f];

@@ -950,6 +950,32 @@ static void test_tokens_uint16(void **state)
     dataset_free(d);
 }
 
+/* The worker's prefetch of a corpus cut short under it is a hint that never faults: the
+ * windows past the new end are then reported by the read, those before it served. */
+static void test_tokens_prefetch_shrunk(void **state)
+{
+    struct testfs_dir *t = *state;
+    char path[1024], err[LD_ERRMSG_MAX];
+    snprintf(path, sizeof path, "%s/shrink.bin", t->root);
+    write_tokens(path, 1u << 20, LD_DTYPE_UINT16); /* 2 MiB: 512 pages */
+    struct config_dataset cfg = tokens_cfg(path, LD_DTYPE_UINT16, 1023, 1024);
+    dataset *d = open_ok(&cfg);
+    assert_int_equal(d->count, 1024);
+    assert_non_null(d->ops->prefetch);
+    uint64_t idx[1026];
+    for (uint64_t i = 0; i < 1026; i++)
+        idx[i] = 1025 - i; /* the first two out of range: skipped */
+    d->ops->prefetch(d, idx, 1026);
+    assert_int_equal(truncate(path, 4096), 0);
+    d->ops->prefetch(d, idx, 1026);
+    uint8_t buf[2048];
+    void *dst[1] = {buf};
+    assert_int_equal(d->ops->read(d, 0, dst, err), 0);
+    assert_int_equal(d->ops->read(d, 1023, dst, err), LD_EDATASET);
+    assert_non_null(strstr(err, "shrank"));
+    dataset_free(d);
+}
+
 static void test_tokens_uint32(void **state)
 {
     struct testfs_dir *t = *state;
@@ -1123,6 +1149,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_watch_no_false_stall, testfs_dir_setup, testfs_dir_teardown),
         cmocka_unit_test_setup_teardown(test_tokens_uint16, testfs_dir_setup, testfs_dir_teardown),
         cmocka_unit_test_setup_teardown(test_tokens_uint32, testfs_dir_setup, testfs_dir_teardown),
+        cmocka_unit_test_setup_teardown(test_tokens_prefetch_shrunk, testfs_dir_setup, testfs_dir_teardown),
         cmocka_unit_test_setup_teardown(test_tokens_errors, testfs_dir_setup, testfs_dir_teardown),
         cmocka_unit_test_setup_teardown(test_concurrent_reads, testfs_dir_setup, testfs_dir_teardown),
     };
