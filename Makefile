@@ -174,7 +174,11 @@ $(shell mkdir -p $(BUILD) && echo '$(CC) $(CFLAGS_ALL) $(LDFLAGS_ALL)' > $(FLAGS
 
 $(BUILD)/obj/%.o: %.c $(FLAGS_FILE)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS_ALL) $(INC) $(XINC) -c $< -o $@
+	$(CC) $(CFLAGS_ALL) $(INC) $(XINC) $(XCFLAGS) -c $< -o $@
+
+# xxHash's XXH3 compiled for AVX2, for the cache's sample checksums: called only where
+# the CPU has AVX2 (daemon/cache_hash.c asks it).
+$(BUILD)/obj/daemon/cache_hash_avx2.o: XCFLAGS = $(if $(findstring x86_64,$(shell $(CC) -dumpmachine)),-mavx2)
 
 $(BUILD)/obj/%.o: %.cu $(FLAGS_FILE)
 	@mkdir -p $(dir $@)

@@ -11,16 +11,9 @@
 #include <stdint.h>
 #include <string.h>
 #include <xxhash.h>
-#if defined(__x86_64__)
-#include <xxh_x86dispatch.h>
-/* Sample checksums are computed when a sample is served: the dispatching variant uses
- * AVX2 or AVX-512 where the CPU has them (3-5x the SSE2 build's speed), same result. */
-#define cache_sample_hash XXH3_64bits_dispatch
-#else
-#define cache_sample_hash XXH3_64bits
-#endif
 
 #include "cache.h"
+#include "cache_hash.h"
 
 /* Formats "cache 'PATH': MESSAGE" into errbuf and returns code. */
 int cache_fail(char *errbuf, int code, const char *path, const char *fmt, ...)

@@ -30,6 +30,7 @@
 #include <xxhash.h>
 
 #include "cache.h"
+#include "cache_hash.h"
 #include "cache_report.h"
 #include "dataset.h"
 #include "log.h"
@@ -587,6 +588,28 @@ static void test_corrupt_footer(void **state)
     cache_free(open_ok(t->cache, 5));
     free(pristine);
     dataset_free(d);
+}
+
+/* The served samples' checksum (cache_hash.c: xxHash's AVX2 code compiled in where the
+ * CPU has it) is the library's XXH3_64bits on every length class (0-16, 17-128,
+ * 129-240, the long loop, its last partial stripe) and alignment, and on 1 MiB. */
+static void test_sample_hash_is_xxh3(void **state)
+{
+    (void)state;
+    size_t big = 1u << 20;
+    uint8_t *buf = malloc(big + 64);
+    assert_non_null(buf);
+    uint64_t x = 0x9E3779B97F4A7C15ull;
+    for (size_t i = 0; i < big + 64; i++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        buf[i] = (uint8_t)x;
+    }
+    for (size_t n = 0; n <= 4200; n++)
+        for (size_t off = 0; off < 64; off += 21)
+            assert_int_equal(cache_sample_hash(buf + off, n), XXH3_64bits(buf + off, n));
+    assert_int_equal(cache_sample_hash(buf + 3, big), XXH3_64bits(buf + 3, big));
+    assert_int_equal(cache_sample_hash(NULL, 0), XXH3_64bits(NULL, 0));
+    free(buf);
 }
 
 static void test_truncated(void **state)
@@ -1270,6 +1293,7 @@ int main(void)
 {
     ld_log_set_level(LD_LOG_WARN);
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_sample_hash_is_xxh3),
         cmocka_unit_test_setup_teardown(test_fixed_roundtrip, setup, teardown),
         cmocka_unit_test_setup_teardown(test_ragged_roundtrip, setup, teardown),
         cmocka_unit_test_setup_teardown(test_rebuild_while_mapped, setup, teardown),
