@@ -179,6 +179,7 @@ $(BUILD)/obj/%.o: %.c $(FLAGS_FILE)
 # xxHash's XXH3 compiled for AVX2, for the cache's sample checksums: called only where
 # the CPU has AVX2 (daemon/cache_hash.c asks it).
 $(BUILD)/obj/daemon/cache_hash_avx2.o: XCFLAGS = $(if $(findstring x86_64,$(shell $(CC) -dumpmachine)),-mavx2)
+$(BUILD)/obj/daemon/cache_hash_avx2.o: Makefile
 
 $(BUILD)/obj/%.o: %.cu $(FLAGS_FILE)
 	@mkdir -p $(dir $@)

@@ -392,9 +392,27 @@ static void count_hit(cache *c, uint64_t bytes)
 }
 
 /* Index entry i, copied out under the guard: the index lives in the mapping too. */
+/* Sample i's index entry, read under the guard and checked against the mapping: the
+ * index was checked at open (its checksum), but a file rewritten in place after that
+ * must not send a read outside the mapping, where the guard would not help. LD_EIO when
+ * the entry's page is gone (the file shrank), LD_ECACHE when it points outside the
+ * file. */
 static int entry_at(const struct cache *c, uint64_t i, struct cache_index_entry *ret)
 {
-    return mapguard_copy(ret, &c->index[i], sizeof *ret);
+    if (mapguard_copy(ret, &c->index[i], sizeof *ret) < 0)
+        return LD_EIO;
+    if (ret->offset > c->map_len || ret->length > c->map_len - ret->offset)
+        return LD_ECACHE;
+    return 0;
+}
+
+/* The message for an entry entry_at found outside the file. */
+static int entry_outside(const struct cache *c, uint64_t i, const struct cache_index_entry *e, char *errbuf)
+{
+    return cache_fail(errbuf, LD_ECACHE, c->path, "sample %" PRIu64 ": its index entry (offset %"
+                      PRIu64 ", %" PRIu64 " bytes) lies outside the file's %" PRIu64
+                      " bytes: the file was changed in place (data corrupt)", i, e->offset,
+                      e->length, c->map_len);
 }
 
 /* Remembers the first failure found while serving; the keeper asks cache_bad(). */
@@ -411,8 +429,9 @@ int cache_sample(cache *c, uint64_t index, const void **ret_ptr, uint64_t *ret_l
     if (index >= c->meta.count)
         return LD_ERANGE;
     struct cache_index_entry e;
-    if (entry_at(c, index, &e) < 0) {
-        mark_bad(c, CACHE_BAD_TRUNCATED, index);
+    int r = entry_at(c, index, &e);
+    if (r < 0) {
+        mark_bad(c, r == LD_EIO ? CACHE_BAD_TRUNCATED : CACHE_BAD_INDEX, index);
         return LD_ECACHE;
     }
     count_hit(c, e.length);
@@ -447,7 +466,12 @@ int cache_read_tally(cache *c, uint64_t index, void *dst, uint64_t cap, uint64_t
         return cache_fail(errbuf, LD_ERANGE, c->path, "sample %" PRIu64 " out of range (%"
                           PRIu64 " samples)", index, c->meta.count);
     struct cache_index_entry e;
-    if (entry_at(c, index, &e) < 0)
+    int r = entry_at(c, index, &e);
+    if (r == LD_ECACHE) {
+        mark_bad(c, CACHE_BAD_INDEX, index);
+        return entry_outside(c, index, &e, errbuf);
+    }
+    if (r < 0)
         goto truncated;
     if (e.length > cap)
         return cache_fail(errbuf, LD_ERANGE, c->path, "sample %" PRIu64 " has %" PRIu64
@@ -456,7 +480,7 @@ int cache_read_tally(cache *c, uint64_t index, void *dst, uint64_t cap, uint64_t
         goto truncated;
     /* The copy is checked, not the mapping: what is served is what was verified, and
      * the bytes are still in this core's cache. */
-    if (verify && cache_sample_hash(dst, (size_t)e.length) != e.checksum) {
+    if (verify && cache_hash_sample(dst, (size_t)e.length) != e.checksum) {
         mark_bad(c, CACHE_BAD_CHECKSUM, index);
         return cache_fail(errbuf, LD_ECACHE, c->path, "sample %" PRIu64 " (offset %" PRIu64
                           ", %" PRIu64 " bytes): checksum mismatch (data corrupt)", index,
@@ -555,12 +579,6 @@ struct prefetch_job {
     size_t n;
 };
 
-/* At most this much of each sample is prefetched: all of a small sample (its lines are
- * scattered over the file, and the copy would otherwise wait for them a few at a time),
- * the start of a large one, whose later lines the hardware streams in by itself once
- * the copy reads in order. */
-#define PREFETCH_SAMPLE_BYTES 4096u
-
 /* Under the guard: reads each entry (in the CPU's cache by now, or on its way) and
  * prefetches its data's lines. */
 static int prefetch_data(void *arg)
@@ -571,7 +589,7 @@ static int prefetch_data(void *arg)
             continue;
         const struct cache_index_entry *e = &j->c->index[j->indices[k]];
         uint64_t off = e->offset;
-        uint64_t end = off + (e->length < PREFETCH_SAMPLE_BYTES ? e->length : PREFETCH_SAMPLE_BYTES);
+        uint64_t end = off + (e->length < DATASET_PREFETCH_BYTES ? e->length : DATASET_PREFETCH_BYTES);
         if (end > j->c->map_len)
             end = j->c->map_len;
         for (uint64_t at = off; at < end; at += 64)
@@ -601,7 +619,7 @@ struct hash_job {
 static int hash_guarded(void *arg)
 {
     struct hash_job *j = arg;
-    j->hash = cache_sample_hash(j->p, j->n);
+    j->hash = cache_hash_sample(j->p, j->n);
     return 0;
 }
 
@@ -619,7 +637,10 @@ int cache_verify(const cache *c, cache_progress_fn cb, void *ctx, const atomic_i
                               PRIu64 " of %" PRIu64, i, count);
         struct cache_index_entry ent;
         const struct cache_index_entry *e = &ent;
-        if (entry_at(c, i, &ent) < 0)
+        int r = entry_at(c, i, &ent);
+        if (r == LD_ECACHE)
+            return entry_outside(c, i, &ent, errbuf);
+        if (r < 0)
             return cache_fail(errbuf, LD_ECACHE, c->path, "truncated while being verified");
         /* Keep the kernel reading ahead of us, in large ranges. */
         if (e->offset + e->length > advised) {

@@ -286,6 +286,7 @@ enum cache_bad_kind {
     CACHE_BAD_NONE = 0,
     CACHE_BAD_CHECKSUM = 1,         /* a sample's bytes do not match their checksum */
     CACHE_BAD_TRUNCATED = 2,        /* the file shrank under the mapping */
+    CACHE_BAD_INDEX = 3,            /* an index entry points outside the file (rewritten in place) */
 };
 /* CACHE_BAD_*, and the first bad sample's index in *ret_index (may be NULL) when not
  * NONE. Any thread. */

@@ -374,7 +374,7 @@ int cache_build_mode(const dataset *d, const char *path, uint64_t fingerprint, u
             .offset = b.data_pos + b.data_fill,
             .length = got,
             .label = label,
-            .checksum = cache_sample_hash(dst, (size_t)got),
+            .checksum = cache_hash_sample(dst, (size_t)got),
         };
         b.data_fill += (size_t)padded;
         if (b.index_fill == BUILD_INDEX_ENTRIES) {

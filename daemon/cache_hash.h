@@ -8,9 +8,9 @@
 #include <stdint.h>
 
 /* XXH3_64bits(p, n), the same value on every CPU; thread-safe. */
-uint64_t cache_sample_hash(const void *p, size_t n);
+uint64_t cache_hash_sample(const void *p, size_t n);
 
-/* cache_hash_avx2.c, for cache_sample_hash alone: the same function compiled for AVX2
+/* cache_hash_avx2.c, for cache_hash_sample alone: the same function compiled for AVX2
  * (cache_hash_avx2_built is 1) or, on other machines, the library's call (0). */
 extern const int cache_hash_avx2_built;
 uint64_t cache_hash_avx2(const void *p, size_t n);

@@ -1,6 +1,6 @@
 /* cache_hash_avx2 — xxHash's XXH3-64 compiled for AVX2 (the Makefile builds this one
  * file with -mavx2 on x86-64), from xxHash's own header in its header-only mode.
- * Called only through cache_sample_hash (cache_hash.c), which asks the CPU first. On
+ * Called only through cache_hash_sample (cache_hash.c), which asks the CPU first. On
  * other machines this file holds the library's call and says it is not the AVX2 build. */
 #include <stddef.h>
 #include <stdint.h>

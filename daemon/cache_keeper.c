@@ -243,7 +243,9 @@ static void drop_bad(cache_keeper *k, int why, uint64_t index)
 {
     char reason[LD_ERRMSG_MAX], aside[LD_ERRMSG_MAX];
     snprintf(reason, sizeof reason, "sample %" PRIu64 ": %s (found while serving)", index,
-             why == CACHE_BAD_CHECKSUM ? "checksum mismatch (data corrupt)" : "the file was truncated");
+             why == CACHE_BAD_CHECKSUM ? "checksum mismatch (data corrupt)"
+             : why == CACHE_BAD_INDEX  ? "its index entry lies outside the file (changed in place)"
+                                       : "the file was truncated");
     int r = cache_set_aside_file(k->current->c, reason, aside);
     ld_log(LD_LOG_WARN, "dataset '%s': cache %s: %s; %s, serving from the source%s", k->d->name, k->path, reason,
            r == 0 ? "set aside as .bad" : "not set aside", k->mode != CONFIG_CACHE_OFF ? " and rebuilding it" : "");

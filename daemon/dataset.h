@@ -49,6 +49,12 @@ struct dataset_read_ctx {
     struct cache_tally *tally;
 };
 
+/* How much of each sample a worker prefetches before it reads the sample from a mapping
+ * (a cache, a `packed` file, a token corpus): all of a small sample, whose lines lie at
+ * a random place in the file and would otherwise arrive a few at a time; the start of a
+ * large one, whose later lines the hardware streams in once the copy reads in order. */
+#define DATASET_PREFETCH_BYTES 4096u
+
 struct dataset_ops {
     const char *kind;               /* "files", "token_windows" */
     /* Opens the source described by cfg (scan, map). Runs at daemon start on the main
@@ -81,8 +87,11 @@ struct dataset_ops {
     void (*run_begin)(const dataset *d, const uint64_t *idx, size_t n);
     void (*run_end)(const dataset *d);
     /* Optional, for kinds that serve samples from a mapping: the calling worker is
-     * about to read samples idx[0..n); the kind asks the CPU to bring their bytes into
-     * its caches (a hint: no check, no fault, no blocking). */
+     * about to read samples idx[0..n) (a batch's next rows, read from the source, not
+     * from the dataset's cache, which the worker prefetches itself); the kind asks the
+     * CPU to bring up to DATASET_PREFETCH_BYTES of each into its caches. A hint: it
+     * never faults (a file cut short included) or blocks, skips indices out of range,
+     * and reports nothing. Called concurrently from worker threads. */
     void (*prefetch)(const dataset *d, const uint64_t *idx, size_t n);
     /* The sample's name for messages (a relative path); optional. Any thread. */
     const char *(*sample_name)(const dataset *d, uint64_t index);

@@ -212,17 +212,19 @@ static int tokens_read(const dataset *d, uint64_t index, void *const dst[], char
 }
 
 /* Windows are picked at random over the file: each is a few dozen lines the copy would
- * otherwise wait for a few at a time. A prefetch never faults, even past the end of a
+ * otherwise wait for a few at a time. Every line the window touches is asked for (a
+ * window need not start on a line). A prefetch never faults, even past the end of a
  * file cut short. */
 static void tokens_prefetch(const dataset *d, const uint64_t *idx, size_t n)
 {
     const struct tokens_dataset *td = (const struct tokens_dataset *)d;
+    uint64_t bytes = td->window_bytes < DATASET_PREFETCH_BYTES ? td->window_bytes : DATASET_PREFETCH_BYTES;
     for (size_t k = 0; k < n; k++) {
         if (idx[k] >= d->count)
             continue;
-        const uint8_t *p = td->map + idx[k] * td->stride_bytes;
-        for (uint64_t at = 0; at < td->window_bytes && at < 4096; at += 64)
-            __builtin_prefetch(p + at);
+        uintptr_t from = (uintptr_t)(td->map + idx[k] * td->stride_bytes);
+        for (uintptr_t line = from & ~(uintptr_t)63; line < from + bytes; line += 64)
+            __builtin_prefetch((const void *)line);
     }
 }
 

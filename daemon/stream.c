@@ -79,9 +79,11 @@
 #define CHUNK_MAX_NS (2u * 1000u * 1000u)
 #define MAX_TIMED_CHUNKS 64u
 /* A chunk computes its rows' sample indices this many at a time (sampler_indices: the
- * more side by side, the cheaper each), once each; one reading a cache prefetches them
- * CHUNK_PREFETCH_ROWS at a time (cache_prefetch): their index entries and data are
- * scattered over the file, and each read would otherwise wait for memory on its own. */
+ * more side by side, the cheaper each), once each; one reading a mapping prefetches them
+ * CHUNK_PREFETCH_ROWS at a time (cache_prefetch for a cache, the kind's prefetch op for
+ * a packed file or a token corpus): their data (and a cache's index entries) lie
+ * scattered over the file, and each read would otherwise wait for memory on its own.
+ * Prefetching the next 16 while the current 16 are copied measured the same. */
 #define CHUNK_INDEX_ROWS 64u
 #define CHUNK_PREFETCH_ROWS 16u
 

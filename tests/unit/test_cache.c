@@ -606,9 +606,18 @@ static void test_sample_hash_is_xxh3(void **state)
     }
     for (size_t n = 0; n <= 4200; n++)
         for (size_t off = 0; off < 64; off += 21)
-            assert_int_equal(cache_sample_hash(buf + off, n), XXH3_64bits(buf + off, n));
-    assert_int_equal(cache_sample_hash(buf + 3, big), XXH3_64bits(buf + 3, big));
-    assert_int_equal(cache_sample_hash(NULL, 0), XXH3_64bits(NULL, 0));
+            assert_int_equal(cache_hash_sample(buf + off, n), XXH3_64bits(buf + off, n));
+    assert_int_equal(cache_hash_sample(buf + 3, big), XXH3_64bits(buf + 3, big));
+    assert_int_equal(cache_hash_sample(NULL, 0), XXH3_64bits(NULL, 0));
+#if defined(__x86_64__)
+    /* The AVX2 copy is built on x86-64 (the Makefile's -mavx2), and right where it runs. */
+    assert_int_equal(cache_hash_avx2_built, 1);
+    if (__builtin_cpu_supports("avx2")) {
+        for (size_t n = 0; n <= 4200; n += 7)
+            assert_int_equal(cache_hash_avx2(buf + 1, n), XXH3_64bits(buf + 1, n));
+        assert_int_equal(cache_hash_avx2(buf, big), XXH3_64bits(buf, big));
+    }
+#endif
     free(buf);
 }
 
@@ -1223,6 +1232,87 @@ static void test_truncated_under_reader(void **state)
     dataset_free(d);
 }
 
+/* A packed file cut short under its dataset: the workers' prefetch (the kind's op)
+ * never faults, and the read past the new end is the stream's error. */
+static void test_packed_prefetch_truncated(void **state)
+{
+    struct tdir *t = *state;
+    char err[LD_ERRMSG_MAX] = "";
+    write_fixed_tree(t->src, 64, 8192);
+    dataset *src = open_dataset(t);
+    build_ok(src, t->cache, 1);
+    struct config_dataset cfg = {.name = "pk", .kind = CONFIG_DATASET_PACKED, .path = t->cache,
+                                 .on_error = CONFIG_ON_ERROR_FAIL};
+    dataset *d = NULL;
+    assert_int_equal(dataset_open(&cfg, &d, err), 0);
+    assert_non_null(d->ops->prefetch);
+    uint64_t all[66];
+    for (uint64_t i = 0; i < 66; i++)
+        all[i] = 65 - i; /* the first two out of range */
+    d->ops->prefetch(d, all, 66);
+    assert_int_equal(truncate(t->cache, 3 * 4096), 0);
+    d->ops->prefetch(d, all, 66);
+    uint8_t buf[8192];
+    int64_t label = 0;
+    void *dst[2] = {buf, &label};
+    assert_int_equal(d->ops->read(d, 60, dst, err), LD_EDATASET);
+    assert_non_null(strstr(err, "truncated"));
+    dataset_free(d);
+    dataset_free(src);
+}
+
+/* An index entry rewritten in place after open to point outside the file is never
+ * followed: the read, the zero-copy view and verify each fail with a message that says
+ * so, and the cache is marked bad (the keeper sets it aside). */
+static void test_index_entry_outside_file(void **state)
+{
+    struct tdir *t = *state;
+    char err[LD_ERRMSG_MAX] = "";
+    write_fixed_tree(t->src, 16, 1000);
+    dataset *d = open_dataset(t);
+    build_ok(d, t->cache, 1);
+    cache *c = open_ok(t->cache, 1);
+    uint8_t buf[1000];
+    uint64_t len;
+    int64_t label;
+    assert_int_equal(cache_read(c, 5, buf, sizeof buf, &len, &label, true, err), 0);
+
+    struct cache_header h;
+    int fd = open(t->cache, O_RDWR);
+    assert_true(fd >= 0);
+    assert_int_equal(pread(fd, &h, sizeof h, 0), (ssize_t)sizeof h);
+    struct cache_index_entry e;
+    off_t at = (off_t)(h.index_offset + 5 * sizeof e);
+    assert_int_equal(pread(fd, &e, sizeof e, at), (ssize_t)sizeof e);
+    e.offset = UINT64_C(1) << 40; /* far past the mapping */
+    assert_int_equal(pwrite(fd, &e, sizeof e, at), (ssize_t)sizeof e);
+    close(fd);
+
+    assert_int_equal(cache_read(c, 5, buf, sizeof buf, &len, &label, true, err), LD_ECACHE);
+    assert_non_null(strstr(err, "sample 5: its index entry"));
+    assert_non_null(strstr(err, "outside the file"));
+    uint64_t bad = 0;
+    assert_int_equal(cache_bad(c, &bad), CACHE_BAD_INDEX);
+    assert_int_equal(bad, 5);
+    const void *p = NULL;
+    assert_int_equal(cache_sample(c, 5, &p, &len, &label), LD_ECACHE);
+    assert_null(p);
+    assert_int_equal(cache_verify(c, NULL, NULL, NULL, err), LD_ECACHE);
+    assert_non_null(strstr(err, "outside the file"));
+    /* An entry whose length runs past the end, the offset inside. */
+    fd = open(t->cache, O_RDWR);
+    e.offset = h.data_offset;
+    e.length = UINT64_MAX - 8;
+    assert_int_equal(pwrite(fd, &e, sizeof e, at), (ssize_t)sizeof e);
+    close(fd);
+    assert_int_equal(cache_read(c, 5, buf, sizeof buf, &len, &label, true, err), LD_ECACHE);
+    assert_non_null(strstr(err, "outside the file"));
+    /* The other samples are still served. */
+    assert_int_equal(cache_read(c, 6, buf, sizeof buf, &len, &label, true, err), 0);
+    cache_free(c);
+    dataset_free(d);
+}
+
 /* A flipped sample byte is found when the sample is served, not only by verify. */
 static void test_checked_when_served(void **state)
 {
@@ -1314,6 +1404,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_concurrent_reads, setup, teardown),
         cmocka_unit_test_setup_teardown(test_two_builders, setup, teardown),
         cmocka_unit_test_setup_teardown(test_truncated_under_reader, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_packed_prefetch_truncated, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_index_entry_outside_file, setup, teardown),
         cmocka_unit_test_setup_teardown(test_checked_when_served, setup, teardown),
         cmocka_unit_test_setup_teardown(test_tokens_shrunk, setup, teardown),
     };
