@@ -314,6 +314,9 @@ def spdl_epochs(spec):
 
     batch = JPEG_BATCH if w == "jpeg" else FILES_BATCH
 
+    load(0)  # a failure every sample would meet (a missing FFmpeg library) is raised here
+    # with its message; inside the pipeline a failing stage only logs and drops the sample
+
     def epoch(_):
         order = rng.permutation(len(paths)).tolist()
         pipe = (PipelineBuilder().add_source(order).pipe(load, concurrency=n).aggregate(batch)
@@ -393,6 +396,9 @@ def child_main(spec):
         cpu = measure.cpu_delta(c0, measure.tree_cpu([me]))
         out["epochs"].append({"samples": samples, "bytes": nbytes, "seconds": secs, "cpu_s": cpu,
                               "partial": partial})
+        if not samples:  # a pipeline that drops what fails (SPDL's) ends an epoch empty
+            sys.exit(f"{spec['loader']} delivered no sample in epoch {e} ({secs:.1f} s): its "
+                     f"pipeline dropped every one; the reason is in its log above")
     t = out["epochs"][1]
     out.update({"samples_per_s": t["samples"] / t["seconds"] if t["seconds"] > 0 else None,
                 "cpu_ms_per_1000": t["cpu_s"] / t["samples"] * 1e6 if t["samples"] else None})

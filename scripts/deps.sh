@@ -87,6 +87,9 @@ fi
 # make bench-peers: a virtual environment under build/ gets tf.data and DALI from PyPI.
 if [ "$what" = peers ]; then
   /usr/bin/python3 -c 'import ensurepip, venv' 2>/dev/null || pkgs+=(python3-venv)
+  # SPDL's wheel decodes through the system's FFmpeg libraries (Debian 12: FFmpeg 5.1, whose
+  # libavdevice pulls in the rest); without them every SPDL image load fails.
+  dpkg -s libavdevice59 >/dev/null 2>&1 || pkgs+=(libavdevice59)
 fi
 
 # The object store tests' S3-compatible server (client/python/tests/s3server.py): moto's
