@@ -391,7 +391,6 @@ static void count_hit(cache *c, uint64_t bytes)
     atomic_fetch_add_explicit(&c->hit_bytes, bytes, memory_order_relaxed);
 }
 
-/* Index entry i, copied out under the guard: the index lives in the mapping too. */
 /* Sample i's index entry, read under the guard and checked against the mapping: the
  * index was checked at open (its checksum), but a file rewritten in place after that
  * must not send a read outside the mapping, where the guard would not help. LD_EIO when

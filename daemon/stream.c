@@ -83,7 +83,8 @@
  * CHUNK_PREFETCH_ROWS at a time (cache_prefetch for a cache, the kind's prefetch op for
  * a packed file or a token corpus): their data (and a cache's index entries) lie
  * scattered over the file, and each read would otherwise wait for memory on its own.
- * Prefetching the next 16 while the current 16 are copied measured the same. */
+ * Groups of 8 measured the same as 16, and so did prefetching a group ahead (the next 8
+ * rows while the current 8 are copied). */
 #define CHUNK_INDEX_ROWS 64u
 #define CHUNK_PREFETCH_ROWS 16u
 
