@@ -28,6 +28,8 @@ struct ioqueue {
     struct ioqueue_finishing *finishing; /* jobs whose done runs on an I/O thread now */
     bool stopping;
     unsigned want, started;
+    unsigned sleeping;              /* threads waiting on `work` */
+    unsigned woken;                 /* of those, signalled and not yet back */
     pthread_t *threads;
 };
 
@@ -74,7 +76,11 @@ static void *ioqueue_thread(void *arg)
             break;
         if (!j || !scratch) {
             /* Without a scratch buffer this thread cannot work; the others can. */
+            q->sleeping++;
             pthread_cond_wait(&q->work, &q->lock);
+            q->sleeping--;
+            if (q->woken)
+                q->woken--;
             continue;
         }
         size_t i = j->taken++;
@@ -162,6 +168,7 @@ int ioqueue_submit(ioqueue *q, struct ioqueue_job *j)
 {
     if (!j->n || !j->run || !j->done)
         return LD_EINVAL;
+    unsigned wake = 0;
     pthread_mutex_lock(&q->lock);
     int r = q->started ? 0 : ioqueue_start(q);
     if (r == 0 && q->stopping)
@@ -174,12 +181,17 @@ int ioqueue_submit(ioqueue *q, struct ioqueue_job *j)
         else
             q->head = j;
         q->tail = j;
-        if (j->n == 1)
-            pthread_cond_signal(&q->work);
-        else
-            pthread_cond_broadcast(&q->work);
+        /* As many sleeping threads as the job has items, not all of them: the ones
+         * woken for nothing would only queue up for the lock. Threads at work take
+         * the rest as they finish. Signalled after the unlock, so that the woken do
+         * not wait for it. */
+        unsigned idle = q->sleeping - q->woken;
+        wake = j->n < idle ? (unsigned)j->n : idle;
+        q->woken += wake;
     }
     pthread_mutex_unlock(&q->lock);
+    while (wake--)
+        pthread_cond_signal(&q->work);
     return r;
 }
 

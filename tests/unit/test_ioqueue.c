@@ -1,5 +1,6 @@
 /* Unit tests for ioqueue: every item of a job runs exactly once, on several threads at
- * once, and `done` runs once with the count; a cancel drops one owner's queued items,
+ * once, and `done` runs once with the count; a job's items wake as many sleeping threads
+ * as they need, also when a second job comes before the first one's are up; a cancel drops one owner's queued items,
  * waits for its running ones and leaves the other owners' jobs alone (or, without
  * waiting, says how many still run, and their job comes back when they end); freeing a queue
  * with jobs still queued hands each back through `done`; bad arguments are refused. */
@@ -181,6 +182,68 @@ static void test_free_with_queued_jobs(void **state)
     free(b);
 }
 
+/* Items that each wait until `want` items run at once (or 5 s): they only all return
+ * quickly when that many threads were woken for them. */
+struct meeting_job {
+    struct ioqueue_job job;         /* first */
+    atomic_int *arrived;
+    int want;
+    atomic_int *met;                /* items that saw all the others arrive */
+};
+
+static void meeting_run(struct ioqueue_job *j, size_t i, void *scratch)
+{
+    (void)i;
+    (void)scratch;
+    struct meeting_job *k = (struct meeting_job *)j;
+    atomic_fetch_add(k->arrived, 1);
+    for (int t = 0; t < 5000 && atomic_load(k->arrived) < k->want; t++)
+        sleep_us(1000);
+    if (atomic_load(k->arrived) >= k->want)
+        atomic_fetch_add(k->met, 1);
+}
+
+static atomic_int meeting_done_calls;
+
+static void meeting_done(struct ioqueue_job *j, size_t items_run)
+{
+    (void)j;
+    (void)items_run;
+    atomic_fetch_add(&meeting_done_calls, 1);
+}
+
+static void test_items_wake_enough_threads(void **state)
+{
+    (void)state;
+    ioqueue *q = NULL;
+    assert_int_equal(ioqueue_new(8, &q), 0);
+    struct counting_job *warm = counting_new(8, NULL, 0);
+    assert_int_equal(ioqueue_submit(q, &warm->job), 0);
+    wait_done(warm);
+    sleep_us(50000); /* every thread back asleep */
+    for (int round = 0; round < 20; round++) {
+        /* One job of 8 items, then two of 4 submitted back to back: 8 threads must be
+         * woken either way (the second job's wake-ups go to threads the first's did not
+         * already take). */
+        atomic_int arrived = 0, met = 0;
+        struct meeting_job jobs[2];
+        size_t njobs = round % 2 ? 2 : 1;
+        atomic_store(&meeting_done_calls, 0);
+        for (size_t n = 0; n < njobs; n++) {
+            jobs[n] = (struct meeting_job){.job = {.run = meeting_run, .done = meeting_done, .n = 8 / njobs},
+                                           .arrived = &arrived, .want = 8, .met = &met};
+            assert_int_equal(ioqueue_submit(q, &jobs[n].job), 0);
+        }
+        for (int ms = 0; ms < 10000 && atomic_load(&meeting_done_calls) < (int)njobs; ms++)
+            sleep_us(1000);
+        assert_int_equal(atomic_load(&meeting_done_calls), (int)njobs);
+        assert_int_equal(atomic_load(&met), 8);
+        sleep_us(5000);
+    }
+    ioqueue_free(q);
+    free(warm);
+}
+
 static void test_bad_arguments(void **state)
 {
     (void)state;
@@ -204,6 +267,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_every_item_once),
+        cmocka_unit_test(test_items_wake_enough_threads),
         cmocka_unit_test(test_cancel_one_owner),
         cmocka_unit_test(test_cancel_without_waiting),
         cmocka_unit_test(test_free_with_queued_jobs),
