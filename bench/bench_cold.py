@@ -4,8 +4,10 @@ DataLoader and against what the disk itself serves (issue 15, item 4).
 
 1. Generates (once; deterministic) 20,000 files of 3,072 bytes in 100 class folders
    (`--quick`: 5,000) with ld-gendata, and a 512 MiB file for fio.
-2. fio on the same file system: 4 KiB random reads, O_DIRECT, queue depth 32 (io_uring)
-   and 32 blocking threads (psync), 5 s each: IOPS, the disk's ceiling for small reads.
+2. fio on the same file system: 4 KiB random reads, O_DIRECT, 32 blocking threads (psync)
+   and one, 5 s each; and at queue depth 32 (io_uring), the figure the target compares
+   with, once per run, interleaved with the readers below: IOPS, the disk's ceiling for
+   small reads.
 3. loaderd (`server.workers: 2`), two datasets over the same files: `cold` (read-ahead on,
    the default 32 reads in flight) and `cold_noahead` (`read_ahead: 0`). For each, --runs
    times: empty the page cache (`echo 3 > /proc/sys/vm/drop_caches`: data, dentries and
@@ -18,7 +20,9 @@ DataLoader and against what the disk itself serves (issue 15, item 4).
    in a fresh process that lists the files, empties the page cache and times one epoch
    (workers start inside it, as they would at the start of a job); as many runs of each
    as loaderd's, interleaved with them (run 1 of every reader, then run 2, ...), and the
-   median of each configuration's runs is compared.
+   median of each configuration's runs is compared (fio's at depth 32 as well: a virtual
+   disk's speed changes from one minute to the next, by 15% here, and a single fio
+   figure taken before the readers compares them with another minute's disk).
 
 Without root, the page cache is emptied file by file (POSIX_FADV_DONTNEED after a
 syncfs); dentries and inodes then stay cached, which the report says. Targets: cold
@@ -55,7 +59,7 @@ def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help=f"{QUICK_FILES:,} files, one run")
     p.add_argument("--files", type=int, default=None, help=f"files (default {FILES:,})")
-    p.add_argument("--runs", type=int, default=None, help="cold epochs per loaderd dataset (default 2; quick 1)")
+    p.add_argument("--runs", type=int, default=None, help="cold epochs per loaderd dataset (default 3; quick 1)")
     p.add_argument("--workers", default="0,2,8", help="DataLoader num_workers values")
     p.add_argument("--fio-seconds", type=int, default=5)
     p.add_argument("--no-fio", action="store_true")
@@ -67,7 +71,7 @@ def parse_args(argv):
     a = p.parse_args(env + argv)
     a.quick = a.quick or quick_env
     a.files = a.files or (QUICK_FILES if a.quick else FILES)
-    a.runs = a.runs or (1 if a.quick else 2)
+    a.runs = a.runs or (1 if a.quick else 3)
     a.workers = [int(w) for w in a.workers.split(",") if w != ""]
     return a
 
@@ -126,16 +130,22 @@ def disk_reads(dev):
     return None
 
 
-def run_fio(args, path):
-    """IOPS of 4 KiB random reads with O_DIRECT: io_uring at depth 32, and 32 threads of
-    blocking reads. {name: {...}} or {"error": why}."""
+FIO_JOBS = (("io_uring_qd32", ["--ioengine=io_uring", "--iodepth=32"]),
+            ("psync_32_threads", ["--ioengine=psync", "--numjobs=32"]),
+            ("psync_qd1", ["--ioengine=psync", "--numjobs=1"]))
+
+
+def run_fio(args, path, names):
+    """IOPS of 4 KiB random reads with O_DIRECT, for each fio job of FIO_JOBS named in
+    `names` (io_uring at depth 32, 32 threads of blocking reads, one thread). {name: {...}}
+    or {"error": why}."""
     out = {}
     base = ["fio", "--name=randread", f"--filename={path}", f"--size={FIO_SIZE}", "--rw=randread", "--bs=4k",
             "--direct=1", f"--runtime={args.fio_seconds}", "--time_based", "--group_reporting",
             "--output-format=json"]
-    for name, extra in (("io_uring_qd32", ["--ioengine=io_uring", "--iodepth=32"]),
-                        ("psync_32_threads", ["--ioengine=psync", "--numjobs=32"]),
-                        ("psync_qd1", ["--ioengine=psync", "--numjobs=1"])):
+    for name, extra in FIO_JOBS:
+        if name not in names:
+            continue
         cmd = base + extra
         try:
             r = subprocess.run(cmd, capture_output=True, text=True, timeout=args.fio_seconds + 120)
@@ -153,6 +163,17 @@ def run_fio(args, path):
                      "lat_us_mean": rd.get("lat_ns", {}).get("mean", 0) / 1000, "command": " ".join(cmd)}
         log(f"bench_cold: fio {name}: {rd['iops']:,.0f} IOPS")
     return out
+
+
+def fio_qd32_row(runs):
+    """fio at depth 32 over the runs as one row: the median IOPS, MB/s and latency, every
+    run's IOPS under "runs"; None when no run measured it."""
+    ok = [r for r in runs if r and r.get("iops")]
+    if not ok:
+        return next(({"error": r["error"]} for r in runs if r and r.get("error")), None)
+    return {"iops": measure.median([r["iops"] for r in ok]), "mb_per_s": measure.median([r["mb_per_s"] for r in ok]),
+            "lat_us_mean": measure.median([r["lat_us_mean"] for r in ok]), "runs": [r["iops"] for r in ok],
+            "command": ok[-1]["command"]}
 
 
 # ---------------------------------------------------------------------------------------
@@ -365,13 +386,14 @@ def render(res):
             runs = ", ".join(format(x, ",.0f") for x in r.get("runs", [r["samples_per_s"]]))
             L.append(f"| DataLoader, num_workers={r['workers']} | {r['samples_per_s']:,.0f} | {runs} | "
                      f"{r['cpu_s_per_1000'] * 1000:,.0f} | {fmt(r.get('disk_reads'), ',')} | | |")
-    L += ["", "| disk (fio, 4 KiB random reads, O_DIRECT, same file system) | IOPS | MB/s | mean latency µs |",
-          "|---|---:|---:|---:|"]
+    L += ["", "| disk (fio, 4 KiB random reads, O_DIRECT, same file system) | IOPS | runs | MB/s | mean latency µs |",
+          "|---|---:|---|---:|---:|"]
     if "error" in fio:
-        L.append(f"| fio | {fio['error']} | | |")
+        L.append(f"| fio | {fio['error']} | | | |")
     for name, v in fio.items():
         if isinstance(v, dict):
-            L.append(f"| {name} | {fmt(v.get('iops'), ',.0f', v.get('error', '—'))} | "
+            runs = ("median of " + ", ".join(format(x, ",.0f") for x in v["runs"])) if len(v.get("runs", [])) > 1 else ""
+            L.append(f"| {name} | {fmt(v.get('iops'), ',.0f', v.get('error', '—'))} | {runs} | "
                      f"{fmt(v.get('mb_per_s'), ',.0f')} | {fmt(v.get('lat_us_mean'), ',.0f')} |")
     s = res["summary"]
     L += ["", f"**Ratios:** loaderd cold ÷ best DataLoader cold = {fmt(s.get('vs_dataloader'), '.2f')}× "
@@ -405,9 +427,10 @@ def main(argv):
            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"),
            "machine": measure.machine_info(), "command": " ".join(["bench/bench_cold.py", *argv])}
 
+    fio_file = os.path.join(args.data_dir, "fio-cold.dat")
     if not args.no_fio:
-        fio_file = os.path.join(args.data_dir, "fio-cold.dat")
-        res["fio"] = run_fio(args, fio_file)
+        res["fio"] = run_fio(args, fio_file, ("psync_32_threads", "psync_qd1"))
+    fio_runs = []
 
     tmp = tempfile.mkdtemp(prefix="ld-cold-")
     sock, cfg = os.path.join(tmp, "s.sock"), os.path.join(raw, "cold.yaml")
@@ -420,6 +443,8 @@ def main(argv):
     res["dataloader_runs"] = {w: [] for w in ([] if args.skip_torch else args.workers)}
     try:
         for i in range(args.runs):
+            if not args.no_fio and "error" not in res["fio"]:
+                fio_runs.append(run_fio(args, fio_file, ("io_uring_qd32",)).get("io_uring_qd32"))
             for ds in ("cold", "cold_noahead"):
                 res["loaderd"][ds].append(loaderd_run(args, bins, sock, daemon, ds, root, dev, raw, f"{ds}-run{i + 1}"))
             for w, rows in res["dataloader_runs"].items():
@@ -430,6 +455,8 @@ def main(argv):
         os.unlink(sock) if os.path.exists(sock) else None
         os.rmdir(tmp)
     res["loaderd_exit"] = rc
+    if fio_runs:
+        res["fio"] = {"io_uring_qd32": fio_qd32_row(fio_runs), **res["fio"]}
     res["dataloader"] = [median_row(rows) for rows in res["dataloader_runs"].values()]
     res["cold_by"] = next((r["cold_by"] for r in res["loaderd"]["cold"] if r), "?")
 
