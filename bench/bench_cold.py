@@ -9,7 +9,7 @@ DataLoader and against what the disk itself serves (issue 15, item 4).
    with, once per run, interleaved with the readers below: IOPS, the disk's ceiling for
    small reads.
 3. loaderd (`server.workers: 2`), two datasets over the same files: `cold` (read-ahead on,
-   the default 32 reads in flight) and `cold_noahead` (`read_ahead: 0`). For each, --runs
+   the default 32 I/O threads) and `cold_noahead` (`read_ahead: 0`). For each, --runs
    times: empty the page cache (`echo 3 > /proc/sys/vm/drop_caches`: data, dentries and
    inodes), then `loaderctl read DS --epochs 1 --touch --json` (every byte read). samples/s,
    CPU per sample (the daemon's utime + stime and loaderctl's own), the disk's reads
@@ -369,7 +369,7 @@ def render(res):
     fio = res.get("fio") or {}
     L += ["| reader | samples/s (median) | runs | CPU ms / 1,000 | disk reads | disk IOPS | read ahead |",
           "|---|---:|---|---:|---:|---:|---:|"]
-    for name, rows in (("loaderd, read-ahead (32 in flight)", res["loaderd"]["cold"]),
+    for name, rows in (("loaderd, read-ahead (32 I/O threads)", res["loaderd"]["cold"]),
                        ("loaderd, `read_ahead: 0`", res["loaderd"]["cold_noahead"])):
         ok = [r for r in rows if r]
         if not ok:
