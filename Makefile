@@ -177,8 +177,10 @@ $(BUILD)/obj/%.o: %.c $(FLAGS_FILE)
 	$(CC) $(CFLAGS_ALL) $(INC) $(XINC) $(XCFLAGS) -c $< -o $@
 
 # xxHash's XXH3 compiled for AVX2, for the cache's sample checksums: called only where
-# the CPU has AVX2 (daemon/cache_hash.c asks it).
-$(BUILD)/obj/daemon/cache_hash_avx2.o: XCFLAGS = $(if $(findstring x86_64,$(shell $(CC) -dumpmachine)),-mavx2)
+# the CPU has AVX2 (daemon/cache_hash.c asks it). Without sanitizers, so that the object
+# has no constructor of theirs (run at start-up on every CPU, and compiled for AVX2 as
+# well); the library's XXH3 that the other CPUs call is not instrumented either.
+$(BUILD)/obj/daemon/cache_hash_avx2.o: XCFLAGS = $(if $(findstring x86_64,$(shell $(CC) -dumpmachine)),-mavx2 $(if $(SANITIZE),-fno-sanitize=all))
 $(BUILD)/obj/daemon/cache_hash_avx2.o: Makefile
 
 $(BUILD)/obj/%.o: %.cu $(FLAGS_FILE)
