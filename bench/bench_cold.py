@@ -157,23 +157,36 @@ def run_fio(args, path, names):
         if r.returncode != 0:
             out[name] = {"error": f"exit {r.returncode}: {r.stderr.strip()[-300:]}"}
             continue
-        j = json.loads(r.stdout[r.stdout.index("{"):])
-        rd = j["jobs"][0]["read"]
-        out[name] = {"iops": rd["iops"], "mb_per_s": rd["bw_bytes"] / measure.MB,
-                     "lat_us_mean": rd.get("lat_ns", {}).get("mean", 0) / 1000, "command": " ".join(cmd)}
-        log(f"bench_cold: fio {name}: {rd['iops']:,.0f} IOPS")
+        try:
+            j = json.loads(r.stdout[r.stdout.index("{"):])
+            rd = j["jobs"][0]["read"]
+            iops = float(rd["iops"])
+            out[name] = {"iops": iops, "mb_per_s": rd["bw_bytes"] / measure.MB,
+                         "lat_us_mean": rd.get("lat_ns", {}).get("mean", 0) / 1000, "command": " ".join(cmd)}
+        except (ValueError, KeyError, IndexError, TypeError) as e:  # a run between readers must not lose them
+            out[name] = {"error": f"unreadable fio output ({type(e).__name__}: {e}): {r.stdout.strip()[-200:]!r}"}
+            continue
+        if iops <= 0:
+            out[name] = {"error": "fio measured 0 IOPS", "command": " ".join(cmd)}
+            continue
+        log(f"bench_cold: fio {name}: {iops:,.0f} IOPS")
     return out
 
 
 def fio_qd32_row(runs):
     """fio at depth 32 over the runs as one row: the median IOPS, MB/s and latency, every
-    run's IOPS under "runs"; None when no run measured it."""
+    measured run's IOPS under "runs", out of "tried"; {"error": why} when no run measured
+    it."""
     ok = [r for r in runs if r and r.get("iops")]
     if not ok:
-        return next(({"error": r["error"]} for r in runs if r and r.get("error")), None)
-    return {"iops": measure.median([r["iops"] for r in ok]), "mb_per_s": measure.median([r["mb_per_s"] for r in ok]),
-            "lat_us_mean": measure.median([r["lat_us_mean"] for r in ok]), "runs": [r["iops"] for r in ok],
-            "command": ok[-1]["command"]}
+        why = next((r["error"] for r in runs if r and r.get("error")), "no run")
+        return {"error": f"{why} ({len(runs)} runs)"}
+    row = {"iops": measure.median([r["iops"] for r in ok]), "mb_per_s": measure.median([r["mb_per_s"] for r in ok]),
+           "lat_us_mean": measure.median([r["lat_us_mean"] for r in ok]), "runs": [r["iops"] for r in ok],
+           "tried": len(runs), "command": ok[-1]["command"]}
+    if len(ok) < len(runs):
+        row["error"] = "; ".join(r["error"] for r in runs if r and r.get("error")) or "a run measured nothing"
+    return row
 
 
 # ---------------------------------------------------------------------------------------
@@ -392,7 +405,11 @@ def render(res):
         L.append(f"| fio | {fio['error']} | | | |")
     for name, v in fio.items():
         if isinstance(v, dict):
-            runs = ("median of " + ", ".join(format(x, ",.0f") for x in v["runs"])) if len(v.get("runs", [])) > 1 else ""
+            runs = ""
+            if v.get("runs"):
+                runs = "median of " + ", ".join(format(x, ",.0f") for x in v["runs"])
+                if v["tried"] > len(v["runs"]):
+                    runs += f" ({len(v['runs'])} of {v['tried']} runs measured: {v.get('error')})"
             L.append(f"| {name} | {fmt(v.get('iops'), ',.0f', v.get('error', '—'))} | {runs} | "
                      f"{fmt(v.get('mb_per_s'), ',.0f')} | {fmt(v.get('lat_us_mean'), ',.0f')} |")
     s = res["summary"]
@@ -444,7 +461,8 @@ def main(argv):
     try:
         for i in range(args.runs):
             if not args.no_fio and "error" not in res["fio"]:
-                fio_runs.append(run_fio(args, fio_file, ("io_uring_qd32",)).get("io_uring_qd32"))
+                got = run_fio(args, fio_file, ("io_uring_qd32",))
+                fio_runs.append(got.get("io_uring_qd32") or {"error": got.get("error", "no result")})
             for ds in ("cold", "cold_noahead"):
                 res["loaderd"][ds].append(loaderd_run(args, bins, sock, daemon, ds, root, dev, raw, f"{ds}-run{i + 1}"))
             for w, rows in res["dataloader_runs"].items():

@@ -66,6 +66,13 @@ static void *ioqueue_thread(void *arg)
 {
     ioqueue *q = arg;
     void *scratch = malloc(IOQUEUE_SCRATCH_BYTES);
+    if (!scratch) {
+        /* It cannot work, and must not sleep with the others: a wake-up meant for a
+         * thread that can would be spent on it. The others do its share. */
+        ld_log(LD_LOG_WARN, "ioqueue: an I/O thread could not get its %u-byte buffer: one fewer request in flight",
+               IOQUEUE_SCRATCH_BYTES);
+        return NULL;
+    }
 
     pthread_mutex_lock(&q->lock);
     for (;;) {
@@ -74,8 +81,7 @@ static void *ioqueue_thread(void *arg)
             j = j->next;
         if (q->stopping)
             break;
-        if (!j || !scratch) {
-            /* Without a scratch buffer this thread cannot work; the others can. */
+        if (!j) {
             q->sleeping++;
             pthread_cond_wait(&q->work, &q->lock);
             q->sleeping--;

@@ -4,10 +4,12 @@
  * so two workers keep two requests in flight where the device serves dozens at once.
  * An ioqueue is a set of threads that only do blocking I/O (open, read, close) on
  * behalf of a caller that must not wait: a job is a list of items (the samples of a
- * batch) that the threads share out, one item at a time, so up to `threads` requests
- * are in flight. The jobs here are read-ahead: they bring data into the page cache
+ * batch, a group of them an item) that the threads share out, one item at a time, so
+ * up to `threads` items are under way at once. A job wakes as many sleeping threads as
+ * it has items. The jobs here are read-ahead: they bring data into the page cache
  * before the workers read it (or into buffers the workers copy from: coldread.h), and
- * their failures are the workers' to report, so a job has no result. Measured on a virtio disk (4 KiB random reads, O_DIRECT, fio):
+ * their failures are the workers' to report, so a job has no result. Measured on a
+ * virtio disk (4 KiB random reads, O_DIRECT, fio):
  * 32 blocking threads 55.7k IOPS, io_uring at depth 32 42.6k, one thread 6.5k; small
  * files also need a path lookup and an inode per open, which io_uring would hand to
  * its own worker threads anyway. So the threads open, and what they start reading
@@ -23,10 +25,12 @@
 
 typedef struct ioqueue ioqueue;
 
-/* Requests in flight when nothing else is said (what fio's queue depth 32 compares to). */
+/* Threads when nothing else is said: opens in flight (each thread then has a group of
+ * reads in flight at once: coldread.c). */
 #define IOQUEUE_DEFAULT_THREADS 32u
-/* Each thread's scratch buffer: read-ahead reads a small file whole into it. */
-#define IOQUEUE_SCRATCH_BYTES (64u * 1024u)
+/* Each thread's scratch buffer: read-ahead reads the first bytes of each file of its
+ * group into a share of it (8 KiB each for a group of 16). */
+#define IOQUEUE_SCRATCH_BYTES (128u * 1024u)
 
 struct ioqueue_job {
     /* Runs item `i` (0 <= i < n) on an I/O thread: may block; scratch holds
@@ -44,7 +48,7 @@ struct ioqueue_job {
     size_t taken, finished, ran;    /* under the queue's lock */
 };
 
-/* threads: at most this many requests in flight (1..1024). */
+/* threads: at most this many items under way at once (1..1024). */
 int ioqueue_new(unsigned threads, ioqueue **ret_q);
 /* Drops the jobs still queued (their `done` runs with the items run so far), waits for
  * the items running, joins the threads. Accepts NULL. */
