@@ -103,7 +103,7 @@ if [ "$what" = test ] && [ ${#pkgs[@]} -eq 0 ] && [ ! -x build/s3venv/bin/moto_s
 fi
 
 # numpy 2 (Debian 12 has 1.24) for client/python/tests/test_numpy2.py, the same way.
-if [ "$what" = test ] && [ ${#pkgs[@]} -eq 0 ] && [ ! -x build/np2venv/bin/python ]; then
+if [ "$what" = test ] && [ ${#pkgs[@]} -eq 0 ] && [ ! -f build/np2venv/.ready ]; then
   echo "deps: installing numpy 2 into build/np2venv (for the numpy 2 test)" >&2
   /usr/bin/python3 client/python/tests/np2env.py >/dev/null 2>&1 \
     || echo "deps: could not install numpy 2; the numpy 2 test will be skipped" >&2
