@@ -3,14 +3,18 @@
 # resident memory, open descriptors and /dev/shm objects sampled over time. Exits
 # non-zero when, back at idle, the daemon holds more than when it started:
 #   RSS        more than SOAK_MAX_RSS_DRIFT_KIB above its idle RSS after the warm-up
-#   fds        any descriptor more than before the first client
+#   fds        any descriptor more than before the first client, or more io_uring
+#              instances than the read-ahead has I/O threads (each keeps one)
 #   /dev/shm   any ring object left, any stream or leased slot left in `status`
+#   buffers    any byte left in a dataset's read-ahead buffers (`datasets`)
 # Not part of `make test` (it takes minutes); run it with `make soak` or directly:
 #   scripts/soak.sh [SECONDS]          default 300; a build in $BUILD (default build)
 # Knobs (environment): SOAK_CLIENTS (concurrent trainers, 6), SOAK_KILL_PCT (share of
 # trainers SIGKILLed mid-read, 25), SOAK_INTERVAL (seconds between samples, 10),
 # SOAK_WARMUP (seconds before the RSS baseline, 30), SOAK_MAX_RSS_DRIFT_KIB (4096),
-# SOAK_SEED (the churn's random seed), SOAK_CSV (also write the samples there).
+# SOAK_SEED (the churn's random seed), SOAK_CSV (also write the samples there),
+# SOAK_COLD (seconds: empty the page cache that often during the churn, so that the files
+# are cold and read-ahead's I/O threads and read-once buffers work under the kills; root).
 set -uo pipefail
 
 duration=${1:-${SOAK_SECONDS:-300}}
@@ -22,6 +26,7 @@ warmup=${SOAK_WARMUP:-30}
 max_rss_drift=${SOAK_MAX_RSS_DRIFT_KIB:-4096}
 seed=${SOAK_SEED:-$$}
 csv=${SOAK_CSV:-}
+cold=${SOAK_COLD:-}
 loaderd=$build/bin/loaderd
 loaderctl=$build/bin/loaderctl
 gendata=$build/bin/ld-gendata
@@ -30,6 +35,9 @@ py=/usr/bin/python3
 for b in "$loaderd" "$loaderctl" "$gendata"; do
   [ -x "$b" ] || { echo "soak: $b is missing; run make (or set BUILD)" >&2; exit 2; }
 done
+if [ -n "$cold" ] && ! { [ "$cold" -gt 0 ] 2>/dev/null && [ -w /proc/sys/vm/drop_caches ]; }; then
+  echo "soak: SOAK_COLD=$cold needs a number of seconds and root (writing /proc/sys/vm/drop_caches)" >&2; exit 2
+fi
 if [ "$warmup" -ge "$duration" ]; then
   echo "soak: the warm-up ($warmup s) must be shorter than the run ($duration s)" >&2; exit 2
 fi
@@ -66,15 +74,25 @@ datasets:
     context: 256
 EOF
 # A sanitized daemon (BUILD=build/asan) would grow by ASan's quarantine of freed memory
-# (256 MiB by default), which is not a leak: keep it small so that drift means something.
-ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}quarantine_size_mb=4" \
+# (256 MiB by default, and up to 1 MiB more in each thread that frees: the read-ahead's
+# 32 I/O threads come into use one after another), which is not a leak: keep both small
+# so that drift means something.
+ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}quarantine_size_mb=4:thread_local_quarantine_size_kb=64" \
   "$loaderd" --config "$dir/loaderd.yaml" >"$dir/loaderd.log" 2>&1 &
 daemon=$!
 for _ in $(seq 100); do [ -S "$sock" ] && "$loaderctl" --socket "$sock" status >/dev/null 2>&1 && break; sleep 0.1; done
 "$loaderctl" --socket "$sock" status >/dev/null 2>&1 || { echo "soak: loaderd did not start:"; cat "$dir/loaderd.log"; exit 2; }
 
 rss() { awk '/^VmRSS:/ {print $2}' "/proc/$daemon/status" 2>/dev/null || echo -1; }
-fds() { ls "/proc/$daemon/fd" 2>/dev/null | wc -l; }
+# Descriptors, less the read-ahead I/O threads' io_uring instances (one per thread at
+# most, made with a thread's first group and kept while the daemon runs: counted apart).
+fds() { find "/proc/$daemon/fd" -mindepth 1 -printf '%l\n' 2>/dev/null | grep -vc '^anon_inode:\[io_uring\]$'; }
+rings() { find "/proc/$daemon/fd" -mindepth 1 -printf '%l\n' 2>/dev/null | grep -c '^anon_inode:\[io_uring\]$'; }
+io_threads() {
+  "$loaderctl" --socket "$sock" --json datasets 2>/dev/null |
+    "$py" -c 'import json,sys; print(max([(d.get("read_ahead") or {}).get("threads", 0) for d in json.load(sys.stdin)["datasets"]] + [0]))' 2>/dev/null ||
+    echo 0
+}
 shm() { ls /dev/shm 2>/dev/null | grep -c "^loaderd\.$daemon\." ; }
 # streams and leased slots from the daemon's own status
 held() {
@@ -82,10 +100,22 @@ held() {
     "$py" -c 'import json,sys; s=json.load(sys.stdin); print(s["streams"], s["slots"]["leased"], s["clients"])' 2>/dev/null ||
     echo "? ? ?"
 }
+# samples read ahead and rows copied from read-once buffers, over the datasets
+read_ahead() {
+  "$loaderctl" --socket "$sock" --json datasets 2>/dev/null |
+    "$py" -c 'import json,sys; r=[d.get("read_ahead") or {} for d in json.load(sys.stdin)["datasets"]]; print(sum(x.get("samples", 0) for x in r), sum(x.get("read_once", 0) for x in r))' 2>/dev/null ||
+    echo "? ?"
+}
+# bytes held in the datasets' read-ahead buffers
+buffered() {
+  "$loaderctl" --socket "$sock" --json datasets 2>/dev/null |
+    "$py" -c 'import json,sys; print(sum((d.get("read_ahead") or {}).get("buffered_bytes", 0) for d in json.load(sys.stdin)["datasets"]))' 2>/dev/null ||
+    echo "?"
+}
 
 idle_fds=$(fds)
 idle_rss=$(rss)
-echo "soak: loaderd $daemon for ${duration}s, $clients trainers at a time, ${kill_pct}% killed, seed $seed"
+echo "soak: loaderd $daemon for ${duration}s, $clients trainers at a time, ${kill_pct}% killed, seed $seed${cold:+, page cache emptied every ${cold}s}"
 printf '%6s %10s %5s %5s %8s %7s %8s\n' time rss_kib fds shm streams leased trainers
 [ -n "$csv" ] && echo "time,rss_kib,fds,shm,streams,leased,trainers" >"$csv"
 
@@ -127,6 +157,9 @@ churn() { # until
     trainers=("${alive[@]}")
     while [ "${#trainers[@]}" -lt "$clients" ]; do trainer; done
     if [ "$now" -ge "$next_sample" ]; then sample "$now"; next_sample=$((now + interval)); fi
+    if [ -n "$cold" ] && [ "$now" -ge "$next_drop" ]; then
+      sync; echo 1 >/proc/sys/vm/drop_caches; drops=$((drops + 1)); next_drop=$((now + cold))
+    fi
     sleep 0.2
   done
 }
@@ -144,13 +177,15 @@ drain() {
   for _ in $(seq 100); do
     read -r streams leased nclients <<<"$(held)"
     [ "$streams" = 0 ] && [ "$leased" = 0 ] && [ "$nclients" = 1 ] && [ "$(shm)" = 0 ] &&
-      [ "$(fds)" -le "$idle_fds" ] && break
+      [ "$(fds)" -le "$idle_fds" ] && [ "$(buffered)" = 0 ] && break
     sleep 0.1
   done
 }
 
 start=$SECONDS
 next_sample=0
+next_drop=0
+drops=0
 declare -a rss_series=() trainers=()
 started=0
 churn "$warmup"
@@ -160,21 +195,29 @@ echo "-- idle after warm-up: RSS $base_rss KiB, $(fds) fds, $(shm) ring objects"
 churn "$duration"
 drain
 kill -0 "$daemon" 2>/dev/null || { echo "soak: loaderd died:"; tail -20 "$dir/loaderd.log"; exit 1; }
-end_rss=$(rss); end_fds=$(fds); end_shm=$(shm)
+end_rss=$(rss); end_fds=$(fds); end_shm=$(shm); end_buffered=$(buffered)
 read -r streams leased _ <<<"$(held)"
 max_rss=$(printf '%s\n' "${rss_series[@]}" | sort -n | tail -1)
 echo "-- idle at the end:    RSS $end_rss KiB, $end_fds fds, $end_shm ring objects"
 echo
-echo "soak: $started trainers over ${duration}s"
+echo "soak: $started trainers over ${duration}s${cold:+, the page cache emptied $drops times}"
 echo "soak: RSS idle: at start ${idle_rss} KiB, after warm-up ${base_rss} KiB, at the end ${end_rss} KiB" \
      "(drift $((end_rss - base_rss)) KiB, bound ${max_rss_drift}); peak under load ${max_rss} KiB"
-echo "soak: fds idle at start ${idle_fds}, at the end ${end_fds}; /dev/shm objects at the end ${end_shm};" \
+end_rings=$(rings); end_threads=$(io_threads)
+echo "soak: fds idle at start ${idle_fds}, at the end ${end_fds} (and ${end_rings} io_uring, ${end_threads} I/O threads); /dev/shm objects at the end ${end_shm};" \
      "streams ${streams}, leased ${leased}"
 status=0
 if [ $((end_rss - base_rss)) -gt "$max_rss_drift" ]; then echo "soak: FAIL: RSS drifted by more than ${max_rss_drift} KiB"; status=1; fi
 if [ "$end_fds" -gt "$idle_fds" ]; then echo "soak: FAIL: $((end_fds - idle_fds)) descriptors more than at start"; status=1; fi
+if [ "$end_rings" -gt "$end_threads" ]; then echo "soak: FAIL: $end_rings io_uring instances for $end_threads I/O threads"; status=1; fi
 if [ "$end_shm" -ne 0 ]; then echo "soak: FAIL: ring objects left in /dev/shm"; status=1; fi
 if [ "$streams" != 0 ] || [ "$leased" != 0 ]; then echo "soak: FAIL: streams or leased slots left"; status=1; fi
+if [ "$end_buffered" != 0 ]; then echo "soak: FAIL: $end_buffered bytes left in read-ahead buffers"; status=1; fi
+if [ -n "$cold" ]; then
+  read -r ahead once <<<"$(read_ahead)"
+  echo "soak: read ahead: $ahead samples, $once of them copied from read-once buffers"
+  if [ "$ahead" = 0 ] || [ "$ahead" = "?" ]; then echo "soak: FAIL: the page cache was emptied but nothing was read ahead"; status=1; fi
+fi
 if grep -qiE 'sanitizer|fatal|assert' "$dir/loaderd.log"; then
   echo "soak: FAIL: loaderd reported:"; grep -iE 'sanitizer|fatal|assert' "$dir/loaderd.log" | head -5; status=1
 fi
