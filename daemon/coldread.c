@@ -433,8 +433,8 @@ static void coldread_buffer(coldread *ra, struct coldread_file *f)
  * the hypervisor: a tenth of the CPU of a cold file when each has its own). Measured
  * on a virtio disk, 20,000 cold 3 KiB files: 45 us of CPU each with a blocking read per
  * file, 24-37 us starting the reads one by one, 20-23 us in groups of 8 (one thread
- * per request, 32 threads; groups of 16 since: above). The worker's read then finds the pages, or waits for the
- * ones still in flight.
+ * per request, 32 threads; groups of 16 since: above). The worker's read then finds
+ * the pages, or waits for the ones still in flight.
  *
  * Read once changes the end of it: the reads of the group's samples that have a buffer
  * are plain reads into it, in one submission that the thread waits for (one sleep per

@@ -1,6 +1,7 @@
 /* Unit tests for ioqueue: every item of a job runs exactly once, on several threads at
- * once, and `done` runs once with the count; a job's items wake as many sleeping threads
- * as they need, also when a second job comes before the first one's are up; a cancel drops one owner's queued items,
+ * once, and `done` runs once with the count; a job's items wake as many sleeping
+ * threads as they need, also when a second job comes before the first one's are up; a
+ * cancel drops one owner's queued items,
  * waits for its running ones and leaves the other owners' jobs alone (or, without
  * waiting, says how many still run, and their job comes back when they end); freeing a queue
  * with jobs still queued hands each back through `done`; bad arguments are refused. */
