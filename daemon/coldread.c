@@ -661,6 +661,7 @@ void coldread_get_stats(coldread *ra, struct coldread_stats *ret_stats)
         .misses = atomic_load_explicit(&ra->ahead_misses, memory_order_relaxed),
         .failed = atomic_load_explicit(&ra->failed, memory_order_relaxed),
         .pending = atomic_load_explicit(&ra->pending, memory_order_relaxed),
+        .entries = atomic_load_explicit(&ra->linked, memory_order_relaxed),
         .threads = ioqueue_threads(ra->io),
         .taken = atomic_load_explicit(&ra->taken, memory_order_relaxed),
         .changed = atomic_load_explicit(&ra->changed, memory_order_relaxed),

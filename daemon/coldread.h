@@ -74,6 +74,7 @@ struct coldread_stats {
     uint64_t misses;                /* of those, not in the page cache when read ahead */
     uint64_t failed;                /* could not be opened or read (the workers report why) */
     uint64_t pending;               /* queued or in flight now */
+    uint64_t entries;               /* read once: samples in the table now (queued, in flight or read) */
     uint64_t taken;                 /* read once: buffers the workers used instead of a read */
     uint64_t changed;               /* read once: buffers dropped, the file having changed since */
     uint64_t held_bytes;            /* read once: bytes in buffers now */

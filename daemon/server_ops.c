@@ -213,6 +213,8 @@ static void server_op_datasets(conn *c, const cJSON *req, int64_t id)
             cJSON_AddNumberToObject(ra, "read_once", (double)st.taken);
             cJSON_AddNumberToObject(ra, "changed", (double)st.changed);
             cJSON_AddNumberToObject(ra, "buffered_bytes", (double)st.held_bytes);
+            cJSON_AddNumberToObject(ra, "pending", (double)st.pending);
+            cJSON_AddNumberToObject(ra, "entries", (double)st.entries);
         }
         if (srv->keepers[i])
             cache_report_keeper(srv->keepers[i], cJSON_AddObjectToObject(jd, "cache"));

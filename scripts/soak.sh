@@ -6,7 +6,8 @@
 #   fds        any descriptor more than before the first client, or more io_uring
 #              instances than the read-ahead has I/O threads (each keeps one)
 #   /dev/shm   any ring object left, any stream or leased slot left in `status`
-#   buffers    any byte left in a dataset's read-ahead buffers (`datasets`)
+#   read-ahead any byte left in a dataset's read-ahead buffers, any sample pending or
+#              entry in its read-once table (`datasets`)
 # Not part of `make test` (it takes minutes); run it with `make soak` or directly:
 #   scripts/soak.sh [SECONDS]          default 300; a build in $BUILD (default build)
 # Knobs (environment): SOAK_CLIENTS (concurrent trainers, 6), SOAK_KILL_PCT (share of
@@ -106,10 +107,10 @@ read_ahead() {
     "$py" -c 'import json,sys; r=[d.get("read_ahead") or {} for d in json.load(sys.stdin)["datasets"]]; print(sum(x.get("samples", 0) for x in r), sum(x.get("read_once", 0) for x in r))' 2>/dev/null ||
     echo "? ?"
 }
-# bytes held in the datasets' read-ahead buffers
+# what the datasets' read-ahead holds: bytes in buffers + samples pending + table entries
 buffered() {
   "$loaderctl" --socket "$sock" --json datasets 2>/dev/null |
-    "$py" -c 'import json,sys; print(sum((d.get("read_ahead") or {}).get("buffered_bytes", 0) for d in json.load(sys.stdin)["datasets"]))' 2>/dev/null ||
+    "$py" -c 'import json,sys; r=[d.get("read_ahead") or {} for d in json.load(sys.stdin)["datasets"]]; print(sum(x.get("buffered_bytes", 0) + x.get("pending", 0) + x.get("entries", 0) for x in r))' 2>/dev/null ||
     echo "?"
 }
 
@@ -212,7 +213,7 @@ if [ "$end_fds" -gt "$idle_fds" ]; then echo "soak: FAIL: $((end_fds - idle_fds)
 if [ "$end_rings" -gt "$end_threads" ]; then echo "soak: FAIL: $end_rings io_uring instances for $end_threads I/O threads"; status=1; fi
 if [ "$end_shm" -ne 0 ]; then echo "soak: FAIL: ring objects left in /dev/shm"; status=1; fi
 if [ "$streams" != 0 ] || [ "$leased" != 0 ]; then echo "soak: FAIL: streams or leased slots left"; status=1; fi
-if [ "$end_buffered" != 0 ]; then echo "soak: FAIL: $end_buffered bytes left in read-ahead buffers"; status=1; fi
+if [ "$end_buffered" != 0 ]; then echo "soak: FAIL: read-ahead holds $end_buffered (bytes buffered + samples pending + table entries)"; status=1; fi
 if [ -n "$cold" ]; then
   read -r ahead once <<<"$(read_ahead)"
   echo "soak: read ahead: $ahead samples, $once of them copied from read-once buffers"
