@@ -89,11 +89,6 @@ rss() { awk '/^VmRSS:/ {print $2}' "/proc/$daemon/status" 2>/dev/null || echo -1
 # most, made with a thread's first group and kept while the daemon runs: counted apart).
 fds() { find "/proc/$daemon/fd" -mindepth 1 -printf '%l\n' 2>/dev/null | grep -vc '^anon_inode:\[io_uring\]$'; }
 rings() { find "/proc/$daemon/fd" -mindepth 1 -printf '%l\n' 2>/dev/null | grep -c '^anon_inode:\[io_uring\]$'; }
-io_threads() {
-  "$loaderctl" --socket "$sock" --json datasets 2>/dev/null |
-    "$py" -c 'import json,sys; print(max([(d.get("read_ahead") or {}).get("threads", 0) for d in json.load(sys.stdin)["datasets"]] + [0]))' 2>/dev/null ||
-    echo 0
-}
 shm() { ls /dev/shm 2>/dev/null | grep -c "^loaderd\.$daemon\." ; }
 # streams and leased slots from the daemon's own status
 held() {
@@ -101,18 +96,22 @@ held() {
     "$py" -c 'import json,sys; s=json.load(sys.stdin); print(s["streams"], s["slots"]["leased"], s["clients"])' 2>/dev/null ||
     echo "? ? ?"
 }
+# ra EXPR FALLBACK: EXPR (Python) over the datasets' read-ahead counters, where
+# n(key) sums a counter over the datasets and m(key) takes its largest value;
+# FALLBACK when the daemon does not answer.
+ra() {
+  "$loaderctl" --socket "$sock" --json datasets 2>/dev/null |
+    "$py" -c 'import json,sys
+r=[d.get("read_ahead") or {} for d in json.load(sys.stdin)["datasets"]]
+n=lambda k: sum(x.get(k, 0) for x in r)
+m=lambda k: max([x.get(k, 0) for x in r] + [0])
+print(*eval(sys.argv[1]))' "$1" 2>/dev/null || echo "$2"
+}
+io_threads() { ra '[m("threads")]' 0; }
 # samples read ahead and rows copied from read-once buffers, over the datasets
-read_ahead() {
-  "$loaderctl" --socket "$sock" --json datasets 2>/dev/null |
-    "$py" -c 'import json,sys; r=[d.get("read_ahead") or {} for d in json.load(sys.stdin)["datasets"]]; print(sum(x.get("samples", 0) for x in r), sum(x.get("read_once", 0) for x in r))' 2>/dev/null ||
-    echo "? ?"
-}
+read_ahead() { ra '[n("samples"), n("read_once")]' "? ?"; }
 # what the datasets' read-ahead holds: bytes in buffers + samples pending + table entries
-buffered() {
-  "$loaderctl" --socket "$sock" --json datasets 2>/dev/null |
-    "$py" -c 'import json,sys; r=[d.get("read_ahead") or {} for d in json.load(sys.stdin)["datasets"]]; print(sum(x.get("buffered_bytes", 0) + x.get("pending", 0) + x.get("entries", 0) for x in r))' 2>/dev/null ||
-    echo "?"
-}
+buffered() { ra '[n("buffered_bytes") + n("pending") + n("entries")]' "?"; }
 
 idle_fds=$(fds)
 idle_rss=$(rss)
